@@ -1,0 +1,1 @@
+"""Implementation of `bridge`. Nothing here is public API; see `bridge/__init__.py`."""

@@ -1,0 +1,90 @@
+"""The exact dtype correspondence between torch and JAX.
+
+A dtype crosses the boundary only if both sides have it bit for bit; everything
+else is refused with a `BridgeTypeError` rather than converted. 64-bit dtypes
+cross only while JAX's 64-bit types are enabled (see `check_x64`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax._src import config as _jax_config
+
+from bridge._src.errors import BridgeTypeError
+
+# (torch attribute, jax.numpy attribute). Only pairs present in both installed
+# versions are kept, so a newer float8 type appears as soon as both sides have it.
+_PAIRS = (
+    ("bool", "bool_"),
+    ("uint8", "uint8"), ("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
+    ("int8", "int8"), ("int16", "int16"), ("int32", "int32"), ("int64", "int64"),
+    ("float16", "float16"), ("bfloat16", "bfloat16"),
+    ("float32", "float32"), ("float64", "float64"),
+    ("complex64", "complex64"), ("complex128", "complex128"),
+    ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2"),
+    ("float8_e4m3fnuz", "float8_e4m3fnuz"), ("float8_e5m2fnuz", "float8_e5m2fnuz"),
+    ("float8_e8m0fnu", "float8_e8m0fnu"),
+)
+
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    getattr(torch, t): np.dtype(getattr(jnp, j))
+    for t, j in _PAIRS
+    if hasattr(torch, t) and hasattr(jnp, j)
+}
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {j: t for t, j in TORCH_TO_JAX.items()}
+
+# Dtypes that JAX silently narrows to 32 bits while `jax_enable_x64` is off.
+TORCH_X64 = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})
+
+_NARROWED = {torch.int64: "int32", torch.uint64: "uint32", torch.float64: "float32",
+             torch.complex128: "complex64"}
+
+
+def x64_enabled() -> bool:
+  """Whether JAX's 64-bit types are on here (globally or in a `jax.enable_x64` scope)."""
+  return bool(_jax_config.enable_x64.value)
+
+
+def jax_dtype(dtype: torch.dtype, *, api: str, where: str) -> np.dtype:
+  """The JAX dtype equal to torch `dtype`, or a `BridgeTypeError` naming `where`."""
+  try:
+    return TORCH_TO_JAX[dtype]
+  except KeyError:
+    raise BridgeTypeError(
+        f"`{api}`: {where} has dtype {dtype}, which JAX has no exact equivalent for. "
+        f"Cast it to a supported dtype first ({_supported(TORCH_TO_JAX)})."
+    ) from None
+
+
+def torch_dtype(dtype: np.dtype, *, api: str, where: str) -> torch.dtype:
+  """The torch dtype equal to JAX `dtype`, or a `BridgeTypeError` naming `where`."""
+  try:
+    return JAX_TO_TORCH[np.dtype(dtype)]
+  except (KeyError, TypeError):
+    raise BridgeTypeError(
+        f"`{api}`: {where} has dtype {dtype}, which torch has no exact equivalent for. "
+        f"Cast it with `.astype(...)` to a supported dtype first ({_supported(JAX_TO_TORCH)})."
+    ) from None
+
+
+def check_x64(dtype: torch.dtype, *, api: str, where: str) -> None:
+  """Refuse a 64-bit torch dtype while JAX would silently narrow it to 32 bits."""
+  if dtype in TORCH_X64 and not x64_enabled():
+    short = str(dtype).removeprefix("torch.")
+    raise BridgeTypeError(
+        f"`{api}`: {where} is {short}, but JAX's 64-bit types are disabled, so JAX "
+        f"would silently turn it into {_NARROWED[dtype]}. Either enable them, globally "
+        "with `jax.config.update('jax_enable_x64', True)` or for this call with "
+        "`with jax.enable_x64(True): ...`, or narrow the tensor yourself, e.g. "
+        f"`t.to(torch.{_NARROWED[dtype]})`."
+    )
+
+
+def _supported(table: dict) -> str:
+  return ", ".join(str(k).removeprefix("torch.") for k in table)
+
+
+__all__ = ["TORCH_TO_JAX", "JAX_TO_TORCH", "TORCH_X64", "x64_enabled", "jax_dtype",
+           "torch_dtype", "check_x64"]

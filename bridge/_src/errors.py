@@ -1,0 +1,35 @@
+"""The bridge's exception hierarchy.
+
+Every error the bridge raises on purpose is a `BridgeError`. Each also derives from
+the built-in exception a Python user would expect (`TypeError` for a value of the
+wrong kind, `ValueError` for a value the operation cannot honour), so existing
+`except TypeError:` code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+  """Base class of every error raised by the bridge."""
+
+
+class BridgeTypeError(BridgeError, TypeError):
+  """A value of a kind or dtype the bridge cannot carry across.
+
+  For example a sparse, quantized, nested or meta tensor, a dtype the other
+  framework lacks, a 64-bit tensor while JAX's 64-bit types are disabled, or a
+  non-tensor argument that cannot be hashed into a static argument.
+  """
+
+
+class TransferError(BridgeError, ValueError):
+  """A transfer that cannot be done the way it was asked for.
+
+  For example `copy=False` when zero-copy is impossible (another device, an
+  unaligned buffer, a strided view), or tensors on two different devices given
+  to one call.
+  """
+
+
+class PluginError(BridgeError, RuntimeError):
+  """A lowering plugin that cannot be loaded (incompatible registry API, bad entry point)."""

@@ -1,0 +1,297 @@
+"""`call_jax` and `torch_view`: call a JAX function from torch code.
+
+Torch tensors in the arguments cross by zero-copy transfer; every other hashable
+leaf is a static argument. The function is jitted once per (function, argument
+structure, static values), JAX caches the compilation per shapes and dtypes, and
+the per-call path is kept lean: a repeated call costs the JAX call plus a few
+microseconds. Gradients are the business of `bridge._src.vjp`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Any, Callable, TypeVar
+
+import jax
+import numpy as np
+import torch
+
+from bridge._src import transfer
+from bridge._src import tree as tree_lib
+from bridge._src import vjp
+from bridge._src.errors import BridgeTypeError, TransferError
+
+API = "bridge.call_jax"
+_DYN = object()  # stands for an array leaf in a call's list of static leaves
+_CACHE_SIZE = 4096
+_OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+_ARRAY_TYPES = (jax.Array, np.ndarray)
+_tree_flatten = jax.tree_util.tree_flatten
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Entry:
+  """A function with one argument structure and static values, and its jitted forms."""
+
+  def __init__(self, fn: Callable, spec: Any, statics: tuple):
+    self.fn = fn
+    self.name = _name(fn)
+    self.spec = spec  # a PyTreeDef, or a tree_lib.Spec when dataclasses are involved
+    self.statics = statics  # the leaves, with _DYN at the array positions
+    self.forward = jax.jit(self.apply)
+    self.vjp = vjp.VjpCache(self.apply)
+
+  def apply(self, *arrays: Any) -> Any:
+    """Calls `fn` with `arrays` put back into the argument structure."""
+    it = iter(arrays)
+    leaves = [next(it) if s is _DYN else s for s in self.statics]
+    if isinstance(self.spec, tree_lib.Spec):
+      args, kwargs = tree_lib.unflatten(self.spec, leaves)
+    else:
+      args, kwargs = self.spec.unflatten(leaves)
+    out = self.fn(*args, **kwargs)
+    _check_outputs(self.name, out)
+    return out
+
+
+def _check_outputs(name: str, out: Any) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+    if not isinstance(leaf, _OUT_TYPES):
+      raise BridgeTypeError(
+          f"`{API}`: {name} returned a {type(leaf).__name__} at output"
+          f"{jax.tree_util.keystr(path) or ' <root>'} ({leaf!r:.60}); a JAX function called "
+          "from torch must return a pytree of arrays (tuples, lists, dicts, None). Compute "
+          "non-array values outside the function.")
+
+
+def _name(fn: Callable) -> str:
+  name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+  return f"`{name}`" if name else f"`{type(fn).__name__}` object"
+
+
+class _Cache:
+  """A thread-safe LRU of `Entry`s keyed by (function, structure, static values)."""
+
+  def __init__(self, size: int):
+    self.size = size
+    self._entries: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def get(self, key: tuple, make: Callable[[], Entry]) -> Entry:
+    entry = self._entries.get(key)
+    if entry is not None:
+      return entry
+    with self._lock:
+      entry = self._entries.get(key)
+      if entry is None:
+        entry = self._entries[key] = make()
+        while len(self._entries) > self.size:
+          self._entries.popitem(last=False)
+      return entry
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._entries.clear()
+
+
+_cache = _Cache(_CACHE_SIZE)
+
+
+def clear_cache() -> None:
+  """Drops every cached jitted function (JAX's own compilation cache is separate)."""
+  _cache.clear()
+
+
+class _Args:
+  """The arguments of one call, for error messages: paths are computed on demand."""
+
+  def __init__(self, args: tuple, kwargs: dict):
+    self.args, self.kwargs = args, kwargs
+
+  @functools.cached_property
+  def paths(self) -> list[str]:
+    return ([f"args{p}" for p in tree_lib.leaf_paths(self.args)]
+            + [f"kwargs{p}" for p in tree_lib.leaf_paths(self.kwargs)])
+
+  def describe(self, leaf_index: int) -> str:
+    return f"argument {self.paths[leaf_index]}"
+
+
+def _split(fn: Callable, args: tuple, kwargs: dict):
+  """Find the cache entry; return it with the array leaves and the tensors among them."""
+  leaves, spec = _tree_flatten((args, kwargs))
+  key_statics: list[Any] = []
+  arrays: list[Any] = []
+  tensors: list[tuple[int, int, torch.Tensor]] = []  # (array position, leaf index, tensor)
+  for i, leaf in enumerate(leaves):
+    if isinstance(leaf, torch.Tensor):
+      tensors.append((len(arrays), i, leaf))
+      arrays.append(leaf)
+    elif isinstance(leaf, _ARRAY_TYPES):
+      arrays.append(leaf)
+    elif tree_lib.is_dataclass_instance(leaf):
+      return _split_slow(fn, args, kwargs)
+    else:
+      try:
+        hash(leaf)
+      except TypeError:
+        raise BridgeTypeError(
+            f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
+            "is neither a tensor nor an array, so it must be a static argument, and static "
+            "arguments must be hashable. Pass it as a tensor or array, make it hashable "
+            "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
+            f"Got: {leaf!r:.80}") from None
+      key_statics.append((i, type(leaf), leaf))
+  key = (fn, spec, tuple(key_statics))
+  entry = _cache.get(key, lambda: Entry(fn, spec, _statics(len(leaves), key_statics)))
+  return entry, arrays, tensors
+
+
+def _statics(n: int, key_statics: list) -> tuple:
+  statics: list[Any] = [_DYN] * n
+  for i, _, value in key_statics:
+    statics[i] = value
+  return tuple(statics)
+
+
+def _split_slow(fn: Callable, args: tuple, kwargs: dict):
+  """`_split` for arguments that hold dataclasses (flattened field by field)."""
+  leaves, spec = tree_lib.flatten((args, kwargs))
+  statics, key_statics, arrays, tensors = [], [], [], []
+  for i, leaf in enumerate(leaves):
+    if isinstance(leaf, (torch.Tensor, *_ARRAY_TYPES)):
+      if isinstance(leaf, torch.Tensor):
+        tensors.append((len(arrays), i, leaf))
+      arrays.append(leaf)
+      statics.append(_DYN)
+      continue
+    try:
+      hash(leaf)
+    except TypeError:
+      raise BridgeTypeError(
+          f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which is "
+          "neither a tensor nor an array and not hashable, so it cannot be a static "
+          f"argument. Pass it as a tensor or make it hashable. Got: {leaf!r:.80}") from None
+    statics.append(leaf)
+    key_statics.append((i, type(leaf), leaf))
+  key = (fn, spec, tuple(key_statics))
+  entry = _cache.get(key, lambda: Entry(fn, spec, tuple(statics)))
+  return entry, arrays, tensors
+
+
+def _convert_tensors(arrays: list, tensors: list, args: tuple, kwargs: dict) -> None:
+  """Replace the tensors in `arrays` by JAX arguments, in place; one device for all."""
+  if not tensors:
+    return
+  device = tensors[0][2].device if len(tensors) > 1 else None
+  described = _Args(args, kwargs)
+  for pos, i, t in tensors:
+    if device is not None and t.device != device:
+      first = tensors[0][1]
+      raise TransferError(
+          f"`{API}`: tensors on two devices: {described.describe(first)} is on {device} and "
+          f"{described.describe(i)} is on {t.device}. One JAX call runs on one device: move "
+          f"them together first, e.g. `.to('{device}')`.")
+    arrays[pos] = transfer.tensor_to_jax_arg(
+        t, api=API, where=functools.partial(described.describe, i))
+
+
+def outputs_to_torch(entry: Entry, out: Any) -> tuple[list[torch.Tensor], Any]:
+  """Flatten a JAX output pytree and move its leaves to torch."""
+  leaves, treedef = _tree_flatten(out)
+  where = lambda: f"an output of {entry.name}"  # noqa: E731
+  return [transfer.array_to_torch_arg(o, api=API, where=where) for o in leaves], treedef
+
+
+def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+  """Calls the JAX function `fn` on torch tensors; returns torch tensors.
+
+  As `fn(*args, **kwargs)` with JAX arrays in place of tensors, but run from
+  torch: tensors in any pytree position cross zero-copy (they must share one
+  device), other hashable leaves are static arguments, and the outputs come
+  back as torch tensors on that device in the same pytree. `fn` is jitted and
+  cached per function, argument structure and static values; JAX compiles once
+  per input shapes and dtypes.
+
+  When grad mode is on and an input requires grad, the result joins torch's
+  autograd graph: `backward()` runs JAX's pullback (`jax.vjp` of the same
+  function, residuals kept from the forward). Integer and bool outputs are
+  non-differentiable. A function JAX cannot differentiate (a raw Pallas kernel)
+  still runs forward; the error comes only if a gradient is asked for. Under
+  `torch.no_grad()` or `torch.inference_mode()` no VJP is built.
+
+  64-bit tensors (int64, float64, ...) are passed exactly and need JAX's 64-bit
+  types enabled (`jax.config.update('jax_enable_x64', True)` or a surrounding
+  `with jax.enable_x64(True):`); otherwise `BridgeTypeError`, never a silent
+  narrowing to 32 bits.
+
+  Outputs share JAX's buffers (zero-copy): writing into one in place is fine, as
+  nothing else holds it.
+
+  Args:
+    fn: any JAX callable: a function, a `jax.jit`-ed function, a Pallas kernel.
+    *args: positional arguments, pytrees of tensors, arrays and static values.
+    **kwargs: keyword arguments, likewise.
+
+  Returns:
+    `fn`'s output pytree with torch tensors in place of JAX arrays.
+
+  Raises:
+    BridgeTypeError: an unhashable non-array argument, an unsupported tensor or
+      dtype, or an output leaf that is not an array.
+    TransferError: tensors on different devices.
+
+  Example:
+    >>> import torch, jax.numpy as jnp, bridge
+    >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
+    >>> y = bridge.call_jax(lambda x: jnp.sum(jnp.sin(x) ** 2), x)
+    >>> y.backward()
+    >>> torch.testing.assert_close(x.grad, torch.sin(2 * x.detach()))
+  """
+  entry, arrays, tensors = _split(fn, args, kwargs)
+  needs_grad = False
+  if torch.is_grad_enabled():
+    for _, _, t in tensors:
+      if t.requires_grad:
+        needs_grad = True
+        break
+  _convert_tensors(arrays, tensors, args, kwargs)
+  if needs_grad:
+    outs, out_def = vjp.call_with_grad(entry, arrays, tensors, outputs_to_torch)
+  else:
+    outs, out_def = outputs_to_torch(entry, entry.forward(*arrays))
+  return out_def.unflatten(outs)
+
+
+def torch_view(fn: F) -> F:
+  """Wraps the JAX callable `fn` as a torch callable: `call_jax(fn, ...)` on each call.
+
+  Usable as a decorator. The wrapper keeps `fn`'s name and docstring, and
+  `wrapper.__wrapped__` is `fn`; wrapping a wrapper returns it unchanged.
+
+  Example:
+    >>> import torch, jax.numpy as jnp, bridge
+    >>> @bridge.torch_view
+    ... def softplus(x):
+    ...   return jnp.logaddexp(x, 0.0)
+    >>> softplus(torch.zeros(2))
+    tensor([0.6931, 0.6931])
+  """
+  if not callable(fn):
+    raise BridgeTypeError(
+        f"`bridge.torch_view`: expected a JAX callable, got a {type(fn).__name__}. To move "
+        "arrays to torch use `bridge.to_torch(tree)`.")
+  if getattr(fn, "__bridge_jax_fn__", None) is not None:
+    return fn  # already a torch view
+
+  @functools.wraps(fn)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    return call_jax(fn, *args, **kwargs)
+  wrapper.__bridge_jax_fn__ = fn  # type: ignore[attr-defined]
+  return wrapper  # type: ignore[return-value]

@@ -1,0 +1,334 @@
+"""Transfers: torch tensors to JAX arrays and back, zero-copy through DLPack.
+
+A transfer is zero-copy whenever both sides can address the same buffer: same
+device, a dense layout (row-major or a permutation of it) and, for JAX on CPU, a
+64-byte aligned data pointer. Otherwise the caller's `copy` decides:
+
+* `copy=None` (default): zero-copy when possible, else one copy;
+* `copy=False`: zero-copy or a `TransferError` that says why it is impossible;
+* `copy=True`: always a fresh copy.
+
+A zero-copy result aliases its source: writing into the torch tensor in place
+changes the JAX array (which JAX assumes never happens), and a torch tensor made
+from a JAX array writes into JAX's buffer. Copy (`copy=True`) when either side
+will be mutated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import torch
+from jax._src import config as _jax_config
+
+from bridge._src import dtypes
+from bridge._src import tree as tree_lib
+from bridge._src.errors import BridgeTypeError, TransferError
+
+try:  # The C++ entry points behind `jax.dlpack`; the public wrappers cost ~30 us a call.
+  from jax._src.lib import _jax as _jaxlib
+  from jax._src.lib import jaxlib_extension_version as _jaxlib_version
+  _dlpack_to_buffer = _jaxlib.dlpack_managed_tensor_to_buffer
+  _buffer_to_dlpack = _jaxlib.buffer_to_dlpack_managed_tensor
+except (ImportError, AttributeError):  # pragma: no cover - other jaxlib versions
+  _dlpack_to_buffer = _buffer_to_dlpack = None
+
+_KDL_CPU = 1  # DLDeviceType.kDLCPU
+_ALIGNMENT = 64  # bytes; XLA:CPU refuses to alias a less aligned buffer
+_STRICT = "Pass `copy=None` (or `copy=True`) to allow the copy"
+
+Where = Callable[[], str]
+
+
+@functools.cache
+def _cpu_device() -> jax.Device:
+  return jax.devices("cpu")[0]
+
+
+def _describe(t: torch.Tensor) -> str:
+  return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+# --- torch -> JAX ------------------------------------------------------------
+
+
+def check_tensor(t: torch.Tensor, *, api: str, where: Where) -> None:
+  """Refuse tensors that have no JAX counterpart: sparse, quantized, nested, meta, bad dtype."""
+  dtype = t.dtype
+  if (t.layout is torch.strided and dtype in dtypes.TORCH_TO_JAX and not t.is_quantized
+      and not t.is_nested and not t.is_meta
+      and (dtype not in dtypes.TORCH_X64 or dtypes.x64_enabled())):
+    return  # the common case, without building any message
+  kind = None
+  if t.is_nested:
+    kind = "a nested tensor"
+  elif t.layout is not torch.strided:
+    kind = f"a sparse tensor (layout {t.layout})"
+  elif t.is_quantized:
+    kind = "a quantized tensor"
+  elif t.is_meta:
+    kind = "a meta tensor (it has no data)"
+  if kind is not None:
+    fix = "Convert it first (e.g. `t.to_dense()`, `t.dequantize()`, "\
+          "`t.to_padded_tensor(0.0)`) or materialize it on a real device."
+    raise BridgeTypeError(f"`{api}`: {where()} is {kind}; JAX has only dense arrays. {fix}")
+  dtypes.jax_dtype(t.dtype, api=api, where=where())
+  dtypes.check_x64(t.dtype, api=api, where=f"{where()} ({_describe(t)})")
+
+
+def is_dense(t: torch.Tensor) -> bool:
+  """Whether `t`'s elements fill its memory exactly, in row-major order or a permutation of it."""
+  if t.is_contiguous() or t.numel() == 0:
+    return True
+  expected = 1
+  for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+    if stride != expected:
+      return False
+    expected *= size
+  return True
+
+
+def _not_zero_copy_reason(t: torch.Tensor) -> str | None:
+  if not is_dense(t):
+    return (f"it is a strided view with strides {t.stride()} (a stride-0 `expand`, a "
+            "step slice or a gap), which JAX arrays cannot describe")
+  if t.data_ptr() % _ALIGNMENT:
+    return (f"its data pointer {t.data_ptr():#x} is not {_ALIGNMENT}-byte aligned (e.g. a "
+            f"view at an offset such as `t[1:]`), and JAX on CPU aliases only "
+            f"{_ALIGNMENT}-byte aligned buffers")
+  return None
+
+
+def _cpu_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str, where: Where) -> jax.Array:
+  if copy:
+    t = t.clone(memory_format=torch.contiguous_format)  # the allocator aligns to 64 bytes
+  else:
+    reason = _not_zero_copy_reason(t)
+    if reason is not None:
+      if copy is False:
+        raise TransferError(
+            f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: "
+            f"{reason}. {_STRICT}, or pass `t.contiguous()`.")
+      t = t.clone(memory_format=torch.contiguous_format)
+  if _dlpack_to_buffer is None:  # pragma: no cover
+    return jax.dlpack.from_dlpack(t, copy=False)
+  capsule = torch._C._to_dlpack(t)
+  if _jaxlib_version >= 467:
+    return _dlpack_to_buffer(capsule, _cpu_device(), None, False, _KDL_CPU)
+  return _dlpack_to_buffer(capsule, _cpu_device(), None, False)  # pragma: no cover
+
+
+def _jax_has(platform: str) -> bool:
+  try:
+    return bool(jax.devices(platform))
+  except RuntimeError:
+    return False
+
+
+def _accelerator_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str,
+                               where: Where) -> jax.Array:
+  if t.device.type == "cuda" and _jax_has("gpu"):
+    if not is_dense(t):
+      if copy is False:
+        raise TransferError(f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a "
+                            f"copy: {_not_zero_copy_reason(t)}. {_STRICT}.")
+      t = t.contiguous()
+    return jax.dlpack.from_dlpack(t, copy=copy)
+  if copy is False:
+    raise TransferError(
+        f"`{api}`: {where()} ({_describe(t)}) is on torch device {t.device}, which has no "
+        f"JAX counterpart in this process (JAX devices: {jax.devices()}), so it cannot "
+        f"be shared without a copy. {_STRICT} through host memory, or install the JAX "
+        "build for that accelerator (e.g. `pip install jax[cuda12]`).")
+  return _cpu_tensor_to_jax(t.cpu(), None, api, where)
+
+
+def tensor_to_jax(t: torch.Tensor, *, copy: bool | None = None, api: str = "bridge.to_jax",
+                  where: Where = lambda: "the tensor") -> jax.Array:
+  """Move one tensor to a `jax.Array` (see the module docstring for `copy`)."""
+  check_tensor(t, api=api, where=where)
+  t = t.detach()
+  if t.is_conj() or t.is_neg():
+    if copy is False:
+      raise TransferError(
+          f"`{api}`: {where()} ({_describe(t)}) is a lazy conjugate/negative view, which "
+          f"must be materialized before JAX can read it. {_STRICT}, or call "
+          "`t.resolve_conj().resolve_neg()` first.")
+    t, copy = t.resolve_conj().resolve_neg(), None  # already a fresh copy
+  if t.device.type == "cpu":
+    return _cpu_tensor_to_jax(t, copy, api, where)
+  return _accelerator_tensor_to_jax(t, copy, api, where)
+
+
+# Dtypes torch can hand to NumPy (not bfloat16/float8). A CPU tensor of one of
+# these goes into a jitted call as a NumPy view: JAX's C++ dispatch aliases an
+# aligned dense buffer (and copies any other), which costs less than a DLPack import.
+_NUMPY_DTYPES = frozenset(dtypes.TORCH_TO_JAX) - {
+    d for d in dtypes.TORCH_TO_JAX if d is torch.bfloat16 or "float8" in str(d)}
+
+
+def default_device_is_cpu() -> bool:
+  """Whether an uncommitted argument of a jitted call lands on a CPU device."""
+  device = _jax_config.default_device.value
+  if device is None:
+    return _default_backend_is_cpu()
+  return getattr(device, "platform", device) == "cpu"
+
+
+@functools.cache
+def _default_backend_is_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def tensor_to_jax_arg(t: torch.Tensor, *, api: str, where: Where) -> Any:
+  """A tensor as an argument of a jitted call on the tensor's device (copy=None semantics).
+
+  CPU tensors become zero-copy NumPy views when JAX's default device is the CPU;
+  everything else goes through `tensor_to_jax`.
+  """
+  dtype = t.dtype
+  if (t.is_cpu and t.layout is torch.strided and dtype in _NUMPY_DTYPES and not t.is_nested
+      and not t.is_conj() and not t.is_neg()
+      and (dtype not in dtypes.TORCH_X64 or dtypes.x64_enabled()) and default_device_is_cpu()):
+    return (t.detach() if t.requires_grad else t).numpy()
+  return tensor_to_jax(t, copy=None, api=api, where=where)
+
+
+def to_jax(tree: Any, copy: bool | None = None) -> Any:
+  """Moves every `torch.Tensor` in a pytree to a `jax.Array`, zero-copy when possible.
+
+  Args:
+    tree: any pytree (tensor, list, tuple, dict, namedtuple, dataclass, ...).
+      Leaves that are not torch tensors pass through unchanged.
+    copy: `None` copies only when zero-copy is impossible; `False` never
+      copies and raises `TransferError` instead; `True` always copies.
+
+  Returns:
+    The same structure with JAX arrays in place of tensors. Dtypes are exact;
+    a zero-copy array shares memory with its tensor (see the module docs).
+
+  Raises:
+    BridgeTypeError: a sparse, quantized, nested or meta tensor, a dtype JAX
+      lacks, or a 64-bit tensor while JAX's 64-bit types are disabled.
+    TransferError: `copy=False` and a tensor cannot be shared.
+
+  Example:
+    >>> import torch, bridge
+    >>> t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    >>> a = bridge.to_jax(t)
+    >>> a.shape, a.dtype
+    ((2, 3), dtype('float32'))
+    >>> a.unsafe_buffer_pointer() == t.data_ptr()  # zero-copy
+    True
+  """
+  _check_copy(copy, "bridge.to_jax")
+
+  def leaf(x: Any, where: Where) -> Any:
+    if isinstance(x, torch.Tensor):
+      return tensor_to_jax(x, copy=copy, api="bridge.to_jax", where=lambda: f"leaf {where()}")
+    return x
+  return tree_lib.tree_map(leaf, tree)
+
+
+# --- JAX -> torch ------------------------------------------------------------
+
+
+# Shardings known to be one CPU device, by id (the value keeps the object alive so
+# an id is never reused while it is in here). Outputs of a jitted call share a few.
+_CPU_SHARDINGS: dict[int, Any] = {}
+_TORCH_DTYPE_BY_ID = {id(k): v for k, v in dtypes.JAX_TO_TORCH.items()}
+
+
+def array_to_torch_arg(a: jax.Array, *, api: str, where: Where) -> torch.Tensor:
+  """`array_to_torch(a, copy=None)` with a fast path for single-CPU-device outputs."""
+  sharding = a.sharding
+  if (_CPU_SHARDINGS.get(id(sharding)) is sharding and id(a.dtype) in _TORCH_DTYPE_BY_ID
+      and _buffer_to_dlpack is not None):
+    return torch._C._from_dlpack(_buffer_to_dlpack(a))
+  if (isinstance(sharding, jax.sharding.SingleDeviceSharding)
+      and next(iter(sharding.device_set)).platform == "cpu" and len(_CPU_SHARDINGS) < 1024):
+    _CPU_SHARDINGS[id(sharding)] = sharding
+  return array_to_torch(a, copy=None, api=api, where=where)
+
+
+def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
+  if _buffer_to_dlpack is None:  # pragma: no cover
+    return torch.from_dlpack(a)
+  return torch._C._from_dlpack(_buffer_to_dlpack(a))
+
+
+def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge.to_torch",
+                   where: Where = lambda: "the array") -> torch.Tensor:
+  """Move one concrete `jax.Array` to a `torch.Tensor` (see the module docstring for `copy`)."""
+  if isinstance(a, jax.core.Tracer):
+    raise BridgeTypeError(
+        f"`{api}`: {where()} is a JAX tracer ({a.aval}), an abstract value inside "
+        "`jax.jit`/`jax.grad`/`jax.vmap`, with no data to hand to torch. Transfer concrete "
+        "arrays outside the transformation instead.")
+  if a.is_deleted():
+    raise TransferError(f"`{api}`: {where()} was deleted (donated to a jitted call or "
+                        "`.delete()`d); there is no data left to transfer.")
+  dtypes.torch_dtype(a.dtype, api=api, where=where())
+  sharding = a.sharding
+  if len(sharding.device_set) > 1:
+    if sharding.is_fully_replicated:  # every device holds the whole value: share one copy
+      return array_to_torch(a.addressable_data(0), copy=copy, api=api, where=where)
+    if copy is False:
+      raise TransferError(
+          f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) is sharded over "
+          f"{len(sharding.device_set)} devices; a torch tensor needs it gathered into one "
+          f"buffer. {_STRICT}.")
+    gathered = jax.device_put(a, jax.sharding.SingleDeviceSharding(_cpu_device()))
+    return _cpu_array_to_torch(gathered)
+  platform = next(iter(sharding.device_set)).platform
+  if platform == "cpu":
+    out = _cpu_array_to_torch(a)
+    return out.clone() if copy else out
+  if platform in ("gpu", "cuda", "rocm") and torch.cuda.is_available():
+    out = torch.from_dlpack(a)
+    return out.clone() if copy else out
+  if copy is False:
+    raise TransferError(
+        f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) lives on JAX platform "
+        f"{platform!r}, which torch in this process cannot address, so it cannot be shared "
+        f"without a copy. {_STRICT} through host memory.")
+  return _cpu_array_to_torch(jax.device_put(a, _cpu_device()))
+
+
+def to_torch(tree: Any, copy: bool | None = None) -> Any:
+  """Moves every `jax.Array` in a pytree to a `torch.Tensor`, zero-copy when possible.
+
+  Args:
+    tree: any pytree; leaves that are not JAX arrays pass through unchanged.
+    copy: `None` copies only when zero-copy is impossible (another platform, a
+      sharded array); `False` never copies and raises `TransferError` instead;
+      `True` always copies.
+
+  Returns:
+    The same structure with torch tensors in place of arrays, on the matching
+    torch device (JAX CPU -> torch CPU, JAX GPU -> the same CUDA device). A
+    zero-copy tensor shares JAX's buffer: writing into it changes the array.
+
+  Raises:
+    BridgeTypeError: a tracer, or a dtype torch lacks (e.g. int4, float0).
+    TransferError: `copy=False` and an array cannot be shared, or a deleted array.
+
+  Example:
+    >>> import jax.numpy as jnp, bridge
+    >>> bridge.to_torch({"w": jnp.ones((2,), jnp.bfloat16)})
+    {'w': tensor([1., 1.], dtype=torch.bfloat16)}
+  """
+  _check_copy(copy, "bridge.to_torch")
+
+  def leaf(x: Any, where: Where) -> Any:
+    if isinstance(x, jax.Array):
+      return array_to_torch(x, copy=copy, api="bridge.to_torch", where=lambda: f"leaf {where()}")
+    return x
+  return tree_lib.tree_map(leaf, tree)
+
+
+def _check_copy(copy: Any, api: str) -> None:
+  if copy is not None and not isinstance(copy, bool):
+    raise BridgeTypeError(f"`{api}`: `copy` must be None, True or False, got {copy!r}.")

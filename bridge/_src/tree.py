@@ -1,0 +1,115 @@
+"""Pytrees as the bridge sees them: JAX's pytrees, plus plain dataclasses.
+
+JAX does not descend into a dataclass unless its class is registered; users of
+torch pass dataclasses of tensors around all the time, so the bridge treats an
+unregistered dataclass instance as a node whose children are its fields. The
+fast path (no dataclass anywhere) is one C++ `tree_flatten` call.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+_tu = jax.tree_util
+
+
+def is_dataclass_instance(x: Any) -> bool:
+  return hasattr(type(x), "__dataclass_fields__") and not isinstance(x, type)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DataclassNode:
+  """How to rebuild one dataclass leaf: its class, field names and the fields' spec."""
+  cls: type
+  names: tuple[str, ...]
+  spec: "Spec"
+  # The instance seen when flattening, copied to keep non-field attributes; it is
+  # not part of equality so that specs from different calls compare equal.
+  template: Any = dataclasses.field(compare=False, hash=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A hashable description of a tree's structure (a `PyTreeDef` plus dataclasses)."""
+  treedef: Any
+  nodes: tuple[tuple[int, _DataclassNode], ...] = ()
+
+  @property
+  def num_leaves(self) -> int:
+    return self.treedef.num_leaves + sum(n.spec.num_leaves - 1 for _, n in self.nodes)
+
+
+def flatten(tree: Any) -> tuple[list[Any], Spec]:
+  """Flatten `tree` into leaves and a `Spec`; dataclass fields are flattened too."""
+  leaves, treedef = _tu.tree_flatten(tree)
+  if not any(is_dataclass_instance(x) for x in leaves):
+    return leaves, Spec(treedef)
+  out: list[Any] = []
+  nodes = []
+  for i, leaf in enumerate(leaves):
+    if is_dataclass_instance(leaf):
+      names = tuple(f.name for f in dataclasses.fields(leaf))
+      sub, sub_spec = flatten(tuple(getattr(leaf, n) for n in names))
+      nodes.append((i, _DataclassNode(type(leaf), names, sub_spec, leaf)))
+      out.extend(sub)
+    else:
+      out.append(leaf)
+  return out, Spec(treedef, tuple(nodes))
+
+
+def unflatten(spec: Spec, leaves: list[Any]) -> Any:
+  """Inverse of `flatten`."""
+  if not spec.nodes:
+    return spec.treedef.unflatten(leaves)
+  nodes = dict(spec.nodes)
+  top, pos = [], 0
+  for i in range(spec.treedef.num_leaves):
+    node = nodes.get(i)
+    if node is None:
+      top.append(leaves[pos])
+      pos += 1
+      continue
+    n = node.spec.num_leaves
+    values = unflatten(node.spec, leaves[pos:pos + n])
+    pos += n
+    obj = copy.copy(node.template)
+    for name, value in zip(node.names, values):
+      object.__setattr__(obj, name, value)  # works for frozen dataclasses too
+    top.append(obj)
+  return spec.treedef.unflatten(top)
+
+
+def leaf_paths(tree: Any, prefix: str = "") -> list[str]:
+  """The path of each leaf of `flatten(tree)`, in order, e.g. `args[0]['w'].bias`."""
+  paths = []
+  for path, leaf in _tu.tree_flatten_with_path(tree)[0]:
+    here = prefix + _tu.keystr(path)
+    if is_dataclass_instance(leaf):
+      for f in dataclasses.fields(leaf):
+        paths.extend(leaf_paths(getattr(leaf, f.name), f"{here}.{f.name}"))
+    else:
+      paths.append(here)
+  return paths
+
+
+def tree_map(fn: Callable[[Any, Callable[[], str]], Any], tree: Any) -> Any:
+  """Map `fn(leaf, path_thunk)` over the leaves; `path_thunk()` gives the leaf's path.
+
+  Paths are only computed when asked for (in error messages), so the common
+  path costs one flatten and one unflatten.
+  """
+  leaves, spec = flatten(tree)
+  paths: list[str] = []
+
+  def path_of(i: int) -> Callable[[], str]:
+    def thunk() -> str:
+      if not paths:
+        paths.extend(leaf_paths(tree))
+      return paths[i] or "<root>"
+    return thunk
+
+  return unflatten(spec, [fn(leaf, path_of(i)) for i, leaf in enumerate(leaves)])
