@@ -298,3 +298,35 @@ def test_deleted_array_is_reported():
 def test_copy_argument_is_checked(bad):
   with pytest.raises(bridge.BridgeTypeError, match=re.escape("`copy` must be None, True or False")):
     bridge.to_jax(torch.ones(1), copy=bad)
+
+
+_SHARDED_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np, torch, bridge
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("d",))
+x = jnp.arange(16.0).reshape(8, 2)
+split = jax.device_put(x, NamedSharding(mesh, P("d")))
+repl = jax.device_put(x, NamedSharding(mesh, P()))
+t = bridge.to_torch(split)
+assert torch.equal(t, torch.arange(16.0).reshape(8, 2)), t
+r = bridge.to_torch(repl, copy=False)
+assert r.data_ptr() == repl.addressable_data(0).unsafe_buffer_pointer()
+try:
+    bridge.to_torch({"p": split}, copy=False)
+except bridge.TransferError as e:
+    assert "sharded over 4 devices" in str(e) and "leaf ['p']" in str(e), e
+else:
+    raise SystemExit("copy=False on a sharded array did not raise")
+print("ok")
+"""
+
+
+def test_sharded_and_replicated_arrays_to_torch():
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True,
+                       env=env, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -109,15 +109,23 @@ class _Call:
 
   def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
     if isinstance(self.residuals, Exception):
-      raise BridgeError(
-          f"`{_API}`: a gradient was requested through {self.entry.name}, but JAX cannot "
-          f"differentiate it: {self.residuals} Give it a derivative with `jax.custom_vjp`, "
-          "or detach its inputs.") from self.residuals
+      raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
     with _x64_scope(self.x64):
       cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
       bwd = self.entry.vjp.backward(self.mask, self.diff, self.rest)
-      in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
+      try:
+        in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
+      except Exception as e:  # noqa: BLE001 - re-raised with the call named
+        # e.g. JAX linearizes a while_loop but cannot transpose it.
+        raise _differentiation_error(self.entry.name, e) from e
       return [_gradient(c) for c in in_cts]
+
+
+def _differentiation_error(name: str, cause: Exception) -> BridgeError:
+  return BridgeError(
+      f"`{_API}`: a gradient was requested through {name}, but JAX cannot differentiate "
+      f"it: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''} Give "
+      "it a derivative with `jax.custom_vjp`, or detach its inputs if no gradient is needed.")
 
 
 class _NullScope:

@@ -1,0 +1,359 @@
+"""`bridge.call_jax` / `bridge.torch_view`: parity, caching, autograd, errors, threads, memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import bridge
+from bridge._src import interop
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+  interop.clear_cache()
+  yield
+  interop.clear_cache()
+
+
+# --- forward ------------------------------------------------------------------
+
+
+def test_forward_matches_torch_and_keeps_structure():
+  def f(x, params, *, scale):
+    return {"y": jnp.tanh(x @ params["w"] + params["b"]) * scale, "n": jnp.sum(x > 0)}
+  x, w, b = torch.randn(4, 3), torch.randn(3, 2), torch.randn(2)
+  out = bridge.call_jax(f, x, {"w": w, "b": b}, scale=2.0)
+  assert set(out) == {"y", "n"}
+  torch.testing.assert_close(out["y"], torch.tanh(x @ w + b) * 2.0)
+  assert out["n"].dtype is torch.int32 and int(out["n"]) == int((x > 0).sum())
+
+
+def test_outputs_are_torch_tensors_on_the_input_device():
+  out = bridge.call_jax(lambda x: (x, [x * 2], None), torch.ones(2))
+  assert isinstance(out, tuple) and out[2] is None
+  assert isinstance(out[0], torch.Tensor) and out[0].device.type == "cpu"
+  assert isinstance(out[1], list) and isinstance(out[1][0], torch.Tensor)
+
+
+def test_jitted_function_and_static_arguments():
+  @functools.partial(jax.jit, static_argnames="axis")
+  def norm(x, axis):
+    return x / jnp.linalg.norm(x, axis=axis, keepdims=True)
+  x = torch.randn(3, 4)
+  torch.testing.assert_close(bridge.call_jax(norm, x, axis=1), x / x.norm(dim=1, keepdim=True))
+  torch.testing.assert_close(bridge.call_jax(norm, x, axis=0), x / x.norm(dim=0, keepdim=True))
+
+
+def test_static_string_and_dataclass_arguments():
+  @dataclasses.dataclass
+  class Batch:
+    x: torch.Tensor
+    mode: str
+
+  def f(batch):
+    return batch.x * (2.0 if batch.mode == "double" else 1.0)
+  x = torch.randn(3)
+  torch.testing.assert_close(bridge.call_jax(f, Batch(x, "double")), x * 2)
+  torch.testing.assert_close(bridge.call_jax(f, Batch(x, "same")), x)
+
+
+def test_jax_and_numpy_arrays_are_accepted_as_inputs():
+  out = bridge.call_jax(lambda a, b, c: a + b + c, torch.ones(2), jnp.ones(2), np.ones(2, np.float32))
+  torch.testing.assert_close(out, torch.full((2,), 3.0))
+
+
+def test_torch_view_decorator():
+  @bridge.torch_view
+  def gelu(x):
+    """Docs."""
+    return jax.nn.gelu(x, approximate=False)
+  x = torch.randn(5)
+  torch.testing.assert_close(gelu(x), torch.nn.functional.gelu(x))
+  assert gelu.__name__ == "gelu" and gelu.__doc__ == "Docs." and gelu.__wrapped__ is not None
+  assert bridge.torch_view(gelu) is gelu
+
+
+def test_torch_view_rejects_arrays():
+  with pytest.raises(bridge.BridgeTypeError, match="expected a JAX callable.*bridge.to_torch"):
+    bridge.torch_view(jnp.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.uint8, torch.bool,
+                                   torch.complex64, torch.int16])
+def test_dtypes_are_preserved(dtype):
+  x = torch.ones(3, dtype=dtype)
+  out = bridge.call_jax(lambda x: x, x)
+  assert out.dtype is dtype
+  torch.testing.assert_close(out, x)
+
+
+def test_64_bit_inputs_need_x64_and_say_so():
+  idx = torch.tensor([2, 0])
+  with jax.enable_x64(False):
+    with pytest.raises(bridge.BridgeTypeError) as info:
+      bridge.call_jax(jnp.take, torch.arange(3.0), idx)
+  msg = str(info.value)
+  assert "`bridge.call_jax`" in msg and "argument args[1]" in msg and "int64" in msg
+  assert "jax.enable_x64(True)" in msg and "torch.int32" in msg
+  with jax.enable_x64(True):
+    out = bridge.call_jax(lambda x, i: (jnp.take(x, i), i * 2**40), torch.arange(3.0), idx)
+  torch.testing.assert_close(out[0], torch.tensor([2.0, 0.0]))
+  assert out[1].dtype is torch.int64 and out[1].tolist() == [2 * 2**40, 0]
+
+
+def test_non_contiguous_and_unaligned_inputs():
+  base = torch.randn(65)
+  x = base[1:].reshape(8, 8).t()[:, ::2]
+  torch.testing.assert_close(bridge.call_jax(lambda x: x * 3, x), x * 3)
+
+
+def test_compiled_once_per_signature():
+  traces = []
+
+  def f(x, k):
+    traces.append(x.shape)
+    return x * k
+  for _ in range(5):
+    bridge.call_jax(f, torch.ones(3), 2)
+  assert len(traces) == 1
+  bridge.call_jax(f, torch.ones(4), 2)   # new shape: JAX retraces
+  bridge.call_jax(f, torch.ones(4), 3)   # new static value: a new entry
+  bridge.call_jax(f, torch.ones(4), 3.0)  # 3 == 3.0 but another type: a new entry
+  assert len(traces) == 4
+  assert len(interop._cache) == 3
+
+
+def test_cache_is_bounded(monkeypatch):
+  monkeypatch.setattr(interop._cache, "size", 4)
+  for k in range(10):
+    bridge.call_jax(lambda x, k: x + k, torch.ones(1), k)
+  assert len(interop._cache) == 4
+
+
+# --- autograd -----------------------------------------------------------------
+
+
+def test_gradcheck_float64():
+  def f(x, y):
+    return jnp.sin(x) * jnp.exp(y[None, :]) + jnp.sum(x ** 2, axis=1, keepdims=True)
+  x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+  y = torch.randn(4, dtype=torch.float64, requires_grad=True)
+  with jax.enable_x64(True):
+    assert torch.autograd.gradcheck(lambda x, y: bridge.call_jax(f, x, y), (x, y))
+
+
+def test_gradcheck_complex():
+  def f(z, w):
+    return (z * jnp.conj(w) + jnp.sin(z), jnp.abs(z) ** 2)
+  z = torch.randn(3, dtype=torch.complex128, requires_grad=True)
+  w = torch.randn(3, dtype=torch.complex128, requires_grad=True)
+  with jax.enable_x64(True):
+    assert torch.autograd.gradcheck(lambda z, w: bridge.call_jax(f, z, w), (z, w))
+
+
+def test_gradients_match_torch_autograd():
+  x = torch.randn(5, 3, requires_grad=True)
+  w = torch.randn(3, 2, requires_grad=True)
+  loss = bridge.call_jax(lambda x, w: jnp.mean(jax.nn.softplus(x @ w) ** 2), x, w)
+  loss.backward()
+  x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+  torch.mean(torch.nn.functional.softplus(x2 @ w2) ** 2).backward()
+  torch.testing.assert_close(x.grad, x2.grad)
+  torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_gradient_flows_through_surrounding_torch_graph():
+  lin = torch.nn.Linear(4, 4)
+  x = torch.randn(2, 4)
+  y = bridge.call_jax(jnp.tanh, lin(x)).pow(2).sum()
+  y.backward()
+  lin2 = torch.nn.Linear(4, 4)
+  lin2.load_state_dict(lin.state_dict())
+  torch.tanh(lin2(x)).pow(2).sum().backward()
+  torch.testing.assert_close(lin.weight.grad, lin2.weight.grad)
+
+
+def test_only_inputs_that_require_grad_get_gradients():
+  x = torch.randn(3, requires_grad=True)
+  c = torch.randn(3)
+  out = bridge.call_jax(lambda x, c: jnp.sum(x * c), x, c)
+  out.backward()
+  torch.testing.assert_close(x.grad, c)
+  assert c.grad is None
+
+
+def test_integer_inputs_and_outputs_are_non_differentiable():
+  x = torch.randn(4, requires_grad=True)
+  idx = torch.tensor([3, 1], dtype=torch.int32)
+  vals, arg = bridge.call_jax(lambda x, i: (x[i] * 2, jnp.argmax(x)), x, idx)
+  assert vals.requires_grad and not arg.requires_grad
+  assert arg.dtype is torch.int32
+  vals.sum().backward()
+  torch.testing.assert_close(x.grad, torch.tensor([0.0, 2.0, 0.0, 2.0]))
+
+
+def test_unused_and_stride0_output_gradients():
+  x = torch.randn(3, 4, requires_grad=True)
+  a, b = bridge.call_jax(lambda x: (x * 2, jnp.sin(x)), x)
+  a.sum().backward()  # the gradient of `a` is a stride-0 expand; `b` gets none
+  torch.testing.assert_close(x.grad, torch.full((3, 4), 2.0))
+  x.grad = None
+  a, b = bridge.call_jax(lambda x: (x * 2, jnp.sin(x)), x)
+  torch.autograd.backward([b], [torch.ones(4).expand(3, 4)])
+  torch.testing.assert_close(x.grad, torch.cos(x.detach()))
+
+
+def test_backward_in_another_x64_setting_than_forward():
+  x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+  with jax.enable_x64(True):
+    y = bridge.call_jax(lambda x: jnp.sum(x ** 3), x)
+  y.backward()  # outside the x64 scope; the backward re-enters it
+  assert x.grad.dtype is torch.float64
+  torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
+
+
+def test_no_grad_and_inference_mode_build_no_vjp():
+  x = torch.randn(3, requires_grad=True)
+
+  def f(x):
+    return jnp.exp(x)
+  with torch.no_grad():
+    y = bridge.call_jax(f, x)
+  with torch.inference_mode():
+    z = bridge.call_jax(f, x)
+  assert not y.requires_grad and not z.requires_grad
+  entries = list(interop._cache._entries.values())
+  assert len(entries) == 1 and not entries[0].vjp._forwards
+
+
+def _loop(x):
+  # while_loop has no reverse-mode derivative
+  return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]
+
+
+def test_function_without_derivative_runs_forward_and_fails_on_backward():
+  x = torch.ones(3, requires_grad=True)
+  y = bridge.call_jax(_loop, x)
+  torch.testing.assert_close(y, torch.full((3,), 8.0))
+  assert y.requires_grad
+  with pytest.raises(bridge.BridgeError, match=r"cannot differentiate it.*jax.custom_vjp"):
+    y.sum().backward()
+  y2 = bridge.call_jax(_loop, x)  # the decision is cached; still an error, never silent
+  assert y2.requires_grad
+  with pytest.raises(bridge.BridgeError):
+    y2.sum().backward()
+
+
+def test_second_backward_with_retain_graph():
+  x = torch.randn(3, requires_grad=True)
+  y = bridge.call_jax(lambda x: jnp.sum(x ** 2), x)
+  y.backward(retain_graph=True)
+  y.backward()
+  torch.testing.assert_close(x.grad, 4 * x.detach())
+
+
+def test_bfloat16_gradients():
+  x = torch.randn(8, dtype=torch.bfloat16, requires_grad=True)
+  bridge.call_jax(lambda x: jnp.sum(x * x), x).backward()
+  assert x.grad.dtype is torch.bfloat16
+  torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+# --- bad input ----------------------------------------------------------------
+
+
+def test_tensors_on_two_devices():
+  with pytest.raises(bridge.TransferError) as info:
+    bridge.call_jax(lambda a, b: a + b, torch.ones(2), {"b": torch.ones(2, device="meta")})
+  msg = str(info.value)
+  assert "args[0] is on cpu" in msg and "args[1]['b'] is on meta" in msg
+  assert "`bridge.call_jax`" in msg
+
+
+def test_unhashable_static_argument():
+  with pytest.raises(bridge.BridgeTypeError) as info:
+    bridge.call_jax(lambda x, s: x, torch.ones(1), {"s": {1, 2}})
+  msg = str(info.value)
+  assert "argument args[1]['s'] is a set" in msg and "hashable" in msg and "partial" in msg
+
+
+def test_non_array_output():
+  with pytest.raises(bridge.BridgeTypeError) as info:
+    bridge.call_jax(lambda x: {"y": x, "tag": "hello"}, torch.ones(1))
+  msg = str(info.value)
+  assert "returned a str at output['tag']" in msg and "pytree of arrays" in msg
+
+
+def test_unsupported_dtype_argument():
+  with pytest.raises(bridge.BridgeTypeError, match=r"argument kwargs\['z'\].*complex32"):
+    bridge.call_jax(lambda z: z, z=torch.zeros(1, dtype=torch.complex32))
+
+
+def test_errors_inside_fn_propagate_unchanged():
+  def bad(x):
+    raise ValueError("boom")
+  with pytest.raises(ValueError, match="boom"):
+    bridge.call_jax(bad, torch.ones(1))
+  with pytest.raises(ValueError, match="boom"):
+    bridge.call_jax(bad, torch.ones(1, requires_grad=True))
+
+
+# --- threads and memory -------------------------------------------------------
+
+
+def test_threads_calling_at_once_get_their_own_results():
+  def f(x, w):
+    return jnp.tanh(x @ w)
+  w = torch.randn(8, 8)
+  errors = []
+
+  def worker(seed):
+    try:
+      g = torch.Generator().manual_seed(seed)
+      for _ in range(50):
+        x = torch.randn(4, 8, generator=g).requires_grad_()
+        y = bridge.call_jax(f, x, w)
+        torch.testing.assert_close(y, torch.tanh(x.detach() @ w))
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, (1 - torch.tanh(x.detach() @ w) ** 2) @ w.t())
+    except Exception as e:  # noqa: BLE001 - collected and re-raised by the test
+      errors.append(e)
+  threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors
+
+
+def _rss_bytes() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.slow
+def test_no_memory_growth_over_10000_calls():
+  x = torch.randn(64, 64, requires_grad=True)
+
+  def f(x):
+    return jnp.sum(jnp.sin(x) ** 2)
+  for _ in range(500):
+    bridge.call_jax(f, x).backward()
+  gc.collect()
+  before = _rss_bytes()
+  for _ in range(10_000):
+    bridge.call_jax(f, x).backward()
+    bridge.call_jax(f, x.detach())
+  gc.collect()
+  growth = _rss_bytes() - before
+  assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 10,000 calls"
+  assert len(interop._cache) == 1

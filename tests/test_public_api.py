@@ -1,0 +1,66 @@
+"""The public surface is pinned: a change to it must be deliberate (edit this list)."""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+
+import pytest
+
+import bridge
+from bridge._src import interop, transfer
+
+PUBLIC = [
+    "BridgeError",
+    "BridgeTypeError",
+    "PluginError",
+    "TransferError",
+    "__version__",
+    "call_jax",
+    "to_jax",
+    "to_torch",
+    "torch_view",
+]
+
+
+def test_public_surface_is_pinned():
+  assert sorted(bridge.__all__) == PUBLIC
+  for name in PUBLIC:
+    assert hasattr(bridge, name), name
+
+
+def test_public_functions_have_type_hints_and_docstrings():
+  for name in PUBLIC:
+    obj = getattr(bridge, name)
+    if inspect.isfunction(obj):
+      assert obj.__doc__ and obj.__doc__.strip(), name
+      hints = inspect.get_annotations(obj)
+      assert "return" in hints, name
+
+
+def test_errors_form_one_hierarchy():
+  for name in ("BridgeTypeError", "TransferError", "PluginError"):
+    assert issubclass(getattr(bridge, name), bridge.BridgeError)
+  assert issubclass(bridge.BridgeTypeError, TypeError)
+  assert issubclass(bridge.TransferError, ValueError)
+
+
+def test_package_ships_py_typed():
+  import importlib.resources
+  assert importlib.resources.files("bridge").joinpath("py.typed").is_file()
+
+
+@pytest.mark.parametrize("module", [transfer, interop], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module):
+  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  assert result.attempted > 0 and result.failed == 0
+
+
+def test_import_changes_no_global_jax_config():
+  import subprocess
+  import sys
+  code = ("import jax; before = dict(jax.config.values); import bridge; "
+          "changed = {k for k in before if jax.config.values[k] != before[k]}; "
+          "print(sorted(changed))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
