@@ -73,7 +73,11 @@ def _name(fn: Callable) -> str:
 
 
 class _Cache:
-  """A thread-safe LRU of `Entry`s keyed by (function, structure, static values)."""
+  """A thread-safe, bounded cache of `Entry`s keyed by (function, structure, static values).
+
+  When full it drops the oldest entry (a hit does not refresh an entry: that would
+  cost the hot path a lock); a dropped function is simply jitted again on next use.
+  """
 
   def __init__(self, size: int):
     self.size = size
@@ -101,6 +105,7 @@ class _Cache:
 
 
 _cache = _Cache(_CACHE_SIZE)
+_cache_entries = _cache._entries  # read without the lock on the hot path (dict reads are atomic)
 
 
 def clear_cache() -> None:
@@ -123,90 +128,95 @@ class _Args:
     return f"argument {self.paths[leaf_index]}"
 
 
-def _split(fn: Callable, args: tuple, kwargs: dict):
-  """Find the cache entry; return it with the array leaves and the tensors among them."""
-  leaves, spec = _tree_flatten((args, kwargs))
-  key_statics: list[Any] = []
-  arrays: list[Any] = []
-  tensors: list[tuple[int, int, torch.Tensor]] = []  # (array position, leaf index, tensor)
-  for i, leaf in enumerate(leaves):
-    if isinstance(leaf, torch.Tensor):
-      tensors.append((len(arrays), i, leaf))
-      arrays.append(leaf)
-    elif isinstance(leaf, _ARRAY_TYPES):
-      arrays.append(leaf)
-    elif tree_lib.is_dataclass_instance(leaf):
-      return _split_slow(fn, args, kwargs)
-    else:
-      try:
-        hash(leaf)
-      except TypeError:
-        raise BridgeTypeError(
-            f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
-            "is neither a tensor nor an array, so it must be a static argument, and static "
-            "arguments must be hashable. Pass it as a tensor or array, make it hashable "
-            "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
-            f"Got: {leaf!r:.80}") from None
-      key_statics.append((i, type(leaf), leaf))
-  key = (fn, spec, tuple(key_statics))
-  entry = _cache.get(key, lambda: Entry(fn, spec, _statics(len(leaves), key_statics)))
-  return entry, arrays, tensors
+class _Leaves:
+  """The leaves of one call's arguments, sorted into arrays and static values."""
 
+  __slots__ = ("spec", "arrays", "tensors", "key_statics", "n", "slow", "needs_grad")
 
-def _statics(n: int, key_statics: list) -> tuple:
-  statics: list[Any] = [_DYN] * n
-  for i, _, value in key_statics:
-    statics[i] = value
-  return tuple(statics)
-
-
-def _split_slow(fn: Callable, args: tuple, kwargs: dict):
-  """`_split` for arguments that hold dataclasses (flattened field by field)."""
-  leaves, spec = tree_lib.flatten((args, kwargs))
-  statics, key_statics, arrays, tensors = [], [], [], []
-  for i, leaf in enumerate(leaves):
-    if isinstance(leaf, (torch.Tensor, *_ARRAY_TYPES)):
+  def __init__(self, leaves: list, spec: Any, args: tuple, kwargs: dict):
+    self.spec, self.n = spec, len(leaves)
+    self.arrays: list[Any] = []
+    self.tensors: list[tuple[int, int, torch.Tensor]] = []  # (array pos, leaf index, tensor)
+    self.key_statics: list[Any] = []
+    self.slow = self.needs_grad = False
+    fast = transfer.fast_tensor_arg if transfer.default_device_is_cpu() else _no_fast_path
+    arrays, tensors = self.arrays, self.tensors
+    for i, leaf in enumerate(leaves):
       if isinstance(leaf, torch.Tensor):
         tensors.append((len(arrays), i, leaf))
-      arrays.append(leaf)
-      statics.append(_DYN)
-      continue
-    try:
-      hash(leaf)
-    except TypeError:
-      raise BridgeTypeError(
-          f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which is "
-          "neither a tensor nor an array and not hashable, so it cannot be a static "
-          f"argument. Pass it as a tensor or make it hashable. Got: {leaf!r:.80}") from None
-    statics.append(leaf)
-    key_statics.append((i, type(leaf), leaf))
-  key = (fn, spec, tuple(key_statics))
-  entry = _cache.get(key, lambda: Entry(fn, spec, tuple(statics)))
-  return entry, arrays, tensors
+        if leaf.requires_grad:
+          self.needs_grad = True
+        arg = fast(leaf)
+        if arg is None:  # not a plain CPU tensor: converted by `convert_slow`
+          self.slow, arg = True, leaf
+        arrays.append(arg)
+      elif isinstance(leaf, _ARRAY_TYPES):
+        arrays.append(leaf)
+      elif tree_lib.is_dataclass_instance(leaf):
+        raise _HasDataclass
+      else:
+        try:
+          hash(leaf)
+        except TypeError:
+          raise BridgeTypeError(
+              f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
+              "is neither a tensor nor an array, so it must be a static argument, and static "
+              "arguments must be hashable. Pass it as a tensor or array, make it hashable "
+              "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
+              f"Got: {leaf!r:.80}") from None
+        self.key_statics.append((i, type(leaf), leaf))
+
+  def statics(self) -> tuple:
+    statics: list[Any] = [_DYN] * self.n
+    for i, _, value in self.key_statics:
+      statics[i] = value
+    return tuple(statics)
+
+  def convert_slow(self, args: tuple, kwargs: dict) -> None:
+    """Convert the tensors the fast path left alone; check that all share one device."""
+    described = _Args(args, kwargs)
+    device = self.tensors[0][2].device
+    for pos, i, t in self.tensors:
+      if t.device != device:
+        first = self.tensors[0][1]
+        raise TransferError(
+            f"`{API}`: tensors on two devices: {described.describe(first)} is on {device} and "
+            f"{described.describe(i)} is on {t.device}. One JAX call runs on one device: "
+            f"move them together first, e.g. `.to('{device}')`.")
+      if self.arrays[pos] is t:
+        self.arrays[pos] = transfer.tensor_to_jax(
+            t, copy=None, api=API, where=functools.partial(described.describe, i))
 
 
-def _convert_tensors(arrays: list, tensors: list, args: tuple, kwargs: dict) -> None:
-  """Replace the tensors in `arrays` by JAX arguments, in place; one device for all."""
-  if not tensors:
-    return
-  device = tensors[0][2].device if len(tensors) > 1 else None
-  described = _Args(args, kwargs)
-  for pos, i, t in tensors:
-    if device is not None and t.device != device:
-      first = tensors[0][1]
-      raise TransferError(
-          f"`{API}`: tensors on two devices: {described.describe(first)} is on {device} and "
-          f"{described.describe(i)} is on {t.device}. One JAX call runs on one device: move "
-          f"them together first, e.g. `.to('{device}')`.")
-    arrays[pos] = transfer.tensor_to_jax_arg(
-        t, api=API, where=functools.partial(described.describe, i))
+class _HasDataclass(Exception):
+  """Raised by `_Leaves` on a dataclass leaf: flatten again, field by field."""
+
+
+def _no_fast_path(t: torch.Tensor) -> None:
+  del t  # JAX's default device is not the CPU: every tensor takes the DLPack path
+  return None
+
+
+def _leaves(args: tuple, kwargs: dict) -> _Leaves:
+  leaves, spec = _tree_flatten((args, kwargs))
+  try:
+    return _Leaves(leaves, spec, args, kwargs)
+  except _HasDataclass:
+    leaves, spec = tree_lib.flatten((args, kwargs))
+    return _Leaves(leaves, spec, args, kwargs)
 
 
 def outputs_to_torch(entry: Entry, out: Any) -> tuple[list[torch.Tensor], Any]:
   """Flatten a JAX output pytree and move its leaves to torch."""
   leaves, treedef = _tree_flatten(out)
-  where = lambda: f"an output of {entry.name}"  # noqa: E731
-  return [transfer.array_to_torch_arg(o, api=API, where=where) for o in leaves], treedef
+  fast = transfer.fast_array_out
+  outs = []
+  for o in leaves:
+    t = fast(o)
+    if t is None:
+      t = transfer.array_to_torch(o, api=API, where=lambda: f"an output of {entry.name}")
+    outs.append(t)
+  return outs, treedef
 
 
 def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -254,18 +264,17 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     >>> y.backward()
     >>> torch.testing.assert_close(x.grad, torch.sin(2 * x.detach()))
   """
-  entry, arrays, tensors = _split(fn, args, kwargs)
-  needs_grad = False
-  if torch.is_grad_enabled():
-    for _, _, t in tensors:
-      if t.requires_grad:
-        needs_grad = True
-        break
-  _convert_tensors(arrays, tensors, args, kwargs)
-  if needs_grad:
-    outs, out_def = vjp.call_with_grad(entry, arrays, tensors, outputs_to_torch)
+  split = _leaves(args, kwargs)
+  key = (fn, split.spec, tuple(split.key_statics))
+  entry = _cache_entries.get(key)
+  if entry is None:
+    entry = _cache.get(key, lambda: Entry(fn, split.spec, split.statics()))
+  if split.slow:
+    split.convert_slow(args, kwargs)
+  if split.needs_grad and torch.is_grad_enabled():
+    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, outputs_to_torch)
   else:
-    outs, out_def = outputs_to_torch(entry, entry.forward(*arrays))
+    outs, out_def = outputs_to_torch(entry, entry.forward(*split.arrays))
   return out_def.unflatten(outs)
 
 

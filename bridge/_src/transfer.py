@@ -35,6 +35,10 @@ try:  # The C++ entry points behind `jax.dlpack`; the public wrappers cost ~30 u
 except (ImportError, AttributeError):  # pragma: no cover - other jaxlib versions
   _dlpack_to_buffer = _buffer_to_dlpack = None
 
+try:
+  from jax._src.array import ArrayImpl as _ArrayImpl
+except ImportError:  # pragma: no cover
+  _ArrayImpl = None
 _KDL_CPU = 1  # DLDeviceType.kDLCPU
 _ALIGNMENT = 64  # bytes; XLA:CPU refuses to alias a less aligned buffer
 _STRICT = "Pass `copy=None` (or `copy=True`) to allow the copy"
@@ -162,13 +166,6 @@ def tensor_to_jax(t: torch.Tensor, *, copy: bool | None = None, api: str = "brid
   return _accelerator_tensor_to_jax(t, copy, api, where)
 
 
-# Dtypes torch can hand to NumPy (not bfloat16/float8). A CPU tensor of one of
-# these goes into a jitted call as a NumPy view: JAX's C++ dispatch aliases an
-# aligned dense buffer (and copies any other), which costs less than a DLPack import.
-_NUMPY_DTYPES = frozenset(dtypes.TORCH_TO_JAX) - {
-    d for d in dtypes.TORCH_TO_JAX if d is torch.bfloat16 or "float8" in str(d)}
-
-
 def default_device_is_cpu() -> bool:
   """Whether an uncommitted argument of a jitted call lands on a CPU device."""
   device = _jax_config.default_device.value
@@ -182,18 +179,34 @@ def _default_backend_is_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
+def fast_tensor_arg(t: torch.Tensor) -> Any:
+  """A CPU tensor as a zero-copy NumPy view for a jitted call, or None if that does not apply.
+
+  Only for calls whose uncommitted arguments land on the CPU (`default_device_is_cpu()`).
+
+  `Tensor.numpy()` itself refuses every tensor the fast path must not take: other
+  devices, sparse, nested, quantized, conjugate/negative views, and dtypes NumPy
+  lacks (bfloat16, float8). The caller then takes `tensor_to_jax`'s general path.
+  """
+  if t.requires_grad:
+    t = t.detach()
+  if t.dtype in dtypes.TORCH_X64 and not dtypes.x64_enabled():
+    return None
+  try:
+    return t.numpy()
+  except (RuntimeError, TypeError):
+    return None
+
+
 def tensor_to_jax_arg(t: torch.Tensor, *, api: str, where: Where) -> Any:
   """A tensor as an argument of a jitted call on the tensor's device (copy=None semantics).
 
-  CPU tensors become zero-copy NumPy views when JAX's default device is the CPU;
+  CPU tensors become zero-copy NumPy views when JAX's default device is the CPU
+  (JAX's C++ dispatch aliases an aligned dense buffer and copies any other);
   everything else goes through `tensor_to_jax`.
   """
-  dtype = t.dtype
-  if (t.is_cpu and t.layout is torch.strided and dtype in _NUMPY_DTYPES and not t.is_nested
-      and not t.is_conj() and not t.is_neg()
-      and (dtype not in dtypes.TORCH_X64 or dtypes.x64_enabled()) and default_device_is_cpu()):
-    return (t.detach() if t.requires_grad else t).numpy()
-  return tensor_to_jax(t, copy=None, api=api, where=where)
+  arg = fast_tensor_arg(t) if default_device_is_cpu() else None
+  return arg if arg is not None else tensor_to_jax(t, copy=None, api=api, where=where)
 
 
 def to_jax(tree: Any, copy: bool | None = None) -> Any:
@@ -224,6 +237,8 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
     True
   """
   _check_copy(copy, "bridge.to_jax")
+  if type(tree) is torch.Tensor:  # a lone tensor: skip the pytree machinery
+    return tensor_to_jax(tree, copy=copy, api="bridge.to_jax", where=lambda: "the tensor")
 
   def leaf(x: Any, where: Where) -> Any:
     if isinstance(x, torch.Tensor):
@@ -235,22 +250,36 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
 # --- JAX -> torch ------------------------------------------------------------
 
 
-# Shardings known to be one CPU device, by id (the value keeps the object alive so
-# an id is never reused while it is in here). Outputs of a jitted call share a few.
+# Shardings known to be one CPU device, by id (the value keeps the object alive, so
+# an id is not reused while it is in here). The outputs of jitted calls share a few.
 _CPU_SHARDINGS: dict[int, Any] = {}
 _TORCH_DTYPE_BY_ID = {id(k): v for k, v in dtypes.JAX_TO_TORCH.items()}
 
 
+def _is_one_cpu_device(sharding: Any) -> bool:
+  if _CPU_SHARDINGS.get(id(sharding)) is sharding:
+    return True
+  if (isinstance(sharding, jax.sharding.SingleDeviceSharding)
+      and next(iter(sharding.device_set)).platform == "cpu"):
+    if len(_CPU_SHARDINGS) < 1024:
+      _CPU_SHARDINGS[id(sharding)] = sharding
+    return True
+  return False
+
+
+def fast_array_out(a: Any) -> torch.Tensor | None:
+  """A concrete single-CPU-device array as a zero-copy tensor, or None if that does not apply."""
+  if (type(a) is _ArrayImpl and _buffer_to_dlpack is not None
+      and id(a.dtype) in _TORCH_DTYPE_BY_ID and _is_one_cpu_device(a.sharding)
+      and not a.is_deleted()):
+    return torch._C._from_dlpack(_buffer_to_dlpack(a))
+  return None
+
+
 def array_to_torch_arg(a: jax.Array, *, api: str, where: Where) -> torch.Tensor:
   """`array_to_torch(a, copy=None)` with a fast path for single-CPU-device outputs."""
-  sharding = a.sharding
-  if (_CPU_SHARDINGS.get(id(sharding)) is sharding and id(a.dtype) in _TORCH_DTYPE_BY_ID
-      and _buffer_to_dlpack is not None):
-    return torch._C._from_dlpack(_buffer_to_dlpack(a))
-  if (isinstance(sharding, jax.sharding.SingleDeviceSharding)
-      and next(iter(sharding.device_set)).platform == "cpu" and len(_CPU_SHARDINGS) < 1024):
-    _CPU_SHARDINGS[id(sharding)] = sharding
-  return array_to_torch(a, copy=None, api=api, where=where)
+  out = fast_array_out(a)
+  return out if out is not None else array_to_torch(a, copy=None, api=api, where=where)
 
 
 def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
@@ -321,6 +350,10 @@ def to_torch(tree: Any, copy: bool | None = None) -> Any:
     {'w': tensor([1., 1.], dtype=torch.bfloat16)}
   """
   _check_copy(copy, "bridge.to_torch")
+  if type(tree) is _ArrayImpl:  # a lone array: skip the pytree machinery
+    out = fast_array_out(tree) if copy is None else None
+    return out if out is not None else array_to_torch(
+        tree, copy=copy, api="bridge.to_torch", where=lambda: "the array")
 
   def leaf(x: Any, where: Where) -> Any:
     if isinstance(x, jax.Array):

@@ -1,0 +1,109 @@
+"""Shared helpers: the timing loop, run settings and the `System` description."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+# Transfer sizes (bytes of float32 data); workloads are named e.g. "to_jax_1GiB".
+SIZES = {"1KiB": KiB, "1MiB": MiB, "64MiB": 64 * MiB, "1GiB": GiB}
+QUICK_MAX_BYTES = 64 * MiB  # --quick skips bigger transfers
+WORKLOADS = ("call_small", "fwd_bwd_small") + tuple(
+    f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How hard to time one workload."""
+
+    warmup: int  # untimed calls before timing
+    min_reps: int  # always time at least this many calls
+    max_reps: int  # never time more than this many calls
+    budget_s: float  # stop after this much timed wall time (once min_reps is reached)
+
+
+QUICK = Settings(warmup=3, min_reps=5, max_reps=300, budget_s=0.15)
+FULL = Settings(warmup=20, min_reps=10, max_reps=50000, budget_s=2.0)
+# Transfers of big buffers may copy hundreds of MiB per call: the time budget, not
+# the repetition cap, then bounds the run (at least min_reps calls are timed).
+FULL_BIG = Settings(warmup=3, min_reps=5, max_reps=5000, budget_s=3.0)
+
+
+@dataclasses.dataclass
+class System:
+    """What one benchmarked system offers. A `None` entry means "not supported".
+
+    call(f) -> g:    g(x) computes f(x); x and the result are torch tensors
+                     (JAX arrays when ``array_in == "jax"``).
+    fwd_bwd(f) -> s: s(x) runs ``y = f(x); y.sum().backward()`` on a leaf x that
+                     requires grad and returns ``(y, dy/dx)``.
+    to_jax(t), to_torch(a): convert one array across the boundary.
+    """
+
+    name: str
+    packages: tuple[str, ...] = ()
+    array_in: str = "torch"
+    call: Callable[[Callable], Callable] | None = None
+    fwd_bwd: Callable[[Callable], Callable] | None = None
+    to_jax: Callable[[Any], Any] | None = None
+    to_torch: Callable[[Any], Any] | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    unsupported: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def torch_fwd_bwd(call: Callable) -> Callable:
+    """The standard torch training step around a torch-in/torch-out `call`."""
+
+    def step(x):
+        x.grad = None
+        y = call(x)
+        y.sum().backward()
+        return y, x.grad
+
+    return step
+
+
+def _contains_jax_array(out: Any) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(out))
+
+
+def blocking(fn: Callable[[], Any], sample_out: Any) -> Callable[[], Any]:
+    """Wrap `fn` so that JAX outputs are waited for, if `sample_out` holds any."""
+    if not _contains_jax_array(sample_out):
+        return fn
+    import jax
+
+    def run():
+        return jax.block_until_ready(fn())
+
+    return run
+
+
+def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, float | int]:
+    """Time `fn()` call by call (after warm-up); return median/min/max in us and n."""
+    for _ in range(settings.warmup):
+        fn()
+    samples: list[float] = []
+    clock = time.perf_counter
+    deadline = clock() + settings.budget_s
+    while len(samples) < settings.max_reps:
+        t0 = clock()
+        fn()
+        samples.append(clock() - t0)
+        if len(samples) >= settings.min_reps and clock() > deadline:
+            break
+    us = [s * 1e6 for s in samples]
+    return {
+        "median_us": statistics.median(us),
+        "min_us": min(us),
+        "max_us": max(us),
+        "n": len(us),
+    }

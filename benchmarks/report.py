@@ -1,0 +1,219 @@
+"""Turn worker reports into RESULTS.md tables and (if matplotlib is importable) PNG plots."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+from .common import SIZES
+from .systems import ALL, BASELINE
+
+CALL_WORKLOADS = ("call_small", "fwd_bwd_small")
+GROUPS = {
+    "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS,
+    "to_jax: float32 torch CPU tensor -> JAX array": tuple(f"to_jax_{s}" for s in SIZES),
+    "to_torch: float32 JAX CPU array -> torch tensor": tuple(f"to_torch_{s}" for s in SIZES),
+}
+
+
+def _color(system: str) -> str:
+    """One fixed colour per system (the baseline in red) across all plots."""
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+               "tab:gray", "tab:olive", "tab:cyan"]
+    others = [s for s in ALL if s != BASELINE]
+    return "tab:red" if system == BASELINE else palette[others.index(system) % len(palette)]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def machine_info(quick: bool, seconds: float) -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem = next((line.split()[1] for line in _read("/proc/meminfo").splitlines()
+                if line.startswith("MemTotal")), None)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": "quick" if quick else "full",
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(int(mem) / 2**20, 1) if mem else None,
+        "platform": platform.platform(),
+        "seconds": round(seconds, 1),
+    }
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _median(reports: list[dict], system: str, workload: str) -> float | None:
+    for r in reports:
+        if r["system"] == system and workload in r["results"]:
+            return r["results"][workload]["median_us"]
+    return None
+
+
+def _ratio(reports: list[dict], system: str, workload: str) -> str:
+    mine, base = _median(reports, system, workload), _median(reports, BASELINE, workload)
+    return f"{mine / base:.2f}x" if mine is not None and base else "n/a"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _workload_table(reports: list[dict], workload: str) -> list[str]:
+    rows = []
+    for r in reports:
+        res = r["results"].get(workload)
+        if res is None:
+            continue
+        rows.append([r["system"], _us(res["median_us"]), _us(res["min_us"]), _us(res["max_us"]),
+                     str(res["n"]), _ratio(reports, r["system"], workload)])
+    header = ["system", "median (us)", "min (us)", "max (us)", "n", f"ratio vs {BASELINE}"]
+    return _table(header, rows) if rows else ["(no system ran this workload)"]
+
+
+def _present(reports: list[dict], workloads: tuple[str, ...]) -> list[str]:
+    return [w for w in workloads if any(w in r["results"] or w in r["skipped"] for r in reports)]
+
+
+def _header(reports: list[dict], meta: dict) -> list[str]:
+    base = next((r for r in reports if r.get("versions", {}).get("torch")), {"versions": {}, "env": {}})
+    v = base["versions"]
+    omp = sorted({r.get("env", {}).get("OMP_WAIT_POLICY", "?") for r in reports if r.get("env")})
+    return [
+        "# Benchmark results",
+        "",
+        f"- date: {meta['date']} ({meta['mode']} run, {meta['seconds']:.0f} s)",
+        f"- machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['memory_gib']} GiB RAM, "
+        f"{meta['platform']}",
+        f"- python {v.get('python', '?')}, torch {v.get('torch', '?')}, jax {v.get('jax', '?')}, "
+        f"jaxlib {v.get('jaxlib', '?')}, numpy {v.get('numpy', '?')}",
+        f"- OMP_WAIT_POLICY={', '.join(omp) or '?'} (set before torch is imported in every worker)",
+        "- times are per call, in microseconds; each worker process runs one system; warm-up "
+        "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed region",
+        f"- ratio = other / {BASELINE} (median): above 1 means {BASELINE} is faster",
+        "- every output is checked against a reference before timing; a transfer whose output "
+        "does not alias its input is flagged as a copy in the notes",
+        "- regenerate: `python -m benchmarks` (full) or `python -m benchmarks --quick`",
+        "",
+    ]
+
+
+def _summary(reports: list[dict], workloads: list[str]) -> list[str]:
+    rows = [[r["system"]] + [_us(_median(reports, r["system"], w)) for w in workloads] for r in reports]
+    return ["## Summary: median us per call", ""] + _table(["system"] + workloads, rows) + [""]
+
+
+def _systems_section(reports: list[dict]) -> list[str]:
+    lines = ["## Systems, notes and skipped workloads", ""]
+    for r in reports:
+        extra = {k: v for k, v in r.get("versions", {}).items()
+                 if k not in ("python", "torch", "jax", "jaxlib", "numpy")}
+        versions = ", ".join(f"{k} {v}" for k, v in extra.items())
+        lines.append(f"### {r['system']}" + (f" ({versions})" if versions else ""))
+        lines += [f"- note: {n}" for n in r["notes"]]
+        lines += [f"- skipped `{w}`: {why}" for w, why in r["skipped"].items()]
+        lines.append("")
+    return lines
+
+
+def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
+    lines = _header(reports, meta)
+    workloads = [w for ws in GROUPS.values() for w in _present(reports, ws)]
+    lines += _summary(reports, workloads)
+    for title, group in GROUPS.items():
+        present = _present(reports, group)
+        if not present:
+            continue
+        lines += [f"## {title}", ""]
+        for w in present:
+            lines += [f"### {w}", ""] + _workload_table(reports, w) + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
+    lines += _systems_section(reports)
+    return "\n".join(lines)
+
+
+def plots(reports: list[dict], out_dir: Path) -> list[Path]:
+    """Write the PNG plots; returns their paths (none if matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    has = lambda w: any(w in r["results"] for r in reports)  # noqa: E731
+
+    if any(has(w) for w in CALL_WORKLOADS):
+        fig, axes = plt.subplots(1, len(CALL_WORKLOADS), figsize=(12, 4.5))
+        for ax, w in zip(axes, CALL_WORKLOADS):
+            _bars(ax, reports, w)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "call_overhead.png"))
+
+    directions = ("to_jax", "to_torch")
+    if any(has(f"{d}_{s}") for d in directions for s in SIZES):
+        fig, axes = plt.subplots(1, len(directions), figsize=(12, 4.5))
+        for ax, direction in zip(axes, directions):
+            _lines(ax, reports, direction)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "transfers.png"))
+    return written
+
+
+def _bars(ax, reports: list[dict], workload: str) -> None:
+    """Median per system as bars on a log axis."""
+    pairs = [(r["system"], r["results"][workload]["median_us"]) for r in reports
+             if workload in r["results"]]
+    if pairs:
+        names, values = zip(*pairs)
+        ax.bar(names, values, color=[_color(n) for n in names])
+        for i, val in enumerate(values):
+            ax.text(i, val, _us(val), ha="center", va="bottom", fontsize=8)
+        ax.set_yscale("log")
+    ax.set_title(f"{workload} (median per call)")
+    ax.set_ylabel("microseconds (log)")
+    ax.tick_params(axis="x", rotation=30)
+
+
+def _lines(ax, reports: list[dict], direction: str) -> None:
+    """Median time vs buffer size, one line per system, log-log."""
+    for r in reports:
+        points = [(nbytes, r["results"][f"{direction}_{s}"]["median_us"])
+                  for s, nbytes in SIZES.items() if f"{direction}_{s}" in r["results"]]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=r["system"], color=_color(r["system"]),
+                    linewidth=2.5 if r["system"] == BASELINE else 1.2)
+    shown = {s: n for s, n in SIZES.items() if any(f"{direction}_{s}" in r["results"] for r in reports)}
+    if shown:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(list(shown.values()), list(shown))
+        ax.legend(fontsize=8)
+    ax.set_title(f"{direction}: median time vs size")
+    ax.set_xlabel("float32 buffer size")
+    ax.set_ylabel("microseconds (log)")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,28 @@
+"""Benchmarked systems. Each module here has ``make() -> common.System``.
+
+Modules are loaded by name only inside a worker process, so that one system's
+imports (and import shims) never leak into another's measurements.
+"""
+
+# Report order; `bridge` is the baseline that ratios are computed against.
+ALL = (
+    "bridge",
+    "dlpack_manual",
+    "plain_jax",
+    "torch_eager",
+    "torchax",
+    "torch_jax_interop",
+    "jax2torch",
+)
+BASELINE = "bridge"
+
+# Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
+PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch"})
+
+# Distributions whose versions are reported (also when the system fails to load).
+PACKAGES = {
+    "bridge": ("bridge",),
+    "torchax": ("torchax",),
+    "torch_jax_interop": ("torch-jax-interop", "chex"),
+    "jax2torch": ("jax2torch",),
+}
