@@ -357,3 +357,41 @@ def test_no_memory_growth_over_10000_calls():
   growth = _rss_bytes() - before
   assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 10,000 calls"
   assert len(interop._cache) == 1
+
+
+def test_function_without_tensor_inputs():
+  out = bridge.call_jax(lambda n: jnp.arange(n) * 2, 3)
+  assert isinstance(out, torch.Tensor) and out.tolist() == [0, 2, 4]
+
+
+def test_input_that_does_not_reach_the_output_gets_a_zero_gradient():
+  x = torch.randn(3, requires_grad=True)
+  y = torch.randn(3, requires_grad=True)
+  bridge.call_jax(lambda x, y: jnp.sum(x * 2), x, y).backward()
+  torch.testing.assert_close(y.grad, torch.zeros(3))
+  torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+
+
+_ZERO_COPY_SCRIPT = r"""
+import resource, torch, jax.numpy as jnp, bridge
+t = torch.ones(2**28)  # 1 GiB, resident
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = bridge.call_jax(lambda x: x[::2**20] + 1, t)
+assert out.tolist() == [2.0] * 256, out
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base  # KiB
+print(grown // 1024)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_call_jax_does_not_copy_a_large_input(layout):
+  import subprocess
+  import sys
+  script = _ZERO_COPY_SCRIPT
+  if layout == "transposed":
+    script = script.replace("t = torch.ones(2**28)", "t = torch.ones(2**28).view(2**14, 2**14).t()")
+    script = script.replace("x[::2**20]", "x[0, ::2**6]")
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert int(out.stdout.strip()) < 256, f"peak memory grew by {out.stdout.strip()} MiB"

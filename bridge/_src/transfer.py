@@ -190,8 +190,8 @@ def fast_tensor_arg(t: torch.Tensor) -> Any:
   """
   if t.requires_grad:
     t = t.detach()
-  if t.dtype in dtypes.TORCH_X64 and not dtypes.x64_enabled():
-    return None
+  if (t.dtype in dtypes.TORCH_X64 and not dtypes.x64_enabled()) or not t.is_contiguous():
+    return None  # a transposed tensor: DLPack shares it, a NumPy argument would be copied
   try:
     return t.numpy()
   except (RuntimeError, TypeError):
