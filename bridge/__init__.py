@@ -1,26 +1,46 @@
 """bridge: PyTorch and JAX in one process, each calling the other.
 
 Public API. The implementation lives in `bridge._src`; this module only re-exports.
+Importing it makes `jax` a torch device and changes no other setting.
 """
 
+from bridge._src import device as _device
+from bridge._src.config import config as config
+from bridge._src.config import get_config as get_config
+from bridge._src.dispatch import DeviceMismatchError as DeviceMismatchError
+from bridge._src.dispatch import OperatorNotFound as OperatorNotFound
 from bridge._src.errors import BridgeError as BridgeError
 from bridge._src.errors import BridgeTypeError as BridgeTypeError
 from bridge._src.errors import PluginError as PluginError
 from bridge._src.errors import TransferError as TransferError
 from bridge._src.interop import call_jax as call_jax
-from bridge._src.interop import torch_view as torch_view
+from bridge._src.registry import RegistrationError as RegistrationError
+from bridge._src.registry import register_lowering as register_lowering
+from bridge._src.tensor import Tensor as Tensor
 from bridge._src.transfer import to_jax as to_jax
 from bridge._src.transfer import to_torch as to_torch
+from bridge._src.views import jax_view as jax_view
+from bridge._src.views import torch_view as torch_view
 
 __version__ = "0.1.0"
+
+_device.register()
 
 __all__ = [
     "BridgeError",
     "BridgeTypeError",
+    "DeviceMismatchError",
+    "OperatorNotFound",
     "PluginError",
+    "RegistrationError",
+    "Tensor",
     "TransferError",
     "__version__",
     "call_jax",
+    "config",
+    "get_config",
+    "jax_view",
+    "register_lowering",
     "to_jax",
     "to_torch",
     "torch_view",

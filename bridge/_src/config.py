@@ -1,0 +1,75 @@
+"""The environment: bridge's configuration as a value, changed by stacking context managers.
+
+`bridge.config(debug_print_each_op=True)` is a context manager: entering it makes
+a new configuration current (in this thread and async task), leaving it restores
+the previous one, however deeply nested. `bridge.get_config()` returns the
+current value. Nothing is global: there is no setter.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import sys
+from typing import Any, TextIO
+
+from bridge._src.errors import BridgeTypeError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The bridge's settings.
+
+  Attributes:
+    debug_print_each_op: print every aten op that runs on the `jax` device, with
+      its inputs' shapes and dtypes, as it runs.
+    debug_file: where the debug print goes (default: `sys.stderr`).
+    decompose_missing_ops: run an op with no lowering through torch's own
+      decomposition (`torch._decomp`); when False, such an op raises
+      `OperatorNotFound` instead.
+  """
+  debug_print_each_op: bool = False
+  debug_file: TextIO | None = None
+  decompose_missing_ops: bool = True
+
+
+_CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
+
+
+def get_config() -> Config:
+  """The configuration in force here (see `bridge.config` to change it for a block)."""
+  return _CURRENT.get()
+
+
+class config:  # noqa: N801 - used like a function: `with bridge.config(...):`
+  """Context manager that changes settings of the bridge for the enclosed block.
+
+  Example:
+    >>> import bridge
+    >>> with bridge.config(debug_print_each_op=True):
+    ...   assert bridge.get_config().debug_print_each_op
+    >>> bridge.get_config().debug_print_each_op
+    False
+  """
+
+  def __init__(self, **changes: Any):
+    names = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+      raise BridgeTypeError(
+          f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
+          f"{', '.join(sorted(names))}.")
+    self._changes = changes
+    self._tokens: list[contextvars.Token] = []
+
+  def __enter__(self) -> Config:
+    value = dataclasses.replace(_CURRENT.get(), **self._changes)
+    self._tokens.append(_CURRENT.set(value))
+    return value
+
+  def __exit__(self, *exc: Any) -> None:
+    _CURRENT.reset(self._tokens.pop())
+
+
+def debug_file() -> TextIO:
+  return get_config().debug_file or sys.stderr

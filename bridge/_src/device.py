@@ -1,0 +1,205 @@
+"""The `jax` torch device: torch's PrivateUse1 backend, renamed, with its `torch.jax` module.
+
+`register()` (run by `import bridge`, and by torch's backend autoload entry point)
+renames PrivateUse1 to `jax`, installs the `torch.jax` device module, generates
+the usual tensor/module methods (`t.jax()`, `t.is_jax`, `model.jax()`), and
+registers the two factory kernels that create `bridge.Tensor`s; every other op
+reaches `bridge.Tensor.__torch_dispatch__`. It changes no JAX setting and no
+other torch backend. One torch quirk to know: torch treats a renamed
+PrivateUse1 backend as its accelerator, so `torch.accelerator` reports `jax`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from bridge._src.errors import BridgeError, TransferError
+
+NAME = "jax"
+_lock = threading.Lock()
+_registered = False
+_library: Any = None  # keeps the torch.library registrations alive
+
+
+@functools.cache
+def jax_devices() -> tuple[Any, ...]:
+  """The JAX devices behind `jax:0`, `jax:1`, ...: the default backend's local devices."""
+  return tuple(jax.local_devices())
+
+
+def device_index(device: Any) -> int:
+  """The index of a torch `device` of type jax, checked against the JAX devices."""
+  index = 0 if device is None else (device.index if isinstance(device, torch.device)
+                                    else torch.device(device).index)
+  index = current_device() if index is None else index
+  n = len(jax_devices())
+  if not 0 <= index < n:
+    raise TransferError(
+        f"bridge: device jax:{index} does not exist; this process has {n} JAX device(s) "
+        f"(jax:0 to jax:{n - 1}: {list(jax_devices())}). Pick one of those indices.")
+  return index
+
+
+# --- the torch.jax module ---------------------------------------------------------
+
+_state = threading.local()
+
+
+def is_available() -> bool:
+  """Whether the `jax` device can be used (JAX sees at least one device)."""
+  try:
+    return len(jax_devices()) > 0
+  except RuntimeError:
+    return False
+
+
+def device_count() -> int:
+  """The number of `jax` devices (`jax:0` ... `jax:{n-1}`): JAX's local devices."""
+  return len(jax_devices())
+
+
+def current_device() -> int:
+  """The index of the current `jax` device (0 unless `set_device` changed it in this thread)."""
+  return getattr(_state, "index", 0)
+
+
+def set_device(device: Any) -> None:
+  """Make `device` (an index or `jax:i`) the current `jax` device of this thread."""
+  _state.index = device_index(device if not isinstance(device, int) else torch.device(NAME, device))
+
+
+def synchronize(device: Any = None) -> None:
+  """Wait until every op issued so far on the `jax` device has finished."""
+  del device
+  from bridge._src import dispatch
+  dispatch.wait_for_last_result()
+  jax.effects_barrier()
+
+
+def is_initialized() -> bool:
+  return True
+
+
+def _is_in_bad_fork() -> bool:
+  return False
+
+
+def manual_seed(seed: int) -> None:
+  """Seed the random number generator of the `jax` device (all of them)."""
+  from bridge._src import rng
+  rng.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+  """Seed the `jax` generator with a non-deterministic random number."""
+  manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+  from bridge._src import rng
+  return rng.initial_seed()
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+  """The generator state as a CPU `torch.uint8` tensor (for `torch.random.fork_rng`)."""
+  del device
+  from bridge._src import rng
+  return torch.from_numpy(np.frombuffer(rng.get_state(), dtype=np.uint8).copy())
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+  del device
+  from bridge._src import rng
+  rng.set_state(new_state.cpu().numpy().tobytes())
+
+
+class _DeviceModule:
+  """What `torch.jax` is: torch looks devices' helpers up here."""
+
+  is_available = staticmethod(is_available)
+  device_count = staticmethod(device_count)
+  current_device = staticmethod(current_device)
+  set_device = staticmethod(set_device)
+  synchronize = staticmethod(synchronize)
+  is_initialized = staticmethod(is_initialized)
+  _is_in_bad_fork = staticmethod(_is_in_bad_fork)
+  manual_seed = staticmethod(manual_seed)
+  manual_seed_all = staticmethod(manual_seed_all)
+  seed = staticmethod(seed)
+  seed_all = staticmethod(seed_all)
+  initial_seed = staticmethod(initial_seed)
+  get_rng_state = staticmethod(get_rng_state)
+  set_rng_state = staticmethod(set_rng_state)
+
+  @staticmethod
+  def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+  def __repr__(self) -> str:
+    return "<module 'torch.jax' (bridge's jax device)>"
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+  """Lets torch's C++ code (views, autograd) handle `jax` tensors like any device's."""
+
+  def type_(self) -> Any:
+    return torch._C._autograd.DeviceType.PrivateUse1
+
+
+# --- factory kernels ------------------------------------------------------------
+
+
+def _empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+           pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+  del layout, pin_memory, memory_format
+  from bridge._src import dispatch
+  return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
+
+
+def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None,
+                   device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+  del stride, layout, pin_memory  # jax tensors are created contiguous
+  from bridge._src import dispatch
+  return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
+
+
+def register() -> None:
+  """Make `jax` a torch device (idempotent; safe to call from several threads)."""
+  global _registered, _library
+  with _lock:
+    if _registered:
+      return
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", NAME):
+      raise BridgeError(
+          f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
+          "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
+    if current != NAME:
+      torch.utils.rename_privateuse1_backend(NAME)
+      torch._register_device_module(NAME, _DeviceModule())
+      torch.utils.generate_methods_for_privateuse1_backend(
+          for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+      torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+    _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
+    _library.impl("empty.memory_format", _empty)
+    _library.impl("empty_strided", _empty_strided)
+    _registered = True
+
+
+def autoload() -> None:
+  """Entry point of torch's `torch.backends` group: `import torch` registers the device."""
+  import bridge  # noqa: F401 - importing bridge registers the device
+

@@ -1,0 +1,653 @@
+"""Dispatch: every aten op that reaches a `bridge.Tensor` runs as JAX code.
+
+Each overload gets a plan once, by what its schema says it does:
+
+* view ops (`view`, `t`, `select`, `expand`...) share the input's storage; their
+  metadata comes from torch's own meta kernels (`bridge._src.tensor`);
+* functional ops run a lowering from the registry, or torch's decomposition,
+  jitted and cached per (static arguments, argument structure); JAX caches per
+  shapes and dtypes. Results are cast to the dtype torch's meta kernel gives;
+* in-place and `out=` ops run their functional twin and store the result.
+
+`Scalar` arguments are traced, so a changing learning rate does not recompile.
+All of it runs with JAX's 64-bit types enabled for the duration of the op only,
+so int64/float64 tensors keep their dtype without touching global JAX config.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._decomp import decomposition_table
+
+from bridge._src import config as config_lib
+from bridge._src import device as device_lib
+from bridge._src import dtypes
+from bridge._src import rng
+from bridge._src import tensor as tensor_lib
+from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.registry import REGISTRY
+from bridge._src.tensor import Tensor, make, make_view, value, write
+
+aten = torch.ops.aten
+_tree_flatten = jax.tree_util.tree_flatten
+_DYN = object()
+_last_result: list[Any] = [None]
+
+
+class OperatorNotFound(BridgeError, NotImplementedError):
+  """An aten op reached the `jax` device and there is no lowering or decomposition for it."""
+
+
+class DeviceMismatchError(BridgeError, RuntimeError):
+  """Tensors on different devices in one op (the `jax` device's version of torch's error)."""
+
+
+def wait_for_last_result() -> None:
+  out = _last_result[0]
+  if out is not None:
+    jax.block_until_ready(out)
+
+
+def _x64() -> Any:
+  return jax.enable_x64(True) if not dtypes.x64_enabled() else _NULL
+
+
+class _Null:
+  def __enter__(self) -> None:
+    return None
+
+  def __exit__(self, *exc: Any) -> None:
+    return None
+
+
+_NULL = _Null()
+
+
+# --- schema helpers ----------------------------------------------------------------
+
+
+def _is_dynamic_type(t: Any) -> bool:
+  """Whether values of schema type `t` may be traced (tensors and Scalar/float/complex)."""
+  if isinstance(t, torch.OptionalType):
+    return _is_dynamic_type(t.getElementType())
+  if isinstance(t, torch.ListType):
+    return _is_dynamic_type(t.getElementType())
+  return isinstance(t, (torch.TensorType, torch.NumberType, torch.FloatType, torch.ComplexType))
+
+
+def _mutated(func: Any) -> list[str]:
+  return [a.name for a in func._schema.arguments
+          if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _is_view(func: Any) -> bool:
+  rets = func._schema.returns
+  return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write
+                            for r in rets) and not _mutated(func)
+
+
+# --- tensors in and out -------------------------------------------------------------
+
+
+def _device_error(a: Any, b: Any) -> DeviceMismatchError:
+  return DeviceMismatchError(
+      f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+      f"{b}! Move them together first, e.g. `t.to('{a}')`.")
+
+
+def _scalar_from_cpu(t: torch.Tensor) -> Any:
+  """A 0-dim CPU tensor used with jax tensors: its value, as torch allows for CUDA."""
+  from bridge._src import transfer
+  return transfer.tensor_to_jax(t.detach().contiguous(), api="the jax device",
+                                where=lambda: "a 0-dim CPU tensor")
+
+
+def wrap(out: Any, device: torch.device) -> Any:
+  """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
+  if isinstance(out, (tuple, list)):
+    return type(out)(wrap(o, device) for o in out)
+  if out is None or not hasattr(out, "dtype"):
+    return out
+  _last_result[0] = out
+  return make(out, device, dtypes.JAX_TO_TORCH[np.dtype(out.dtype)])
+
+
+def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
+  """A new zero-filled tensor (what `empty` gives on the jax device)."""
+  REGISTRY.require_plugins()
+  dtype = dtype or torch.get_default_dtype()
+  index = device_lib.device_index(device)
+  with _x64():
+    array = _zeros(size, dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype"))
+    array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array
+  return make(array, tensor_lib.jax_device(index), dtype)
+
+
+_zeros = jax.jit(lambda size, dtype: jnp.zeros(size, dtype), static_argnums=(0, 1))
+
+
+# --- meta: torch's own shapes and dtypes ---------------------------------------------
+
+
+def _meta_arg(x: Any) -> Any:
+  if isinstance(x, jax.core.Tracer) or isinstance(x, (jax.Array, np.ndarray)):
+    shape, dtype = np.shape(x), np.dtype(x.dtype)
+    weak = getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
+    if weak and not shape:
+      return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}[dtype.kind]
+    return torch.empty(shape, dtype=dtypes.JAX_TO_TORCH[dtype], device="meta")
+  return x
+
+
+def _meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
+  """torch's output metadata for these (traced) arguments, or None if torch has no meta kernel."""
+  margs, mkwargs = jax.tree_util.tree_map(_meta_arg, (args, kwargs))
+  mkwargs.pop("key", None)
+  try:
+    return func(*margs, **mkwargs)
+  except Exception:  # noqa: BLE001 - no meta kernel: the lowering's own dtypes stand
+    return None
+
+
+def _conform(func: Any, out: Any, expected: Any) -> Any:
+  """Cast a lowering's results to torch's dtypes; refuse a wrong shape."""
+  if expected is None:
+    return out
+  if isinstance(out, (tuple, list)):
+    if not isinstance(expected, (tuple, list)) or len(expected) != len(out):
+      return out
+    return type(out)(_conform(func, o, e) for o, e in zip(out, expected))
+  if not isinstance(expected, torch.Tensor) or not hasattr(out, "dtype"):
+    return out
+  if tuple(out.shape) != tuple(expected.shape):
+    raise BridgeError(
+        f"bridge: the lowering of {func} returned shape {tuple(out.shape)}, but torch's "
+        f"{func} gives {tuple(expected.shape)} for these inputs. This is a bug in the "
+        "lowering; please report it.")
+  want = dtypes.TORCH_TO_JAX.get(expected.dtype)
+  if want is not None and np.dtype(out.dtype) != want:
+    out = out.astype(want)
+  return out
+
+
+# --- executables ----------------------------------------------------------------------
+
+
+def _lowering_fn(func: Any) -> tuple[Callable, Any]:
+  """(function of jax arrays, Lowering or None) for `func`: a lowering, or a decomposition."""
+  lowering = REGISTRY.lookup(func)
+  if lowering is not None:
+    return lowering.fn, lowering
+  REGISTRY.require_plugins()
+  decomp = decomposition_table.get(func) if config_lib.get_config().decompose_missing_ops else None
+  if decomp is None:
+    raise OperatorNotFound(
+        f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
+        "decomposition for it). Register one, in your code or a plugin:\n\n"
+        "    import bridge, torch, jax.numpy as jnp\n"
+        f"    @bridge.register_lowering(torch.ops.{func.namespace}.{func._schema.name.split('::')[-1]}"
+        f".{func._overloadname})\n"
+        f"    def {func._schema.name.split('::')[-1]}(*args, **kwargs): ...  # JAX code\n\n"
+        "Arguments arrive as in the aten schema with JAX arrays for tensors: "
+        f"{func._schema}")
+  return _decomposition_as_lowering(decomp), None
+
+
+def _decomposition_as_lowering(decomp: Callable) -> Callable:
+  """Run torch's decomposition on tensors that wrap the traced JAX values."""
+  def run(*args: Any, **kwargs: Any) -> Any:
+    device = tensor_lib.jax_device(0)
+    targs, tkwargs = jax.tree_util.tree_map(
+        lambda x: make(x, device) if isinstance(x, jax.core.Tracer) and np.ndim(x) > 0
+        or (isinstance(x, jax.core.Tracer) and not getattr(x.aval, "weak_type", False))
+        else x, (args, kwargs))
+    out = decomp(*targs, **tkwargs)
+    return jax.tree_util.tree_map(lambda t: value(t) if isinstance(t, Tensor) else t, out,
+                                  is_leaf=lambda t: isinstance(t, torch.Tensor))
+  return run
+
+
+class _Executable:
+  """One op with one argument structure and static values, jitted."""
+
+  def __init__(self, func: Any, fn: Callable, lowering: Any, treedef: Any, statics: tuple):
+    self.func, self.fn, self.treedef, self.statics = func, fn, treedef, statics
+    self.random = lowering is not None and lowering.random
+    dynamic_shape = lowering is not None and lowering.dynamic_shape
+    self.call = self.run if dynamic_shape else jax.jit(self.run)
+
+  def run(self, *dyn: Any) -> Any:
+    if self.random:
+      dyn, key = dyn[:-1], dyn[-1]
+    it = iter(dyn)
+    args, kwargs = self.treedef.unflatten([next(it) if s is _DYN else s for s in self.statics])
+    if self.random:
+      kwargs = dict(kwargs, key=key)
+    out = self.fn(*args, **kwargs)
+    return _conform(self.func, out, _meta_outputs(self.func, args, kwargs))
+
+
+class _FunctionalPlan:
+  """A non-mutating op: lowering (or decomposition), cached per static signature."""
+
+  def __init__(self, func: Any):
+    self.func = func
+    self.kinds: dict[Any, tuple[bool, ...]] = {}
+    self.exes: dict[tuple, _Executable] = {}
+    self.lock = threading.Lock()
+    lowering = REGISTRY.lookup(func)
+    self.static_names = lowering.static_argnames if lowering is not None else frozenset()
+    # Decompositions are torch code: they need Python numbers, so scalars stay static.
+    self.trace_scalars = lowering is not None
+
+  def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[bool, ...]:
+    schema = self.func._schema.arguments
+    kinds: list[bool] = []
+    named = {a.name: a for a in schema}
+    for i, a in enumerate(args):
+      arg = schema[i] if i < len(schema) else None
+      dyn = arg is not None and _is_dynamic_type(arg.type) and arg.name not in self.static_names
+      kinds.extend([dyn] * len(jax.tree_util.tree_leaves(a)))
+    for name in sorted(kwargs):
+      arg = named.get(name)
+      dyn = arg is not None and _is_dynamic_type(arg.type) and name not in self.static_names
+      kinds.extend([dyn] * len(jax.tree_util.tree_leaves(kwargs[name])))
+    result = tuple(kinds)
+    self.kinds[treedef] = result
+    return result
+
+  def split(self, args: tuple, kwargs: dict) -> tuple[list, tuple, Any, torch.device | None]:
+    leaves, treedef = _tree_flatten((args, kwargs))
+    kinds = self.kinds.get(treedef)
+    if kinds is None:
+      kinds = self._leaf_kinds(treedef, args, kwargs)
+    dyn: list[Any] = []
+    statics: list[Any] = []
+    device = None
+    for leaf, dynamic in zip(leaves, kinds):
+      if type(leaf) is Tensor:
+        if device is None:
+          device = leaf.device
+        elif leaf.device != device:
+          raise _device_error(device, leaf.device)
+        dyn.append(value(leaf))
+        statics.append(_DYN)
+      elif isinstance(leaf, torch.Tensor):
+        if leaf.dim() == 0 and leaf.device.type == "cpu" and dynamic:
+          dyn.append(_scalar_from_cpu(leaf))
+          statics.append(_DYN)
+        else:
+          raise _device_error(device or "jax:0", leaf.device)
+      elif dynamic and self.trace_scalars and type(leaf) in (int, float, complex):
+        dyn.append(leaf)
+        statics.append(_DYN)
+      else:
+        statics.append(leaf)
+    return dyn, tuple(statics), treedef, device
+
+  def executable(self, treedef: Any, statics: tuple) -> _Executable:
+    key = (treedef, statics)
+    exe = self.exes.get(key)
+    if exe is None:
+      fn, lowering = _lowering_fn(self.func)
+      with self.lock:
+        exe = self.exes.setdefault(key, _Executable(self.func, fn, lowering, treedef, statics))
+    return exe
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    dyn, statics, treedef, device = self.split(args, kwargs)
+    try:
+      hash(statics)
+    except TypeError:
+      statics = tuple(_HashableBox(s) for s in statics)
+    exe = self.executable(treedef, statics)
+    if device is None:
+      device = _factory_device(args, kwargs)
+    if config_lib.get_config().debug_print_each_op:
+      _debug_print(self.func, dyn)
+    with _x64():
+      if exe.random:
+        dyn.append(rng.next_key())
+      out = exe.call(*dyn)
+    return wrap(out, device)
+
+
+class _HashableBox:
+  """A static argument torch passes that is not hashable (e.g. a Generator): compared by identity."""
+
+  def __init__(self, v: Any):
+    self.v = v
+
+  def __hash__(self) -> int:
+    return id(self.v)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, _HashableBox) and other.v is self.v
+
+
+def _factory_device(args: tuple, kwargs: dict) -> torch.device:
+  device = kwargs.get("device")
+  return tensor_lib.jax_device(device_lib.device_index(device))
+
+
+def _debug_print(func: Any, dyn: list) -> None:
+  def describe(x: Any) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+      return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
+    return repr(x)
+  print(f"[bridge] {func}({', '.join(describe(x) for x in dyn)})",
+        file=config_lib.debug_file(), flush=True)
+
+
+# --- views ------------------------------------------------------------------------------
+
+
+class _ViewPlan:
+  """A view op: the result shares its input's storage, with torch's metadata."""
+
+  def __init__(self, func: Any):
+    self.func = func
+    self.cache: dict[tuple, Any] = {}
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    self_t = args[0]
+    rest = args[1:]
+    key = (tuple(self_t.shape), tuple(self_t.stride()), self_t.storage_offset(), self_t.dtype,
+           _freeze(rest), _freeze(kwargs))
+    meta = self.cache.get(key)
+    if meta is None:
+      meta = self.cache[key] = self._meta(self_t, rest, kwargs)
+    storage, device, dtype = self_t._storage, self_t.device, self_t.dtype
+    if isinstance(meta, list):
+      return [make_view(storage, *m, dtype, device) for m in meta]
+    return make_view(storage, *meta, dtype, device)
+
+  def _meta(self, t: Tensor, rest: tuple, kwargs: dict) -> Any:
+    numel = int(np.prod(t._storage.array.shape))
+    base = torch.empty(numel, dtype=t.dtype, device="meta")
+    m = base.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    out = self.func(m, *rest, **kwargs)
+    if isinstance(out, (list, tuple)):
+      return [(tuple(o.shape), tuple(o.stride()), o.storage_offset()) for o in out]
+    return (tuple(out.shape), tuple(out.stride()), out.storage_offset())
+
+
+def _freeze(x: Any) -> Any:
+  if isinstance(x, (list, tuple)):
+    return tuple(_freeze(v) for v in x)
+  if isinstance(x, dict):
+    return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+  if isinstance(x, torch.Tensor):
+    return ("tensor", id(x))
+  return x
+
+
+# --- in-place and out= ------------------------------------------------------------------
+
+
+def _functional_twin(func: Any) -> Any:
+  """The non-mutating overload computing what `func` writes, or None."""
+  name = func._schema.name.split("::")[-1]
+  packet_name = name[:-1] if name.endswith("_") else name
+  overload = func._overloadname
+  mutated = set(_mutated(func))
+  packet = getattr(aten, packet_name, None)
+  if packet is None:
+    return None
+  if name.endswith("_"):
+    twin = getattr(packet, overload, None)
+    return twin if twin is not None and not _mutated(twin) else None
+  wanted = [a.name for a in func._schema.arguments if a.name not in mutated]
+  for ov in packet.overloads():
+    cand = getattr(packet, ov)
+    if not _mutated(cand) and [a.name for a in cand._schema.arguments] == wanted:
+      return cand
+  functional = getattr(aten, f"{name}_functional", None) or getattr(aten, f"_{name}_functional", None)
+  if functional is not None:
+    return getattr(functional, overload, None)
+  return None
+
+
+class _MutatingPlan:
+  """In-place and `out=` ops: compute with the functional twin, then store the results."""
+
+  def __init__(self, func: Any):
+    self.func = func
+    self.mutated = _mutated(func)
+    self.names = [a.name for a in func._schema.arguments]
+    self.twin = _functional_twin(func)
+    self.inplace = func._schema.name.endswith("_")
+    self.direct = None
+    if self.twin is None:
+      lowering = REGISTRY.lookup(func)
+      if lowering is not None:
+        self.direct = _FunctionalPlan(func)
+    self.twin_plan = get_plan(self.twin) if self.twin is not None else None
+
+  def _targets(self, args: tuple, kwargs: dict) -> list:
+    targets = []
+    for name in self.mutated:
+      i = self.names.index(name)
+      targets.append(args[i] if i < len(args) else kwargs[name])
+    return targets
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    targets = self._targets(args, kwargs)
+    if self.twin_plan is not None:
+      if self.inplace or self.twin._schema.name.endswith("_functional"):
+        out = self.twin_plan(args, kwargs)
+      else:
+        out = self.twin_plan(args, {k: v for k, v in kwargs.items() if k not in self.mutated})
+    elif self.direct is not None:
+      out = self.direct(args, kwargs)
+    else:
+      decomp = decomposition_table.get(self.func)
+      if decomp is None:
+        _lowering_fn(self.func)  # raises OperatorNotFound with the how-to
+      return decomp(*args, **kwargs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if self.twin is not None and self.twin._schema.name.endswith("_functional"):
+      new_values = outs[len(outs) - len(targets):]
+      results = outs[:len(outs) - len(targets)]
+    else:
+      new_values, results = outs[:len(targets)], None
+    for target, new in zip(targets, new_values):
+      if isinstance(target, (list, tuple)):
+        for t, n in zip(target, new):
+          _store(t, n)
+      elif target is not None:
+        _store(target, new)
+    if results is not None:
+      return tuple(results) if len(results) > 1 else results[0]
+    returns = self.func._schema.returns
+    if not returns:
+      return None
+    return targets[0] if len(returns) == 1 else tuple(targets)
+
+
+def _store(target: Any, new: Any) -> None:
+  """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics)."""
+  if not isinstance(target, Tensor):
+    if isinstance(target, torch.Tensor):  # a CPU tensor receiving a jax result
+      with torch.no_grad():
+        target.copy_(new.cpu() if isinstance(new, Tensor) else new)
+      return
+    raise BridgeTypeError(f"bridge: cannot write a result into {type(target).__name__}")
+  v = value(new) if isinstance(new, Tensor) else new
+  if tuple(v.shape) != tuple(target.shape):
+    if target.numel() == 0 or _resizable(target):
+      _resize(target, v)
+      return
+    with _x64():
+      v = jnp.broadcast_to(v, tuple(target.shape))
+  want = dtypes.TORCH_TO_JAX[target.dtype]
+  if np.dtype(v.dtype) != want:
+    with _x64():
+      v = _cast(v, want)
+  write(target, v)
+
+
+_cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
+
+
+def _resizable(t: Tensor) -> bool:
+  return t._whole
+
+
+def _resize(target: Tensor, v: Any) -> None:
+  """Give an `out=` tensor a new shape (as torch resizes outputs)."""
+  fresh = make(v, target.device, target.dtype)
+  with torch.no_grad():
+    target.data = fresh
+  target._storage, target._whole, target._cache = fresh._storage, True, None
+
+
+# --- special ops ------------------------------------------------------------------------
+
+
+def _to_copy(args: tuple, kwargs: dict) -> Any:
+  (src,) = args[:1]
+  dtype = kwargs.get("dtype") or src.dtype
+  device = kwargs.get("device")
+  v = value(src)
+  if device is not None and torch.device(device).type != device_lib.NAME:
+    from bridge._src import transfer
+    out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
+    return out.to(dtype=dtype, device=device)
+  target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
+                   else src.device)
+  with _x64():
+    want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
+    out = _cast(v, want) if np.dtype(v.dtype) != want else _copy_array(v)
+    if target_device != src.device:
+      out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
+  return make(out, target_device, dtype)
+
+
+_copy_array = jax.jit(lambda v: v + jnp.zeros((), v.dtype) if v.dtype != jnp.bool_ else v | False)
+
+
+def _copy_(args: tuple, kwargs: dict) -> Any:
+  dst, src = args[0], args[1]
+  if isinstance(src, Tensor):
+    if isinstance(dst, Tensor):
+      _store(dst, src)
+    else:
+      with torch.no_grad():
+        dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
+    return dst
+  from bridge._src import transfer
+  src_t = src.detach()
+  with _x64():
+    v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
+    index = dst.device.index or 0
+    if index:
+      v = jax.device_put(v, device_lib.jax_devices()[index])
+  _store(dst, v)
+  return dst
+
+
+def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  if isinstance(v, jax.core.Tracer):
+    raise BridgeError(
+        "bridge: `.item()` (and Python control flow on a tensor's value) is not possible "
+        "while the torch code is being traced by JAX; keep the value a tensor.")
+  return np.asarray(v).item()
+
+
+def _identity_copy(args: tuple, kwargs: dict) -> Any:
+  return _to_copy(args[:1], {})
+
+
+def _conj_copy(args: tuple, kwargs: dict) -> Any:
+  with _x64():
+    return make(jnp.conj(value(args[0])), args[0].device, args[0].dtype)
+
+
+def _neg_copy(args: tuple, kwargs: dict) -> Any:
+  with _x64():
+    return make(-value(args[0]), args[0].device, args[0].dtype)
+
+
+def _view_dtype(args: tuple, kwargs: dict) -> Any:
+  t, dtype = args
+  with _x64():
+    out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
+  return make(out, t.device, dtype)
+
+
+def _view_as_real(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  with _x64():
+    return make(jnp.stack([v.real, v.imag], axis=-1), args[0].device)
+
+
+def _view_as_complex(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  with _x64():
+    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0].device)
+
+
+def _false(args: tuple, kwargs: dict) -> bool:
+  return False
+
+
+def _set_source_tensor(args: tuple, kwargs: dict) -> Any:
+  dst, src = args
+  dst._storage, dst._whole, dst._cache = src._storage, src._whole, None
+  return dst
+
+
+_SPECIAL: dict[Any, Callable] = {
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.lift_fresh.default: lambda a, k: a[0],
+    aten.lift_fresh_copy.default: _identity_copy,
+    aten._conj.default: _conj_copy,
+    aten._neg_view.default: _neg_copy,
+    aten.resolve_conj.default: lambda a, k: a[0],
+    aten.resolve_neg.default: lambda a, k: a[0],
+    aten.view.dtype: _view_dtype,
+    aten.view_as_real.default: _view_as_real,
+    aten.view_as_complex.default: _view_as_complex,
+    aten.is_pinned.default: _false,
+}
+
+
+# --- entry ---------------------------------------------------------------------------
+
+
+_PLANS: dict[Any, Callable] = {}
+_plans_lock = threading.Lock()
+
+
+def get_plan(func: Any) -> Callable:
+  plan = _PLANS.get(func)
+  if plan is None:
+    if func in _SPECIAL:
+      plan = _SPECIAL[func]
+    elif _is_view(func):
+      plan = _ViewPlan(func)
+    elif _mutated(func):
+      plan = _MutatingPlan(func)
+    else:
+      plan = _FunctionalPlan(func)
+    with _plans_lock:
+      plan = _PLANS.setdefault(func, plan)
+  return plan
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+  """Run one aten op on `bridge.Tensor`s."""
+  plan = _PLANS.get(func)
+  if plan is None:
+    plan = get_plan(func)
+  return plan(args, kwargs)

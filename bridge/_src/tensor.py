@@ -1,0 +1,198 @@
+"""`bridge.Tensor`: a torch tensor on the `jax` device whose data is a JAX array.
+
+Storage model. Torch tensors alias: a view shares its base's memory and an
+in-place op through either is seen by both. JAX arrays are immutable, so each
+`bridge.Tensor` points at a shared `Storage` box holding one JAX array (the
+base's contents, in the base's shape) and a version counter. A tensor that is
+the whole storage reads the array directly; any other view is torch's own
+(size, stride, storage offset) over the storage's elements, read by a gather
+and written by a scatter, and cached per storage version. In-place ops compute
+the new value functionally and store it into the box, so every view sees it.
+Under `jax.jit` the arrays are tracers and the same code traces.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge._src import dtypes
+from bridge._src.errors import BridgeTypeError
+
+
+class Storage:
+  """A mutable box around the JAX array that a base tensor and its views share."""
+
+  __slots__ = ("array", "version")
+
+  def __init__(self, array: Any):
+    self.array = array
+    self.version = 0
+
+
+@functools.cache
+def jax_device(index: int) -> torch.device:
+  return torch.device("jax", index)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+  strides, acc = [], 1
+  for n in reversed(shape):
+    strides.append(acc)
+    acc *= max(n, 1)
+  return tuple(reversed(strides))
+
+
+class Tensor(torch.Tensor):
+  """A torch tensor on the `jax` device; its data is a JAX array (or a tracer).
+
+  Create one as any torch tensor (`torch.ones(2, device="jax")`, `t.to("jax")`)
+  or wrap an array without copying: `bridge.torch_view(jax_array)`. Every aten op
+  on it runs as JAX code (see `bridge._src.dispatch`).
+  """
+
+  _storage: Storage
+  _whole: bool  # this tensor is its storage's whole array, in the array's shape
+  _cache: tuple[int, Any] | None  # (storage version, value) for views
+
+  __torch_function__ = torch._C._disabled_torch_function_impl
+
+  @staticmethod
+  def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
+    raise BridgeTypeError(
+        "`bridge.Tensor` is not constructed directly: use a torch factory with "
+        "`device='jax'` (e.g. `torch.zeros(3, device='jax')`), `tensor.to('jax')`, or wrap a "
+        "JAX array with `bridge.torch_view(array)`.")
+
+  @classmethod
+  def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    from bridge._src import dispatch
+    return dispatch.dispatch(func, args, kwargs or {})
+
+  # --- data access -------------------------------------------------------------
+
+  def jax(self) -> Any:  # type: ignore[override]
+    """This tensor's value as a JAX array (the storage's array itself for a whole tensor)."""
+    return value(self)
+
+  def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
+    """A NumPy copy of the data (as `t.cpu().numpy()`)."""
+    del force
+    return self.detach().cpu().numpy()
+
+  def tolist(self) -> Any:  # type: ignore[override]
+    return self.detach().cpu().tolist()
+
+  def __repr__(self, *, tensor_contents: Any = None) -> str:
+    del tensor_contents
+    if isinstance(self._storage.array, jax.core.Tracer):
+      return (f"bridge.Tensor(<traced {tuple(self.shape)} {self.dtype}>, "
+              f"device='{self.device}')")
+    with torch.no_grad():
+      text = repr(torch.Tensor._make_subclass(torch.Tensor, self.detach().cpu()))
+    extra = [f"device='{self.device}'"]
+    if self.grad_fn is not None:
+      extra.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+    elif self.requires_grad:
+      extra.append("requires_grad=True")
+    return f"{text[:-1]}, {', '.join(extra)})"
+
+  def __reduce_ex__(self, protocol: int) -> Any:
+    # Saved as a CPU tensor: loads on any machine (bridge or not) as a CPU tensor,
+    # and onto the jax device with `torch.load(..., map_location="jax")`.
+    with torch.no_grad():
+      data = torch.Tensor._make_subclass(torch.Tensor, self.detach().cpu())
+    return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (data, self.dtype, "cpu", self.requires_grad))
+
+
+def make(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+  """A new tensor that is the whole of a new storage holding `array`."""
+  if dtype is None:
+    dtype = dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+  t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
+  t._storage = Storage(array)
+  t._whole = True
+  t._cache = None
+  return t
+
+
+def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
+              device: torch.device) -> Tensor:
+  """A tensor sharing `storage`, with torch's view metadata."""
+  t = torch.Tensor._make_wrapper_subclass(Tensor, size, strides=stride, storage_offset=offset,
+                                          dtype=dtype, device=device)
+  t._storage = storage
+  base_shape = tuple(storage.array.shape)
+  t._whole = (tuple(size) == base_shape and offset == 0
+              and tuple(stride) == _contiguous_strides(base_shape))
+  t._cache = None
+  return t
+
+
+def value(t: Tensor) -> Any:
+  """The JAX value of `t`: its storage's array, or the gathered view (cached per version)."""
+  storage = t._storage
+  if t._whole:
+    return storage.array
+  cache = t._cache
+  if cache is not None and cache[0] == storage.version:
+    return cache[1]
+  v = _gather(storage.array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+  t._cache = (storage.version, v)
+  return v
+
+
+def write(t: Tensor, new: Any) -> None:
+  """Store `new` (t's shape and dtype) as t's value; every view of the storage sees it."""
+  storage = t._storage
+  if t._whole:
+    storage.array = new
+  else:
+    size, stride = tuple(t.shape), tuple(t.stride())
+    if any(s == 0 and n > 1 for s, n in zip(stride, size)):
+      raise RuntimeError(
+          "unsupported operation: more than one element of the written-to tensor refers to a "
+          "single memory location. Please clone() the tensor before performing the operation.")
+    storage.array = _scatter(storage.array, new, size, stride, t.storage_offset())
+  storage.version += 1
+  t._cache = None if t._whole else (storage.version, new)
+
+
+def replace_storage(t: Tensor, array: Any) -> None:
+  """Point `t` at a fresh storage (for `resize_`/`set_`-like ops that change its shape)."""
+  t._storage = Storage(array)
+  t._whole = True
+  t._cache = None
+
+
+def _flat_index(size: tuple, stride: tuple, offset: int) -> np.ndarray:
+  index = np.full(size, offset, dtype=np.int64)
+  for dim, (n, s) in enumerate(zip(size, stride)):
+    shape = [1] * len(size)
+    shape[dim] = n
+    index = index + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+  return index
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  flat = base.reshape(-1)
+  if math.prod(size) == 0:
+    return jnp.zeros(size, base.dtype)
+  return flat[_flat_index(size, stride, offset)]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  if math.prod(size) == 0:
+    return base
+  flat = base.reshape(-1).at[_flat_index(size, stride, offset).reshape(-1)].set(
+      jnp.broadcast_to(new, size).astype(base.dtype).reshape(-1))
+  return flat.reshape(base.shape)

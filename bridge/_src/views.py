@@ -1,0 +1,89 @@
+"""`torch_view` / `jax_view`: the same data seen from the other framework, without copying.
+
+`torch_view(jax_array)` is a `bridge.Tensor` on the `jax` device whose storage is
+the array itself; `jax_view(tensor)` is the JAX array inside a `bridge.Tensor`.
+Views of views cancel: `jax_view(torch_view(a)) is a`. Both walk pytrees.
+`torch_view(jax_fn)` is a torch-callable (see `call_jax`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import torch
+
+from bridge._src import device as device_lib
+from bridge._src import dtypes
+from bridge._src import interop
+from bridge._src import tensor as tensor_lib
+from bridge._src import tree as tree_lib
+from bridge._src.errors import BridgeTypeError
+
+
+def _array_to_tensor(a: jax.Array, where: Any) -> tensor_lib.Tensor:
+  dtype = dtypes.torch_dtype(a.dtype, api="bridge.torch_view", where=where())
+  index = 0
+  if not isinstance(a, jax.core.Tracer):
+    devices = a.sharding.device_set
+    if len(devices) == 1:
+      (dev,) = devices
+      jax_devices = device_lib.jax_devices()
+      index = jax_devices.index(dev) if dev in jax_devices else 0
+  return tensor_lib.make(a, tensor_lib.jax_device(index), dtype)
+
+
+def torch_view(x: Any) -> Any:
+  """Torch's view of JAX things: arrays become `jax`-device tensors, functions torch functions.
+
+  Args:
+    x: a JAX callable (returns a torch-callable wrapper, as `call_jax`), or a
+      pytree whose `jax.Array` leaves become `bridge.Tensor`s sharing the array
+      (no copy). Other leaves pass through.
+
+  Example:
+    >>> import jax.numpy as jnp, bridge
+    >>> t = bridge.torch_view(jnp.arange(3.0))
+    >>> t.device, (t * 2).tolist()
+    (device(type='jax', index=0), [0.0, 2.0, 4.0])
+  """
+  if callable(x) and not isinstance(x, (jax.Array, torch.Tensor)):
+    return interop.torch_view(x)
+
+  def leaf(v: Any, where: Any) -> Any:
+    if isinstance(v, jax.Array):
+      return _array_to_tensor(v, lambda: f"leaf {where()}")
+    return v
+  return tree_lib.tree_map(leaf, x)
+
+
+def jax_view(x: Any) -> Any:
+  """JAX's view of `jax`-device tensors: the JAX arrays inside them, without copying.
+
+  Args:
+    x: a pytree; `bridge.Tensor` leaves become their JAX arrays. A torch tensor
+      on another device is refused (use `bridge.to_jax`, which transfers).
+
+  Example:
+    >>> import torch, bridge
+    >>> a = bridge.jax_view(torch.ones(2, device="jax"))
+    >>> type(a).__name__, a.dtype
+    ('ArrayImpl', dtype('float32'))
+  """
+  if callable(x) and not isinstance(x, torch.Tensor):
+    raise BridgeTypeError(
+        "`bridge.jax_view`: viewing a torch function as a JAX function arrives with "
+        "`bridge.call_torch`; for tensors pass a tensor or a pytree of them.")
+
+  def leaf(v: Any, where: Any) -> Any:
+    if isinstance(v, tensor_lib.Tensor):
+      return tensor_lib.value(v)
+    if isinstance(v, torch.Tensor):
+      raise BridgeTypeError(
+          f"`bridge.jax_view`: leaf {where()} is a torch tensor on {v.device} (shape "
+          f"{tuple(v.shape)}, dtype {v.dtype}), not on the `jax` device, so there is no JAX "
+          "array to view. Transfer it with `bridge.to_jax(t)` or move it with `t.to('jax')`.")
+    return v
+  return tree_lib.tree_map(leaf, x)
+
+

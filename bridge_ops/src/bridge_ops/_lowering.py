@@ -1,0 +1,129 @@
+"""What every op-family module of bridge-ops uses: the `lowering` decorator and dtype helpers.
+
+`@lowering(aten.add.Tensor, ...)` records a lowering; `plugin.register(registry)`
+hands every record to the core's registry. The contract (arguments, returns,
+`random`, `static_argnames`, `dynamic_shape`) is documented in
+`bridge._src.registry`. Lowerings run only while JAX traces them (the core jits
+and caches them), so Python work inside a lowering costs nothing per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  op: Any
+  fn: Callable[..., Any]
+  options: dict
+
+
+RECORDS: list[Record] = []
+
+_TORCH_TO_JAX = {
+    torch.bool: jnp.bool_, torch.uint8: jnp.uint8, torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32, torch.uint64: jnp.uint64, torch.int8: jnp.int8,
+    torch.int16: jnp.int16, torch.int32: jnp.int32, torch.int64: jnp.int64,
+    torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16, torch.float32: jnp.float32,
+    torch.float64: jnp.float64, torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+}
+_JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+
+
+def lowering(*ops: Any, override: bool = False, random: bool = False,
+             static_argnames: tuple[str, ...] = (), dynamic_shape: bool = False
+             ) -> Callable[[Callable], Callable]:
+  """Records the decorated function as the lowering of aten `ops` (overloads or packets)."""
+  def decorate(fn: Callable) -> Callable:
+    for op in ops:
+      RECORDS.append(Record(op, fn, dict(override=override, random=random,
+                                         static_argnames=static_argnames,
+                                         dynamic_shape=dynamic_shape)))
+    return fn
+  return decorate
+
+
+def jax_dtype(dtype: torch.dtype | None, default: Any = None) -> Any:
+  """The JAX dtype for a torch dtype argument (`None` -> `default`)."""
+  if dtype is None:
+    return default
+  return _TORCH_TO_JAX[dtype]
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+  return _JAX_TO_TORCH[np.dtype(dtype)]
+
+
+def default_float() -> Any:
+  """torch's default floating dtype, as a JAX dtype."""
+  return _TORCH_TO_JAX[torch.get_default_dtype()]
+
+
+def _is_array(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _weak(x: Any) -> bool:
+  return bool(getattr(getattr(x, "aval", x), "weak_type", False))
+
+
+def _as_torch_arg(x: Any) -> Any:
+  """A stand-in torch value with the same promotion behaviour as `x`."""
+  if _is_array(x) and not (_weak(x) and np.ndim(x) == 0):
+    return torch.empty(np.shape(x), dtype=torch_dtype(x.dtype), device="meta")
+  dtype = np.dtype(getattr(x, "dtype", type(x)))
+  if dtype.kind == "b":
+    return True
+  if dtype.kind in "iu":
+    return 1
+  if dtype.kind == "f":
+    return 1.0
+  return 1j
+
+
+def result_dtypes(*args: Any, kind: str = "default") -> tuple[Any, Any]:
+  """torch's (computation dtype, result dtype) for elementwise `args`, as JAX dtypes.
+
+  `kind` is a torch `ELEMENTWISE_TYPE_PROMOTION_KIND` name: "default",
+  "int_to_float", "always_bool", "complex_to_float", "bool_to_long", "no_opmath".
+  Traced Python scalars (weakly typed 0-d values) count as Python scalars.
+  """
+  fakes = [_as_torch_arg(a) for a in args if a is not None]
+  compute, result = elementwise_dtypes(
+      *fakes, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind.upper()))
+  return _TORCH_TO_JAX[compute], _TORCH_TO_JAX[result]
+
+
+def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable]:
+  """Decorator: cast the arguments `names` to torch's computation dtype before the lowering runs.
+
+  Tensor arguments are cast with `astype`; scalar arguments are left to JAX's weak
+  typing, which then follows the tensors' dtype as torch does.
+  """
+  def decorate(fn: Callable) -> Callable:
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      bound = sig.bind(*args, **kwargs)
+      values = [bound.arguments[n] for n in names if n in bound.arguments]
+      compute, _ = result_dtypes(*values, kind=kind)
+      for n in names:
+        v = bound.arguments.get(n)
+        if _is_array(v) and not (_weak(v) and np.ndim(v) == 0):
+          bound.arguments[n] = jnp.asarray(v).astype(compute)
+      return fn(*bound.args, **bound.kwargs)
+    return wrapper
+  return decorate

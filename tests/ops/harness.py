@@ -1,0 +1,100 @@
+"""Checks a lowering against torch on CPU: `check(aten.op.overload, *args, **kwargs)`.
+
+Two ways, both used when available:
+* direct: the registered lowering is called on JAX copies of the CPU arguments
+  (inside the 64-bit scope the core uses) and its result cast to torch's dtype;
+* device: the op runs on the `jax` torch device (`bridge.Tensor`), through the
+  core's dispatch, caching and dtype checks.
+Each is compared with the op on CPU with `torch.testing.assert_close`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge_ops import _lowering
+
+_BY_OP: dict = {}
+
+
+def lowering_of(op: torch._ops.OpOverload):
+  if not _BY_OP:
+    from bridge_ops import plugin
+    import importlib
+    for family in plugin.FAMILIES:
+      try:
+        importlib.import_module(f"bridge_ops.{family}")
+      except ModuleNotFoundError as e:
+        if e.name != f"bridge_ops.{family}":
+          raise
+    for r in _lowering.RECORDS:
+      ops = [r.op] if isinstance(r.op, torch._ops.OpOverload) else [
+          getattr(r.op, n) for n in r.op.overloads() if not getattr(r.op, n)._schema.is_mutable]
+      for o in ops:
+        _BY_OP[o] = r
+  return _BY_OP.get(op)
+
+
+def _to_jax(x: Any) -> Any:
+  if isinstance(x, torch.Tensor):
+    return jnp.asarray(x.detach().numpy()) if x.dtype is not torch.bfloat16 else \
+        jnp.asarray(x.detach().float().numpy()).astype(jnp.bfloat16)
+  if isinstance(x, (list, tuple)):
+    return type(x)(_to_jax(v) for v in x)
+  return x
+
+
+def _to_torch(x: Any, like: Any) -> Any:
+  if isinstance(like, torch.Tensor):
+    arr = np.asarray(jnp.asarray(x).astype(jnp.float32) if x.dtype == jnp.bfloat16 else x)
+    t = torch.from_numpy(arr.copy())
+    return t.to(like.dtype)
+  if isinstance(like, (list, tuple)):
+    return type(like)(_to_torch(a, b) for a, b in zip(x, like))
+  return x
+
+
+def run_direct(op, *args, **kwargs):
+  record = lowering_of(op)
+  assert record is not None, f"no lowering registered for {op}"
+  if record.options.get("random"):
+    kwargs = dict(kwargs, key=jax.random.PRNGKey(0))
+  with jax.enable_x64(True):
+    out = record.fn(*_to_jax(list(args)), **{k: _to_jax(v) for k, v in kwargs.items()})
+    expected = op(*args, **{k: v for k, v in kwargs.items() if k != "key"})
+    return _to_torch(out, expected), expected
+
+
+def _to_device(x: Any) -> Any:
+  if isinstance(x, torch.Tensor):
+    return x.to("jax")
+  if isinstance(x, (list, tuple)):
+    return type(x)(_to_device(v) for v in x)
+  return x
+
+
+def device_available() -> bool:
+  try:
+    import bridge
+    return hasattr(bridge, "Tensor")
+  except ImportError:
+    return False
+
+
+def check(op, *args, atol: float | None = None, rtol: float | None = None,
+          exact_dtype: bool = True, **kwargs) -> None:
+  """Compare the lowering of `op` (direct, and on the device when it exists) with torch on CPU."""
+  out, expected = run_direct(op, *args, **kwargs)
+  torch.testing.assert_close(out, expected, atol=atol, rtol=rtol, exact_dtype=exact_dtype,
+                             equal_nan=True)
+  if device_available():
+    dev_out = op(*_to_device(list(args)), **{k: _to_device(v) for k, v in kwargs.items()})
+    dev_cpu = jax.tree_util.tree_map(
+        lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, dev_out)
+    torch.testing.assert_close(dev_cpu, expected, atol=atol, rtol=rtol,
+                               exact_dtype=exact_dtype, equal_nan=True)
