@@ -82,9 +82,11 @@ def test_torch_view_decorator():
   assert bridge.torch_view(gelu) is gelu
 
 
-def test_torch_view_rejects_arrays():
-  with pytest.raises(bridge.BridgeTypeError, match="expected a JAX callable.*bridge.to_torch"):
-    bridge.torch_view(jnp.ones(2))
+def test_torch_view_of_arrays_is_a_jax_device_tensor_and_views_cancel():
+  a = jnp.arange(3.0)
+  t = bridge.torch_view({"a": a})["a"]
+  assert isinstance(t, bridge.Tensor) and t.device == torch.device("jax", 0)
+  assert bridge.jax_view(t) is a
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.uint8, torch.bool,

@@ -8,15 +8,24 @@ import inspect
 import pytest
 
 import bridge
+from bridge._src import config as config_lib
 from bridge._src import interop, transfer
 
 PUBLIC = [
     "BridgeError",
     "BridgeTypeError",
+    "DeviceMismatchError",
+    "OperatorNotFound",
     "PluginError",
+    "RegistrationError",
+    "Tensor",
     "TransferError",
     "__version__",
     "call_jax",
+    "config",
+    "get_config",
+    "jax_view",
+    "register_lowering",
     "to_jax",
     "to_torch",
     "torch_view",
@@ -39,7 +48,8 @@ def test_public_functions_have_type_hints_and_docstrings():
 
 
 def test_errors_form_one_hierarchy():
-  for name in ("BridgeTypeError", "TransferError", "PluginError"):
+  for name in ("BridgeTypeError", "TransferError", "PluginError", "OperatorNotFound",
+               "DeviceMismatchError", "RegistrationError"):
     assert issubclass(getattr(bridge, name), bridge.BridgeError)
   assert issubclass(bridge.BridgeTypeError, TypeError)
   assert issubclass(bridge.TransferError, ValueError)
@@ -50,7 +60,7 @@ def test_package_ships_py_typed():
   assert importlib.resources.files("bridge").joinpath("py.typed").is_file()
 
 
-@pytest.mark.parametrize("module", [transfer, interop], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [transfer, interop, config_lib], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   assert result.attempted > 0 and result.failed == 0

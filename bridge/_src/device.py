@@ -126,6 +126,27 @@ def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
   rng.set_state(new_state.cpu().numpy().tobytes())
 
 
+class device:  # noqa: N801 - torch's device modules spell it this way (`torch.cuda.device`)
+  """Context manager that makes `jax:i` the current `jax` device of this thread."""
+
+  def __init__(self, device: Any):
+    self.index = device_index(torch.device(NAME, device) if isinstance(device, int) else device)
+
+  def __enter__(self) -> None:
+    self.prev = current_device()
+    _state.index = self.index
+
+  def __exit__(self, *exc: Any) -> None:
+    _state.index = self.prev
+
+
+def _no_quantized(*args: Any, **kwargs: Any) -> Any:
+  from bridge._src.errors import BridgeTypeError
+  raise BridgeTypeError(
+      "bridge: quantized tensors cannot live on the `jax` device (JAX has no quantized "
+      "arrays). Dequantize first: `t.dequantize().to('jax')`, and quantize with JAX code.")
+
+
 class _DeviceModule:
   """What `torch.jax` is: torch looks devices' helpers up here."""
 
@@ -143,6 +164,7 @@ class _DeviceModule:
   initial_seed = staticmethod(initial_seed)
   get_rng_state = staticmethod(get_rng_state)
   set_rng_state = staticmethod(set_rng_state)
+  device = device
 
   @staticmethod
   def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -176,6 +198,24 @@ def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None
   return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
+def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+  """Copy between a `jax` tensor and another device's (torch routes some copies here)."""
+  del non_blocking
+  from bridge._src import dispatch
+  return dispatch.copy_into(dst, self)
+
+
+def _never_tag(obj: Any) -> None:
+  del obj  # no storage ever lives on the jax device: jax tensors are saved as CPU tensors
+  return None
+
+
+def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
+  if location == NAME or location.startswith(NAME + ":"):
+    return storage
+  return None
+
+
 def register() -> None:
   """Make `jax` a torch device (idempotent; safe to call from several threads)."""
   global _registered, _library
@@ -196,6 +236,14 @@ def register() -> None:
     _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _library.impl("empty.memory_format", _empty)
     _library.impl("empty_strided", _empty_strided)
+    _library.impl("_copy_from", _copy_from)
+    _library.impl("_copy_from_and_resize", _copy_from)
+    # torch.load(..., map_location="jax"): keep the CPU storages as they are; our tensors
+    # pickle as CPU tensors whose rebuild function then moves them to the jax device.
+    torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
+    _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
+    _quantized_library.impl("empty_quantized", _no_quantized)
+    _library = (_library, _quantized_library)
     _registered = True
 
 

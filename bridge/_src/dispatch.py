@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src import config as _jax_config
 from torch._decomp import decomposition_table
 
 from bridge._src import config as config_lib
@@ -36,6 +37,8 @@ from bridge._src.tensor import Tensor, make, make_view, value, write
 
 aten = torch.ops.aten
 _tree_flatten = jax.tree_util.tree_flatten
+_config_var = config_lib._CURRENT
+_x64_state = _jax_config.enable_x64
 _DYN = object()
 _last_result: list[Any] = [None]
 
@@ -111,11 +114,11 @@ def _scalar_from_cpu(t: torch.Tensor) -> Any:
 def wrap(out: Any, device: torch.device) -> Any:
   """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
   if isinstance(out, (tuple, list)):
-    return type(out)(wrap(o, device) for o in out)
+    return (list if isinstance(out, list) else tuple)(wrap(o, device) for o in out)
   if out is None or not hasattr(out, "dtype"):
     return out
   _last_result[0] = out
-  return make(out, device, dtypes.JAX_TO_TORCH[np.dtype(out.dtype)])
+  return make(out, device)
 
 
 def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
@@ -160,9 +163,10 @@ def _conform(func: Any, out: Any, expected: Any) -> Any:
   if expected is None:
     return out
   if isinstance(out, (tuple, list)):
+    kind = list if isinstance(out, list) else tuple  # torch's named return types -> tuple
     if not isinstance(expected, (tuple, list)) or len(expected) != len(out):
-      return out
-    return type(out)(_conform(func, o, e) for o, e in zip(out, expected))
+      return kind(out)
+    return kind(_conform(func, o, e) for o, e in zip(out, expected))
   if not isinstance(expected, torch.Tensor) or not hasattr(out, "dtype"):
     return out
   if tuple(out.shape) != tuple(expected.shape):
@@ -187,6 +191,34 @@ def _lowering_fn(func: Any) -> tuple[Callable, Any]:
   REGISTRY.require_plugins()
   decomp = decomposition_table.get(func) if config_lib.get_config().decompose_missing_ops else None
   if decomp is None:
+    _raise_not_found(func)
+  return _decomposition_as_lowering(func, decomp), None
+
+
+_decomp_state = threading.local()
+
+
+def _decomposing() -> set:
+  active = getattr(_decomp_state, "active", None)
+  if active is None:
+    active = _decomp_state.active = set()
+  return active
+
+
+class _decomposing_scope:  # noqa: N801
+  """Marks `func` as being decomposed, so a decomposition that calls its own op fails cleanly."""
+
+  def __init__(self, func: Any):
+    self.func = func
+
+  def __enter__(self) -> None:
+    _decomposing().add(self.func)
+
+  def __exit__(self, *exc: Any) -> None:
+    _decomposing().discard(self.func)
+
+
+def _raise_not_found(func: Any) -> None:
     raise OperatorNotFound(
         f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
         "decomposition for it). Register one, in your code or a plugin:\n\n"
@@ -196,12 +228,17 @@ def _lowering_fn(func: Any) -> tuple[Callable, Any]:
         f"    def {func._schema.name.split('::')[-1]}(*args, **kwargs): ...  # JAX code\n\n"
         "Arguments arrive as in the aten schema with JAX arrays for tensors: "
         f"{func._schema}")
-  return _decomposition_as_lowering(decomp), None
 
 
-def _decomposition_as_lowering(decomp: Callable) -> Callable:
+def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
   """Run torch's decomposition on tensors that wrap the traced JAX values."""
   def run(*args: Any, **kwargs: Any) -> Any:
+    if func in _decomposing():
+      _raise_not_found(func)
+    with _decomposing_scope(func):
+      return run_inner(*args, **kwargs)
+
+  def run_inner(*args: Any, **kwargs: Any) -> Any:
     device = tensor_lib.jax_device(0)
     targs, tkwargs = jax.tree_util.tree_map(
         lambda x: make(x, device) if isinstance(x, jax.core.Tracer) and np.ndim(x) > 0
@@ -273,10 +310,10 @@ class _FunctionalPlan:
     for leaf, dynamic in zip(leaves, kinds):
       if type(leaf) is Tensor:
         if device is None:
-          device = leaf.device
-        elif leaf.device != device:
-          raise _device_error(device, leaf.device)
-        dyn.append(value(leaf))
+          device = leaf._dev
+        elif leaf._dev is not device and leaf._dev != device:
+          raise _device_error(device, leaf._dev)
+        dyn.append(leaf._storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
         if leaf.dim() == 0 and leaf.device.type == "cpu" and dynamic:
@@ -309,12 +346,17 @@ class _FunctionalPlan:
     exe = self.executable(treedef, statics)
     if device is None:
       device = _factory_device(args, kwargs)
-    if config_lib.get_config().debug_print_each_op:
+    if _config_var.get().debug_print_each_op:
       _debug_print(self.func, dyn)
-    with _x64():
+    # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
+    # building a context manager per op).
+    prev = _x64_state.swap_local(True)
+    try:
       if exe.random:
         dyn.append(rng.next_key())
       out = exe.call(*dyn)
+    finally:
+      _x64_state.set_local(prev)
     return wrap(out, device)
 
 
@@ -363,7 +405,7 @@ class _ViewPlan:
     meta = self.cache.get(key)
     if meta is None:
       meta = self.cache[key] = self._meta(self_t, rest, kwargs)
-    storage, device, dtype = self_t._storage, self_t.device, self_t.dtype
+    storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
     if isinstance(meta, list):
       return [make_view(storage, *m, dtype, device) for m in meta]
     return make_view(storage, *meta, dtype, device)
@@ -391,6 +433,9 @@ def _freeze(x: Any) -> Any:
 # --- in-place and out= ------------------------------------------------------------------
 
 
+_FILLED = ("dtype", "layout", "device", "pin_memory")
+
+
 def _functional_twin(func: Any) -> Any:
   """The non-mutating overload computing what `func` writes, or None."""
   name = func._schema.name.split("::")[-1]
@@ -404,10 +449,21 @@ def _functional_twin(func: Any) -> Any:
     twin = getattr(packet, overload, None)
     return twin if twin is not None and not _mutated(twin) else None
   wanted = [a.name for a in func._schema.arguments if a.name not in mutated]
+  loose = None
   for ov in packet.overloads():
     cand = getattr(packet, ov)
-    if not _mutated(cand) and [a.name for a in cand._schema.arguments] == wanted:
+    if _mutated(cand):
+      continue
+    names = [a.name for a in cand._schema.arguments]
+    if names == wanted:
       return cand
+    # A factory's functional form has extra keyword-only arguments (dtype, device...).
+    extra = [a for a in cand._schema.arguments if a.name not in wanted]
+    if ([n for n in names if n in wanted] == wanted
+        and all(a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra)):
+      loose = cand
+  if loose is not None:
+    return loose
   functional = getattr(aten, f"{name}_functional", None) or getattr(aten, f"_{name}_functional", None)
   if functional is not None:
     return getattr(functional, overload, None)
@@ -443,14 +499,23 @@ class _MutatingPlan:
       if self.inplace or self.twin._schema.name.endswith("_functional"):
         out = self.twin_plan(args, kwargs)
       else:
-        out = self.twin_plan(args, {k: v for k, v in kwargs.items() if k not in self.mutated})
+        twin_kwargs = {k: v for k, v in kwargs.items() if k not in self.mutated}
+        target = targets[0]
+        if isinstance(target, torch.Tensor):
+          for arg in self.twin._schema.arguments:
+            if arg.name == "dtype" and "dtype" not in twin_kwargs:
+              twin_kwargs["dtype"] = target.dtype
+            elif arg.name == "device" and "device" not in twin_kwargs:
+              twin_kwargs["device"] = target.device
+        out = self.twin_plan(args, twin_kwargs)
     elif self.direct is not None:
       out = self.direct(args, kwargs)
     else:
       decomp = decomposition_table.get(self.func)
-      if decomp is None:
-        _lowering_fn(self.func)  # raises OperatorNotFound with the how-to
-      return decomp(*args, **kwargs)
+      if decomp is None or self.func in _decomposing():
+        _raise_not_found(self.func)
+      with _decomposing_scope(self.func):
+        return decomp(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if self.twin is not None and self.twin._schema.name.endswith("_functional"):
       new_values = outs[len(outs) - len(targets):]
@@ -502,7 +567,7 @@ def _resizable(t: Tensor) -> bool:
 
 def _resize(target: Tensor, v: Any) -> None:
   """Give an `out=` tensor a new shape (as torch resizes outputs)."""
-  fresh = make(v, target.device, target.dtype)
+  fresh = make(v, target._dev, target.dtype)
   with torch.no_grad():
     target.data = fresh
   target._storage, target._whole, target._cache = fresh._storage, True, None
@@ -531,6 +596,11 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
 
 
 _copy_array = jax.jit(lambda v: v + jnp.zeros((), v.dtype) if v.dtype != jnp.bool_ else v | False)
+
+
+def copy_into(dst: Any, src: Any) -> Any:
+  """`dst.copy_(src)` where either may be a `jax` tensor."""
+  return _copy_((dst, src), {})
 
 
 def _copy_(args: tuple, kwargs: dict) -> Any:
@@ -568,31 +638,31 @@ def _identity_copy(args: tuple, kwargs: dict) -> Any:
 
 def _conj_copy(args: tuple, kwargs: dict) -> Any:
   with _x64():
-    return make(jnp.conj(value(args[0])), args[0].device, args[0].dtype)
+    return make(jnp.conj(value(args[0])), args[0]._dev, args[0].dtype)
 
 
 def _neg_copy(args: tuple, kwargs: dict) -> Any:
   with _x64():
-    return make(-value(args[0]), args[0].device, args[0].dtype)
+    return make(-value(args[0]), args[0]._dev, args[0].dtype)
 
 
 def _view_dtype(args: tuple, kwargs: dict) -> Any:
   t, dtype = args
   with _x64():
     out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
-  return make(out, t.device, dtype)
+  return make(out, t._dev, dtype)
 
 
 def _view_as_real(args: tuple, kwargs: dict) -> Any:
   v = value(args[0])
   with _x64():
-    return make(jnp.stack([v.real, v.imag], axis=-1), args[0].device)
+    return make(jnp.stack([v.real, v.imag], axis=-1), args[0]._dev)
 
 
 def _view_as_complex(args: tuple, kwargs: dict) -> Any:
   v = value(args[0])
   with _x64():
-    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0].device)
+    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
 
 
 def _false(args: tuple, kwargs: dict) -> bool:
@@ -619,6 +689,8 @@ _SPECIAL: dict[Any, Callable] = {
     aten.view_as_real.default: _view_as_real,
     aten.view_as_complex.default: _view_as_complex,
     aten.is_pinned.default: _false,
+    aten._has_compatible_shallow_copy_type.default:
+        lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
 }
 
 
@@ -651,3 +723,6 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
   if plan is None:
     plan = get_plan(func)
   return plan(args, kwargs)
+
+
+tensor_lib._dispatch = dispatch

@@ -72,19 +72,19 @@ class Tensor(torch.Tensor):
 
   @classmethod
   def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-    from bridge._src import dispatch
-    return dispatch.dispatch(func, args, kwargs or {})
+    return _dispatch(func, args, kwargs or {})
 
   # --- data access -------------------------------------------------------------
-
-  def jax(self) -> Any:  # type: ignore[override]
-    """This tensor's value as a JAX array (the storage's array itself for a whole tensor)."""
-    return value(self)
 
   def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
     """A NumPy copy of the data (as `t.cpu().numpy()`)."""
     del force
     return self.detach().cpu().numpy()
+
+  def untyped_storage(self) -> Any:  # type: ignore[override]
+    raise BridgeTypeError(
+        "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
+        "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy.")
 
   def tolist(self) -> Any:  # type: ignore[override]
     return self.detach().cpu().tolist()
@@ -112,14 +112,33 @@ class Tensor(torch.Tensor):
             (data, self.dtype, "cpu", self.requires_grad))
 
 
+def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:  # replaced by bridge._src.dispatch
+  raise RuntimeError("bridge: the dispatcher is not loaded")
+
+
+_TORCH_DTYPE_BY_ID = {id(k): v for k, v in dtypes.JAX_TO_TORCH.items()}
+
+
+def torch_dtype_of(array: Any) -> torch.dtype:
+  """The torch dtype of a JAX array or tracer (fast path for the dtypes JAX returns)."""
+  dtype = _TORCH_DTYPE_BY_ID.get(id(array.dtype))
+  return dtype if dtype is not None else dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+
+
 def make(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
-  """A new tensor that is the whole of a new storage holding `array`."""
+  """A new tensor that is the whole of a new storage holding `array`.
+
+  `device` must be a `jax_device(i)` object (they are cached, so `_dev` compares by identity).
+  """
   if dtype is None:
-    dtype = dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+    dtype = torch_dtype_of(array)
+  if type(device) is not torch.device or device.type != "jax":  # e.g. a string
+    device = jax_device(torch.device(device).index or 0)
   t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
   t._storage = Storage(array)
   t._whole = True
   t._cache = None
+  t._dev = device
   return t
 
 
@@ -129,6 +148,7 @@ def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: 
   t = torch.Tensor._make_wrapper_subclass(Tensor, size, strides=stride, storage_offset=offset,
                                           dtype=dtype, device=device)
   t._storage = storage
+  t._dev = device
   base_shape = tuple(storage.array.shape)
   t._whole = (tuple(size) == base_shape and offset == 0
               and tuple(stride) == _contiguous_strides(base_shape))

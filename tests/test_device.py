@@ -1,0 +1,260 @@
+"""The `jax` torch device as PyTorch users know devices: factories, moves, module, RNG, save/load."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import bridge
+
+JAX0 = torch.device("jax", 0)
+
+
+def _on_jax(t: torch.Tensor) -> bool:
+  return isinstance(t, bridge.Tensor) and t.device == JAX0
+
+
+FACTORIES = {
+    "zeros": (lambda d: torch.zeros(2, 3, device=d), True),
+    "ones": (lambda d: torch.ones(2, 3, dtype=torch.float64, device=d), True),
+    "empty": (lambda d: torch.empty(4, device=d).fill_(2.5), True),
+    "full": (lambda d: torch.full((2, 2), 7, device=d), True),
+    "full_float": (lambda d: torch.full((3,), 1.5, device=d), True),
+    "arange": (lambda d: torch.arange(5, device=d), True),
+    "arange_float": (lambda d: torch.arange(0, 1, 0.25, device=d), True),
+    "linspace": (lambda d: torch.linspace(-1, 1, 5, device=d), True),
+    "eye": (lambda d: torch.eye(3, device=d), True),
+    "tensor": (lambda d: torch.tensor([[1, 2], [3, 4]], device=d), True),
+    "tensor_bool": (lambda d: torch.tensor([True, False], device=d), True),
+    "as_tensor": (lambda d: torch.as_tensor(np.arange(4.0), device=d), True),
+    "zeros_like": (lambda d: torch.zeros_like(torch.ones(2, device=d)), True),
+    "randn": (lambda d: torch.randn(3, 4, device=d), False),
+    "rand": (lambda d: torch.rand(5, device=d), False),
+    "randint": (lambda d: torch.randint(0, 10, (6,), device=d), False),
+}
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_factories(name):
+  make, deterministic = FACTORIES[name]
+  t = make("jax")
+  ref = make("cpu")
+  assert _on_jax(t)
+  assert t.shape == ref.shape and t.dtype is ref.dtype
+  if deterministic:
+    torch.testing.assert_close(t.cpu(), ref)
+
+
+def test_random_factories_have_the_right_distribution():
+  torch.manual_seed(0)
+  x = torch.randn(20000, device="jax").cpu()
+  u = torch.rand(20000, device="jax").cpu()
+  r = torch.randint(3, 7, (20000,), device="jax").cpu()
+  assert abs(x.mean().item()) < 0.05 and abs(x.std().item() - 1) < 0.05
+  assert 0 <= u.min().item() and u.max().item() < 1 and abs(u.mean().item() - 0.5) < 0.02
+  assert r.dtype is torch.int64 and set(r.unique().tolist()) == {3, 4, 5, 6}
+
+
+def test_factory_keeps_requires_grad():
+  t = torch.zeros(3, device="jax", requires_grad=True)
+  assert t.requires_grad and t.is_leaf and _on_jax(t)
+
+
+def test_moves_and_conversions_round_trip():
+  cpu = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+  for t in (cpu.to("jax"), cpu.jax(), cpu.to(device="jax", dtype=torch.float64)):
+    assert _on_jax(t) and t.is_jax
+    assert t.cpu().dtype is t.dtype
+    torch.testing.assert_close(t.to("cpu"), cpu.to(t.dtype))
+  t = cpu.to("jax")
+  assert t.to(torch.int32).dtype is torch.int32 and _on_jax(t.to(torch.int32))
+  np.testing.assert_array_equal(t.numpy(), cpu.numpy())
+  assert t.tolist() == cpu.tolist()
+  assert t[1, 2].item() == 6.0 and isinstance(t[1, 2].item(), float)
+  assert torch.tensor(3, device="jax").item() == 3
+  assert not cpu.is_jax
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                                   torch.float64, torch.complex64, torch.complex128])
+def test_dtypes_round_trip_exactly(dtype):
+  cpu = (torch.randn(5, 3) * 100).to(dtype)
+  t = cpu.to("jax")
+  assert t.dtype is dtype
+  back = t.cpu()
+  assert back.dtype is dtype and torch.equal(back, cpu)
+
+
+def test_repr_shows_values_and_device():
+  t = torch.tensor([1.5, 2.0], device="jax")
+  assert repr(t) == "tensor([1.5000, 2.0000], device='jax:0')"
+  r = torch.ones(2, device="jax", requires_grad=True)
+  assert repr(r) == "tensor([1., 1.], device='jax:0', requires_grad=True)"
+  assert "grad_fn=<MulBackward0>" in repr(r * 2)
+
+
+def test_views_of_views_cancel_and_share():
+  a = jax.numpy.arange(4.0)
+  t = bridge.torch_view(a)
+  assert bridge.jax_view(t) is a
+  t2 = torch.ones(3, device="jax")
+  assert bridge.jax_view(bridge.torch_view(bridge.jax_view(t2))) is bridge.jax_view(t2)
+  with pytest.raises(bridge.BridgeTypeError, match=r"torch tensor on cpu.*bridge.to_jax"):
+    bridge.jax_view({"w": torch.ones(1)})
+
+
+def test_module_to_jax_keeps_parameters_and_moves_buffers():
+  model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+  model.to("jax")
+  for name, p in model.named_parameters():
+    assert isinstance(p, torch.nn.Parameter) and _on_jax(p) and p.requires_grad, name
+  for name, b in model.named_buffers():
+    assert _on_jax(b), name
+  model.jax()  # the generated method works too
+  out = model(torch.randn(5, 3, device="jax"))
+  assert _on_jax(out) and out.shape == (5, 4)
+
+
+def test_set_default_device():
+  torch.set_default_device("jax")
+  try:
+    t = torch.ones(2)
+    assert _on_jax(t)
+    assert _on_jax(torch.arange(3)) and _on_jax(torch.randn(2))
+  finally:
+    torch.set_default_device(None)
+  assert torch.ones(1).device.type == "cpu"
+
+
+def test_device_module():
+  assert torch.jax.is_available()
+  assert torch.jax.device_count() == len(jax.local_devices()) >= 1
+  assert torch.jax.current_device() == 0
+  torch.jax.synchronize()
+  torch.jax.manual_seed(1)
+  a = torch.randn(4, device="jax").cpu()
+  torch.jax.manual_seed(1)
+  assert torch.equal(a, torch.randn(4, device="jax").cpu())
+
+
+def test_rng_is_reproducible_and_advances():
+  torch.manual_seed(123)
+  a, b = torch.rand(8, device="jax").cpu(), torch.rand(8, device="jax").cpu()
+  torch.manual_seed(123)
+  a2, b2 = torch.rand(8, device="jax").cpu(), torch.rand(8, device="jax").cpu()
+  assert torch.equal(a, a2) and torch.equal(b, b2)
+  assert not torch.equal(a, b)
+  torch.manual_seed(124)
+  assert not torch.equal(torch.rand(8, device="jax").cpu(), a)
+
+
+def test_fork_rng_restores_the_jax_generator():
+  torch.manual_seed(5)
+  with torch.random.fork_rng(device_type="jax"):
+    torch.rand(3, device="jax")
+  after = torch.rand(3, device="jax").cpu()
+  torch.manual_seed(5)
+  assert torch.equal(after, torch.rand(3, device="jax").cpu())
+
+
+def test_scalars_and_zero_dim_cpu_tensors_mix_like_cuda():
+  t = torch.arange(3.0, device="jax")
+  torch.testing.assert_close((t * 2 + torch.tensor(1.0)).cpu(), torch.tensor([1.0, 3.0, 5.0]))
+  torch.testing.assert_close((torch.tensor(2.0) * t).cpu(), torch.tensor([0.0, 2.0, 4.0]))
+
+
+def test_non_scalar_cpu_tensor_is_a_device_mismatch():
+  t = torch.ones(3, device="jax")
+  with pytest.raises(RuntimeError) as info:
+    t + torch.ones(3)
+  assert isinstance(info.value, bridge.DeviceMismatchError)
+  assert "jax:0" in str(info.value) and "cpu" in str(info.value)
+
+
+def test_save_and_load_round_trip():
+  model = torch.nn.Linear(3, 2).to("jax")
+  state = model.state_dict()
+  buf = io.BytesIO()
+  torch.save({"state": state, "t": torch.arange(4, device="jax")}, buf)
+  buf.seek(0)
+  loaded = torch.load(buf)
+  assert loaded["t"].device.type == "cpu" and loaded["t"].tolist() == [0, 1, 2, 3]
+  torch.testing.assert_close(loaded["state"]["weight"], model.weight.detach().cpu())
+  buf.seek(0)
+  on_jax = torch.load(buf, map_location="jax")
+  assert _on_jax(on_jax["t"]) and _on_jax(on_jax["state"]["bias"])
+  fresh = torch.nn.Linear(3, 2)
+  fresh.load_state_dict(loaded["state"])
+  torch.testing.assert_close(fresh.weight, model.weight.detach().cpu())
+  again = pickle.loads(pickle.dumps(torch.ones(2, device="jax")))
+  assert again.tolist() == [1.0, 1.0]
+
+
+def test_saved_file_loads_without_bridge(tmp_path):
+  path = tmp_path / "t.pt"
+  torch.save({"w": torch.arange(3.0, device="jax")}, path)
+  code = f"import torch, sys; d = torch.load({str(path)!r}); print(d['w'].device, d['w'].tolist(), 'bridge' in sys.modules)"
+  env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "cpu [0.0, 1.0, 2.0] False"
+
+
+def test_autoload_makes_the_device_available_after_import_torch():
+  code = "import torch; t = torch.randn(2, device='jax'); print(t.device, type(t).__name__)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items()
+                            if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "jax:0 Tensor"
+  off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+  assert off.returncode != 0 and "jax" in off.stderr
+
+
+def test_bad_device_index():
+  n = torch.jax.device_count()
+  with pytest.raises(bridge.TransferError, match=rf"jax:{n} does not exist.*{n} JAX device"):
+    torch.zeros(2, device=f"jax:{n}")
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: torch.zeros(2, dtype=torch.complex32), "complex32"),
+    (lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8), "quantized"),
+])
+def test_unsupported_dtypes_are_refused(make, match):
+  with pytest.raises(TypeError, match=match):
+    make().to("jax")
+
+
+def test_debug_print_each_op(capsys):
+  x = torch.ones(2, 3, device="jax")
+  with bridge.config(debug_print_each_op=True):
+    (x * 2).sum()
+  err = capsys.readouterr().err
+  assert "[bridge] aten.mul.Tensor(float32[2, 3], 2)" in err
+  assert "aten.sum" in err
+  x * 3
+  assert "aten.mul" not in capsys.readouterr().err
+
+
+def test_config_stack_restores():
+  assert bridge.get_config().debug_print_each_op is False
+  with bridge.config(debug_print_each_op=True):
+    with bridge.config(decompose_missing_ops=False):
+      c = bridge.get_config()
+      assert c.debug_print_each_op and not c.decompose_missing_ops
+    assert bridge.get_config().decompose_missing_ops
+  assert bridge.get_config() == bridge._src.config.Config()
+  with pytest.raises(bridge.BridgeTypeError, match="unknown setting.*debug_print_each_op"):
+    bridge.config(debug_print=True)
