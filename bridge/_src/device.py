@@ -181,6 +181,19 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
     return torch._C._autograd.DeviceType.PrivateUse1
 
 
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+  """The backend hooks torch's autograd engine asks for."""
+
+  def is_available(self) -> bool:
+    return is_available()
+
+  def has_primary_context(self, device_index: int) -> bool:
+    return True
+
+  def is_built(self) -> bool:
+    return True
+
+
 # --- factory kernels ------------------------------------------------------------
 
 
@@ -233,6 +246,7 @@ def register() -> None:
       torch.utils.generate_methods_for_privateuse1_backend(
           for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
       torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+      torch._C._acc.register_python_privateuseone_hook(_Hooks())
     _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _library.impl("empty.memory_format", _empty)
     _library.impl("empty_strided", _empty_strided)

@@ -105,10 +105,11 @@ def _device_error(a: Any, b: Any) -> DeviceMismatchError:
 
 
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
-  """A 0-dim CPU tensor used with jax tensors: its value, as torch allows for CUDA."""
+  """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
-  return transfer.tensor_to_jax(t.detach().contiguous(), api="the jax device",
-                                where=lambda: "a 0-dim CPU tensor")
+  with jax.enable_x64(True):
+    return transfer.tensor_to_jax(t.detach().contiguous(), api="the jax device",
+                                  where=lambda: "a CPU tensor")
 
 
 def wrap(out: Any, device: torch.device) -> Any:
@@ -287,14 +288,16 @@ class _FunctionalPlan:
     schema = self.func._schema.arguments
     kinds: list[bool] = []
     named = {a.name: a for a in schema}
+    def kind(arg: Any) -> int:
+      if arg is None or not _is_dynamic_type(arg.type) or arg.name in self.static_names:
+        return 0
+      # Index tensors may stay on the CPU, as torch allows for CUDA tensors.
+      return 2 if arg.name == "indices" else 1
     for i, a in enumerate(args):
-      arg = schema[i] if i < len(schema) else None
-      dyn = arg is not None and _is_dynamic_type(arg.type) and arg.name not in self.static_names
-      kinds.extend([dyn] * len(jax.tree_util.tree_leaves(a)))
+      kinds.extend([kind(schema[i] if i < len(schema) else None)]
+                   * len(jax.tree_util.tree_leaves(a)))
     for name in sorted(kwargs):
-      arg = named.get(name)
-      dyn = arg is not None and _is_dynamic_type(arg.type) and name not in self.static_names
-      kinds.extend([dyn] * len(jax.tree_util.tree_leaves(kwargs[name])))
+      kinds.extend([kind(named.get(name))] * len(jax.tree_util.tree_leaves(kwargs[name])))
     result = tuple(kinds)
     self.kinds[treedef] = result
     return result
@@ -316,7 +319,7 @@ class _FunctionalPlan:
         dyn.append(leaf._storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
-        if leaf.dim() == 0 and leaf.device.type == "cpu" and dynamic:
+        if leaf.device.type == "cpu" and (dynamic == 2 or (dynamic and leaf.dim() == 0)):
           dyn.append(_scalar_from_cpu(leaf))
           statics.append(_DYN)
         else:
