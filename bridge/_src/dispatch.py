@@ -190,10 +190,21 @@ def _lowering_fn(func: Any) -> tuple[Callable, Any]:
   if lowering is not None:
     return lowering.fn, lowering
   REGISTRY.require_plugins()
-  decomp = decomposition_table.get(func) if config_lib.get_config().decompose_missing_ops else None
+  decomp = _decomposition(func) if config_lib.get_config().decompose_missing_ops else None
   if decomp is None:
     _raise_not_found(func)
   return _decomposition_as_lowering(func, decomp), None
+
+
+def _decomposition(func: Any) -> Callable | None:
+  """torch's decomposition of `func`, or its CompositeImplicitAutograd kernel (which, below
+  autograd, torch does not run by itself)."""
+  decomp = decomposition_table.get(func)
+  if decomp is not None:
+    return decomp
+  if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    return func.decompose
+  return None
 
 
 _decomp_state = threading.local()
@@ -451,6 +462,13 @@ def _functional_twin(func: Any) -> Any:
   if name.endswith("_"):
     twin = getattr(packet, overload, None)
     return twin if twin is not None and not _mutated(twin) else None
+  kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
+  if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
+    functional = (getattr(aten, f"{name}_functional", None)
+                  or getattr(aten, f"_{name}_functional", None))
+    if functional is None:
+      return None
+    return getattr(functional, overload, None) or getattr(functional, "default", None)
   wanted = [a.name for a in func._schema.arguments if a.name not in mutated]
   loose = None
   for ov in packet.overloads():
@@ -465,12 +483,7 @@ def _functional_twin(func: Any) -> Any:
     if ([n for n in names if n in wanted] == wanted
         and all(a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra)):
       loose = cand
-  if loose is not None:
-    return loose
-  functional = getattr(aten, f"{name}_functional", None) or getattr(aten, f"_{name}_functional", None)
-  if functional is not None:
-    return getattr(functional, overload, None)
-  return None
+  return loose
 
 
 class _MutatingPlan:
@@ -514,7 +527,7 @@ class _MutatingPlan:
     elif self.direct is not None:
       out = self.direct(args, kwargs)
     else:
-      decomp = decomposition_table.get(self.func)
+      decomp = _decomposition(self.func)
       if decomp is None or self.func in _decomposing():
         _raise_not_found(self.func)
       with _decomposing_scope(self.func):
@@ -678,7 +691,27 @@ def _set_source_tensor(args: tuple, kwargs: dict) -> Any:
   return dst
 
 
+def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
+  """`native_batch_norm` updates its running stats in place though its schema does not say so."""
+  bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
+                    "momentum", "eps"], args), **kwargs)
+  if not (bound["training"] and bound["running_mean"] is not None):
+    return get_plan(aten._native_batch_norm_legit_no_training.default)(
+        (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
+         bound["running_var"], bound["momentum"], bound["eps"]), {}) \
+        if bound["running_mean"] is not None else get_plan(aten._native_batch_norm_legit.no_stats)(
+            (bound["input"], bound["weight"], bound["bias"], bound["training"],
+             bound["momentum"], bound["eps"]), {})
+  out, mean, rstd, new_mean, new_var = get_plan(aten._native_batch_norm_legit_functional.default)(
+      (bound["input"], bound["weight"], bound["bias"], bound["running_mean"], bound["running_var"],
+       True, bound["momentum"], bound["eps"]), {})
+  _store(bound["running_mean"], new_mean)
+  _store(bound["running_var"], new_var)
+  return out, mean, rstd
+
+
 _SPECIAL: dict[Any, Callable] = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
