@@ -13,7 +13,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Transfer sizes (bytes of float32 data); workloads are named e.g. "to_jax_1GiB".
 SIZES = {"1KiB": KiB, "1MiB": MiB, "64MiB": 64 * MiB, "1GiB": GiB}
 QUICK_MAX_BYTES = 64 * MiB  # --quick skips bigger transfers
-WORKLOADS = ("call_small", "fwd_bwd_small") + tuple(
+WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
 )
 
@@ -44,6 +44,9 @@ class System:
     fwd_bwd(f) -> s: s(x) runs ``y = f(x); y.sum().backward()`` on a leaf x that
                      requires grad and returns ``(y, dy/dx)``.
     to_jax(t), to_torch(a): convert one array across the boundary.
+    eager(x, y) -> (run, to_cpu): places CPU tensors x, y on the system's device;
+                     run() computes x + y there as one eager op, to_cpu(out)
+                     brings a result back for checking.
     """
 
     name: str
@@ -53,6 +56,7 @@ class System:
     fwd_bwd: Callable[[Callable], Callable] | None = None
     to_jax: Callable[[Any], Any] | None = None
     to_torch: Callable[[Any], Any] | None = None
+    eager: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     unsupported: dict[str, str] = dataclasses.field(default_factory=dict)
 

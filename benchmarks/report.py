@@ -10,9 +10,10 @@ from pathlib import Path
 from .common import SIZES
 from .systems import ALL, BASELINE
 
-CALL_WORKLOADS = ("call_small", "fwd_bwd_small")
+CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
 GROUPS = {
-    "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS,
+    "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS[:2],
+    "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
     "to_jax: float32 torch CPU tensor -> JAX array": tuple(f"to_jax_{s}" for s in SIZES),
     "to_torch: float32 JAX CPU array -> torch tensor": tuple(f"to_torch_{s}" for s in SIZES),
 }

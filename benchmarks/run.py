@@ -51,6 +51,10 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     if workloads:
         cmd += ["--only", ",".join(workloads)]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    if name != "bridge":
+        # Only the bridge's worker loads the bridge (torch autoloads it otherwise), and
+        # torchax needs the PrivateUse1 backend for itself.
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
         proc = subprocess.run(
             cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S

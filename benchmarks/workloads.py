@@ -101,6 +101,16 @@ def fwd_bwd_small(system: System, quick: bool) -> dict:
     return time_calls(blocking(lambda: step(x), (y, grad)), QUICK if quick else FULL)
 
 
+def eager_add(system: System, quick: bool) -> dict:
+    """One eager op, ``x + y`` on (16, 16) float32, on the system's own device."""
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(SMALL_SHAPE, generator=g), torch.randn(SMALL_SHAPE, generator=g)
+    run, to_cpu = _need(system, "eager", "eager_add")(x, y)
+    out = run()
+    _check(to_cpu(out), x + y, "x + y")
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
 def _big_tensor(nbytes: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(nbytes % 1000)
     return torch.rand(nbytes // 4, generator=gen, dtype=torch.float32)
@@ -130,6 +140,7 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     table: dict[str, Callable[[System, bool], dict]] = {
         "call_small": call_small,
         "fwd_bwd_small": fwd_bwd_small,
+        "eager_add": eager_add,
     }
     for direction in ("to_jax", "to_torch"):
         for size, nbytes in SIZES.items():

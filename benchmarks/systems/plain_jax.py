@@ -21,13 +21,20 @@ def _fwd_bwd(f):
     return jax.jit(step)
 
 
+def _eager(x, y):
+    xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+    return (lambda: jnp.add(xj, yj)), (lambda out: out)
+
+
 def make() -> System:
     return System(
         name="plain_jax",
         array_in="jax",
         call=_call,
         fwd_bwd=_fwd_bwd,
-        notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound)."],
+        eager=_eager,
+        notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound); "
+               "eager_add: jnp.add, eager (not jitted)."],
         unsupported={
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",

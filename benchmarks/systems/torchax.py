@@ -86,8 +86,18 @@ def make() -> System:
 
         return step
 
+    def eager(x, y):
+        xj, yj = env.to_xla(x), env.to_xla(y)  # tensors of torchax's jax device
+
+        def run():
+            with env:
+                return xj + yj
+
+        return run, (lambda out: out.torch())
+
     return System(
         name="torchax",
+        eager=eager,
         packages=("torchax",),
         call=call,
         fwd_bwd=fwd_bwd,

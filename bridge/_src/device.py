@@ -261,7 +261,3 @@ def register() -> None:
     _registered = True
 
 
-def autoload() -> None:
-  """Entry point of torch's `torch.backends` group: `import torch` registers the device."""
-  import bridge  # noqa: F401 - importing bridge registers the device
-

@@ -323,11 +323,12 @@ class _FunctionalPlan:
     device = None
     for leaf, dynamic in zip(leaves, kinds):
       if type(leaf) is Tensor:
+        storage = leaf._storage
         if device is None:
-          device = leaf._dev
-        elif leaf._dev is not device and leaf._dev != device:
-          raise _device_error(device, leaf._dev)
-        dyn.append(leaf._storage.array if leaf._whole else value(leaf))
+          device = storage.device
+        elif storage.device is not device and storage.device != device:
+          raise _device_error(device, storage.device)
+        dyn.append(storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
         if leaf.device.type == "cpu" and (dynamic == 2 or (dynamic and leaf.dim() == 0)):

@@ -29,11 +29,12 @@ from bridge._src.errors import BridgeTypeError
 class Storage:
   """A mutable box around the JAX array that a base tensor and its views share."""
 
-  __slots__ = ("array", "version")
+  __slots__ = ("array", "version", "device")
 
-  def __init__(self, array: Any):
+  def __init__(self, array: Any, device: torch.device):
     self.array = array
     self.version = 0
+    self.device = device  # a cached `jax_device(i)`, so devices compare by identity
 
 
 @functools.cache
@@ -58,8 +59,12 @@ class Tensor(torch.Tensor):
   """
 
   _storage: Storage
-  _whole: bool  # this tensor is its storage's whole array, in the array's shape
-  _cache: tuple[int, Any] | None  # (storage version, value) for views
+  _whole: bool = True  # this tensor is its storage's whole array, in the array's shape
+  _cache: tuple[int, Any] | None = None  # (storage version, value) for views
+
+  @property
+  def _dev(self) -> torch.device:
+    return self._storage.device
 
   __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -135,10 +140,7 @@ def make(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> 
   if type(device) is not torch.device or device.type != "jax":  # e.g. a string
     device = jax_device(torch.device(device).index or 0)
   t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
-  t._storage = Storage(array)
-  t._whole = True
-  t._cache = None
-  t._dev = device
+  t._storage = Storage(array, device)  # `_whole` and `_cache` keep their class defaults
   return t
 
 
@@ -148,11 +150,10 @@ def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: 
   t = torch.Tensor._make_wrapper_subclass(Tensor, size, strides=stride, storage_offset=offset,
                                           dtype=dtype, device=device)
   t._storage = storage
-  t._dev = device
   base_shape = tuple(storage.array.shape)
-  t._whole = (tuple(size) == base_shape and offset == 0
-              and tuple(stride) == _contiguous_strides(base_shape))
-  t._cache = None
+  if not (tuple(size) == base_shape and offset == 0
+          and tuple(stride) == _contiguous_strides(base_shape)):
+    t._whole = False
   return t
 
 
@@ -187,7 +188,7 @@ def write(t: Tensor, new: Any) -> None:
 
 def replace_storage(t: Tensor, array: Any) -> None:
   """Point `t` at a fresh storage (for `resize_`/`set_`-like ops that change its shape)."""
-  t._storage = Storage(array)
+  t._storage = Storage(array, t._storage.device)
   t._whole = True
   t._cache = None
 
