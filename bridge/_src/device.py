@@ -211,6 +211,17 @@ def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None
   return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
+# Factories torch implements only per backend (CPU, CUDA): on the jax device they run their
+# lowering through the dispatcher.
+_BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices")
+
+
+def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+  from bridge._src import dispatch
+  op = getattr(torch.ops.aten, name).default
+  return dispatch.get_plan(op)(args, kwargs)
+
+
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
   """Copy between a `jax` tensor and another device's (torch routes some copies here)."""
   del non_blocking
@@ -252,6 +263,8 @@ def register() -> None:
     _library.impl("empty_strided", _empty_strided)
     _library.impl("_copy_from", _copy_from)
     _library.impl("_copy_from_and_resize", _copy_from)
+    for name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
+      _library.impl(name, functools.partial(_factory, name))
     # torch.load(..., map_location="jax"): keep the CPU storages as they are; our tensors
     # pickle as CPU tensors whose rebuild function then moves them to the jax device.
     torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)

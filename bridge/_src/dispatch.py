@@ -153,6 +153,8 @@ def _meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   """torch's output metadata for these (traced) arguments, or None if torch has no meta kernel."""
   margs, mkwargs = jax.tree_util.tree_map(_meta_arg, (args, kwargs))
   mkwargs.pop("key", None)
+  if "device" in mkwargs:  # a factory: ask for meta tensors, never re-enter the jax device
+    mkwargs["device"] = "meta"
   try:
     return func(*margs, **mkwargs)
   except Exception:  # noqa: BLE001 - no meta kernel: the lowering's own dtypes stand
@@ -533,7 +535,10 @@ class _MutatingPlan:
         _raise_not_found(self.func)
       with _decomposing_scope(self.func):
         return decomp(*args, **kwargs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(targets) == 1 and isinstance(targets[0], (list, tuple)):
+      outs = [out]  # one mutated Tensor[] argument (`_foreach_add_`): out is its new list
+    else:
+      outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if self.twin is not None and self.twin._schema.name.endswith("_functional"):
       new_values = outs[len(outs) - len(targets):]
       results = outs[:len(outs) - len(targets)]

@@ -90,11 +90,11 @@ def check(op, *args, atol: float | None = None, rtol: float | None = None,
           exact_dtype: bool = True, **kwargs) -> None:
   """Compare the lowering of `op` (direct, and on the device when it exists) with torch on CPU."""
   out, expected = run_direct(op, *args, **kwargs)
-  torch.testing.assert_close(out, expected, atol=atol, rtol=rtol, exact_dtype=exact_dtype,
+  torch.testing.assert_close(out, expected, atol=atol, rtol=rtol, check_dtype=exact_dtype,
                              equal_nan=True)
   if device_available():
     dev_out = op(*_to_device(list(args)), **{k: _to_device(v) for k, v in kwargs.items()})
     dev_cpu = jax.tree_util.tree_map(
         lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, dev_out)
     torch.testing.assert_close(dev_cpu, expected, atol=atol, rtol=rtol,
-                               exact_dtype=exact_dtype, equal_nan=True)
+                               check_dtype=exact_dtype, equal_nan=True)
