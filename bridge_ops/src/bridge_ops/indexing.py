@@ -1,0 +1,465 @@
+"""Indexing family: advanced indexing, gather/scatter, index_* and searches.
+
+Index values follow torch for valid inputs: negative indices count from the end
+where torch allows them (advanced indexing, `take`). Out-of-range indices are an
+error in torch; here they are not checked (JAX clamps reads and drops writes).
+
+Ops whose output shape depends on values (`index.Tensor` with boolean masks,
+`nonzero`, `masked_select`) are registered with `dynamic_shape=True` and so run
+on concrete arrays. `index_put` keeps static shapes even with boolean masks: the
+mask becomes `nonzero(mask, size=N)` with N read from the static shapes of the
+values (or, when the values broadcast, the mask's size padded with indices that
+are out of range and so dropped). `index.Tensor` is one overload for integer and
+boolean indices alike, so integer indexing runs eagerly too.
+
+`searchsorted`/`bucketize` run torch's own binary search (not `jnp.searchsorted`):
+NaN compares false there, where JAX's sort order would put it last.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from bridge_ops._lowering import aten, lowering, result_dtypes
+
+
+def _dim(d: int, ndim: int) -> int:
+  n = max(ndim, 1)
+  return d + n if d < 0 else d
+
+
+def _is_mask(i) -> bool:
+  return i is not None and np.dtype(i.dtype) in (np.dtype(np.bool_), np.dtype(np.uint8))
+
+
+def _masks_to_bool(indices):
+  """uint8 index tensors are (deprecated) masks in torch, not integer indices."""
+  return [i.astype(jnp.bool_) if _is_mask(i) else i for i in indices]
+
+
+def _getitem_tuple(indices):
+  return tuple(slice(None) if i is None else i for i in indices)
+
+
+# --- advanced indexing ------------------------------------------------------------------------
+
+
+@lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin, dynamic_shape=True)
+def index(self, indices):
+  return self[_getitem_tuple(_masks_to_bool(indices))]
+
+
+def _selected_count(ndim, indices, values_shape):
+  """How many elements the boolean masks select, where static shapes tell it, else None.
+
+  Other advanced (integer) indices broadcast with the masks' selection, so their
+  last dim tells it; otherwise the values' dim that lines up with the selection does.
+  """
+  is_mask = [i is not None and i.dtype == jnp.bool_ for i in indices]
+  int_shapes = [i.shape for i, m in zip(indices, is_mask) if i is not None and not m]
+  adv_shape = np.broadcast_shapes(*int_shapes) if int_shapes else ()
+  if adv_shape and adv_shape[-1] != 1:
+    return adv_shape[-1]
+  adv_ndim = max(len(adv_shape), 1)
+  consumed = [(i.ndim if m else 1) if i is not None else 1 for i, m in zip(indices, is_mask)]
+  positions = [k for k, i in enumerate(indices) if i is not None]
+  adjacent = positions == list(range(positions[0], positions[-1] + 1))
+  before = positions[0] if adjacent else 0  # sliced dims ahead of the advanced block
+  sliced = ndim - sum(c for c, i in zip(consumed, indices) if i is not None)
+  from_end = adv_ndim + sliced - 1 - (before + adv_ndim - 1)  # the selection's dim, from the end
+  if len(values_shape) > from_end and values_shape[-1 - from_end] != 1:
+    return values_shape[-1 - from_end]
+  return None
+
+
+def _put_tuple(self, indices, values):
+  """The `.at[...]` index for `index_put`, with boolean masks turned into static-size indices."""
+  indices = _masks_to_bool(indices)
+  if not any(i is not None and i.dtype == jnp.bool_ for i in indices):
+    return _getitem_tuple(indices), False
+  count = _selected_count(self.ndim, indices, np.shape(values))
+  padded = count is None
+  if padded:  # values broadcast over the selection: pad with out-of-range indices, dropped
+    count = min(int(np.prod(i.shape)) for i in indices if i is not None and i.dtype == jnp.bool_)
+  out, dim = [], 0
+  for i in indices:
+    if i is not None and i.dtype == jnp.bool_:
+      fill = tuple(self.shape[dim:dim + i.ndim])
+      parts = jnp.nonzero(i, size=count, fill_value=fill) if i.ndim else None
+      if parts is None:  # a 0-d mask: True adds a unit dim, False selects nothing
+        raise NotImplementedError("bridge: index_put with a 0-d boolean index")
+      out.extend(parts)
+      dim += i.ndim
+    else:
+      out.append(slice(None) if i is None else i)
+      dim += 1
+  return tuple(out), padded
+
+
+def _index_put(self, indices, values, accumulate):
+  idx, padded = _put_tuple(self, indices, values)
+  ref = self.at[idx]
+  values = jnp.asarray(values).astype(self.dtype)
+  mode = "drop" if padded else None
+  return ref.add(values, mode=mode) if accumulate else ref.set(values, mode=mode)
+
+
+@lowering(aten.index_put.default, aten.index_put.hacked_twin)
+def index_put(self, indices, values, accumulate=False):
+  return _index_put(self, indices, values, accumulate)
+
+
+@lowering(aten._index_put_impl.default, aten._index_put_impl_.default,
+          aten._index_put_impl_.hacked_twin)
+def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+  return _index_put(self, indices, values, accumulate)
+
+
+@lowering(aten._unsafe_index.Tensor, aten._unsafe_index.Tensor_hacked_twin)
+def _unsafe_index(self, indices):
+  """`index` with integer indices only (what decompositions emit): static shapes."""
+  return self[_getitem_tuple(indices)]
+
+
+@lowering(aten._unsafe_index_put.default, aten._unsafe_index_put.hacked_twin)
+def _unsafe_index_put(self, indices, values, accumulate=False):
+  return _index_put(self, indices, values, accumulate)
+
+
+def _clamped(self, indices):
+  """Indices clamped into [-size, size) per dim, as torch's decompositions of the masked ops."""
+  return [None if ix is None else jnp.clip(ix, -self.shape[d], self.shape[d] - 1)
+          for d, ix in enumerate(indices)]
+
+
+@lowering(aten._unsafe_masked_index.default)
+def _unsafe_masked_index(self, mask, indices, fill):
+  out = self[_getitem_tuple(_clamped(self, indices))]
+  return jnp.where(mask, out, jnp.asarray(fill).astype(self.dtype))
+
+
+@lowering(aten._unsafe_masked_index_put_accumulate.default)
+def _unsafe_masked_index_put_accumulate(self, mask, indices, values):
+  values = jnp.where(mask, values, jnp.zeros((), values.dtype))
+  return _index_put(self, _clamped(self, indices), values, True)
+
+
+# --- index_* along one dim --------------------------------------------------------------------
+
+
+def _along(self, dim, index):
+  """`.at[]`/getitem index selecting `index` (1-d) along `dim`."""
+  d = _dim(dim, self.ndim)
+  return (slice(None),) * d + (jnp.reshape(index, (-1,)),)
+
+
+@lowering(aten.index_select.default)
+def index_select(self, dim, index):
+  if self.ndim == 0:
+    return jnp.reshape(self, (1,))[jnp.reshape(index, (-1,))].reshape(())
+  return self[_along(self, dim, index)]
+
+
+@lowering(aten.index_add.default)
+def index_add(self, dim, index, source, *, alpha=1):
+  if self.ndim == 0:
+    return index_add(self.reshape(1), 0, index, source.reshape(1), alpha=alpha).reshape(())
+  src = (source * alpha).astype(self.dtype)
+  return self.at[_along(self, dim, index)].add(src.reshape(_indexed_shape(self, dim, index)))
+
+
+def _indexed_shape(self, dim, index):
+  d = _dim(dim, self.ndim)
+  return self.shape[:d] + (int(np.prod(index.shape)),) + self.shape[d + 1:]
+
+
+@lowering(aten.index_copy.default)
+def index_copy(self, dim, index, source):
+  if self.ndim == 0:
+    return jnp.reshape(source, ()).astype(self.dtype)
+  src = source.astype(self.dtype).reshape(_indexed_shape(self, dim, index))
+  return self.at[_along(self, dim, index)].set(src)
+
+
+@lowering(aten.index_fill.int_Scalar)
+def index_fill_int_Scalar(self, dim, index, value):
+  if self.ndim == 0:
+    return index_fill_int_Scalar(self.reshape(1), 0, index, value).reshape(())
+  return self.at[_along(self, dim, index)].set(jnp.asarray(value).astype(self.dtype))
+
+
+@lowering(aten.index_fill.int_Tensor)
+def index_fill_int_Tensor(self, dim, index, value):
+  return index_fill_int_Scalar(self, dim, index, value)
+
+
+@lowering(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+  """scatter_reduce with `index` spread over `source`'s other dims."""
+  if self.ndim == 0:
+    return index_reduce(self.reshape(1), 0, index, source.reshape(1), reduce,
+                        include_self=include_self).reshape(())
+  d = _dim(dim, self.ndim)
+  src = jnp.reshape(source, _indexed_shape(self, d, index))
+  shape = [1] * self.ndim
+  shape[d] = -1
+  full = jnp.broadcast_to(jnp.reshape(index, shape), src.shape)
+  return scatter_reduce_two(self, d, full, src, reduce, include_self=include_self)
+
+
+@lowering(aten.take.default)
+def take(self, index):
+  return jnp.reshape(self, (-1,))[index]
+
+
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+  return jnp.take(weight, indices, axis=0)
+
+
+@lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+  idx = jnp.reshape(indices, (-1,))
+  width = grad_output.shape[-1]
+  grad = jnp.reshape(grad_output, (idx.shape[0], width))
+  if scale_grad_by_freq:
+    counts = jnp.zeros((num_weights,), grad.dtype).at[idx].add(1)
+    grad = grad / counts[idx][:, None]
+  grad = jnp.where((idx != padding_idx)[:, None], grad, jnp.zeros((), grad.dtype))
+  return jnp.zeros((num_weights, width), grad.dtype).at[idx].add(grad)
+
+
+# --- gather / scatter -------------------------------------------------------------------------
+
+
+def _scatter_index(self, dim, index):
+  """The full index tuple of torch gather/scatter: `index` along `dim`, positions elsewhere."""
+  d = _dim(dim, self.ndim)
+  grids = list(jnp.indices(index.shape, sparse=True)) if index.ndim else []
+  grids[d] = index
+  return tuple(grids)
+
+
+def _src_part(src, index):
+  """The part of `src` that scatter reads (src may be larger than index in every dim)."""
+  return src[tuple(slice(0, n) for n in index.shape)]
+
+
+def _as_1d(out):
+  """torch allows 0-d self/index/src in gather/scatter: run them as 1-element 1-d tensors.
+
+  `out` names whose shape the result has: "self" (scatter) or "index" (gather).
+  """
+  def decorate(fn):
+    def wrapped(self, dim, index, *args, **kwargs):
+      if self.ndim:
+        return fn(self, dim, index, *args, **kwargs)
+      args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not _weak(a) else a for a in args]
+      result = fn(jnp.reshape(self, (1,)), 0, jnp.reshape(index, (-1,)), *args, **kwargs)
+      return jnp.reshape(result, self.shape if out == "self" else index.shape)
+    wrapped.__name__, wrapped.__qualname__ = fn.__name__, fn.__qualname__
+    wrapped.__module__ = fn.__module__
+    return wrapped
+  return decorate
+
+
+def _weak(x) -> bool:
+  return bool(getattr(getattr(x, "aval", x), "weak_type", False))
+
+
+@lowering(aten.gather.default)
+@_as_1d("index")
+def gather(self, dim, index, *, sparse_grad=False):
+  return self[_scatter_index(self, dim, index)]
+
+
+def _reduce_ref(ref, values, reduce):
+  if reduce == "add":
+    return ref.add(values)
+  if reduce == "multiply":
+    return ref.multiply(values)
+  raise ValueError(f"bridge: scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+
+
+@lowering(aten.scatter.src)
+@_as_1d("self")
+def scatter_src(self, dim, index, src):
+  return self.at[_scatter_index(self, dim, index)].set(_src_part(src, index).astype(self.dtype))
+
+
+@lowering(aten.scatter.value)
+@_as_1d("self")
+def scatter_value(self, dim, index, value):
+  return self.at[_scatter_index(self, dim, index)].set(jnp.asarray(value).astype(self.dtype))
+
+
+@lowering(aten.scatter.reduce)
+@_as_1d("self")
+def scatter_reduce(self, dim, index, src, *, reduce):
+  ref = self.at[_scatter_index(self, dim, index)]
+  return _reduce_ref(ref, _src_part(src, index).astype(self.dtype), reduce)
+
+
+@lowering(aten.scatter.value_reduce)
+@_as_1d("self")
+def scatter_value_reduce(self, dim, index, value, *, reduce):
+  ref = self.at[_scatter_index(self, dim, index)]
+  vals = jnp.broadcast_to(jnp.asarray(value).astype(self.dtype), index.shape)
+  return _reduce_ref(ref, vals, reduce)
+
+
+@lowering(aten.scatter_add.default)
+@_as_1d("self")
+def scatter_add(self, dim, index, src):
+  return self.at[_scatter_index(self, dim, index)].add(_src_part(src, index).astype(self.dtype))
+
+
+def _lowest(dtype):
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return -np.inf
+  if dtype.kind == "b":
+    return False
+  return np.iinfo(dtype).min
+
+
+def _highest(dtype):
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return np.inf
+  if dtype.kind == "b":
+    return True
+  return np.iinfo(dtype).max
+
+
+@lowering(aten.scatter_reduce.two)
+@_as_1d("self")
+def scatter_reduce_two(self, dim, index, src, reduce, *, include_self=True):
+  idx = _scatter_index(self, dim, index)
+  src = _src_part(src, index).astype(self.dtype)
+  dt = self.dtype
+
+  def base(init):
+    return self if include_self else self.at[idx].set(jnp.asarray(init, dt))
+
+  if reduce == "sum":
+    return base(0).at[idx].add(src)
+  if reduce == "prod":
+    return base(1).at[idx].multiply(src)
+  if reduce == "amax":
+    return base(_lowest(dt)).at[idx].max(src)
+  if reduce == "amin":
+    return base(_highest(dt)).at[idx].min(src)
+  if reduce == "mean":
+    total = base(0).at[idx].add(src)
+    count = (jnp.ones if include_self else jnp.zeros)(self.shape, dt).at[idx].add(
+        jnp.ones(index.shape, dt))
+    count = jnp.where(count == 0, jnp.ones((), dt), count)
+    kind = np.dtype(dt).kind
+    if kind in "fc" or dt == jnp.bfloat16:
+      return total / count
+    return jnp.floor_divide(total, count)
+  raise ValueError(f"bridge: unknown scatter_reduce reduction {reduce!r}")
+
+
+# --- masks ------------------------------------------------------------------------------------
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(self, mask, source):
+  shape = jnp.broadcast_shapes(self.shape, mask.shape)
+  flat = jnp.broadcast_to(self, shape).reshape(-1)
+  m = jnp.broadcast_to(mask, shape).reshape(-1)
+  src = jnp.reshape(source, (-1,)).astype(self.dtype)
+  if src.size == 0:
+    return flat.reshape(shape)
+  pos = jnp.cumsum(m, dtype=jnp.int64) - 1  # the i-th selected element takes source[i]
+  vals = src[jnp.clip(pos, 0, src.size - 1)]
+  return jnp.where(m, vals, flat).reshape(shape)
+
+
+@lowering(aten.masked_select.default, dynamic_shape=True)
+def masked_select(self, mask):
+  s, m = jnp.broadcast_arrays(self, mask.astype(jnp.bool_))
+  return s[m]
+
+
+@lowering(aten.nonzero.default, dynamic_shape=True)
+def nonzero(self):
+  if self.ndim == 0:
+    return jnp.zeros((int(self != 0), 0), jnp.int64)
+  return jnp.stack(jnp.nonzero(self), axis=1).astype(jnp.int64)
+
+
+@lowering(aten.nonzero_static.default)
+def nonzero_static(self, *, size, fill_value=-1):
+  if self.ndim == 0:
+    return jnp.zeros((size, 0), jnp.int64)
+  parts = jnp.nonzero(self, size=size, fill_value=fill_value)
+  return jnp.stack(parts, axis=1).astype(jnp.int64)
+
+
+# --- sorted search ----------------------------------------------------------------------------
+
+
+def _binary_search(seq, values, right):
+  """torch's lower/upper bound loop, vectorized: the first i with seq[i] >= v (> v if right).
+
+  Written out rather than `jnp.searchsorted` so comparisons with NaN behave as in torch
+  (a NaN compares false, so NaNs at the end of a sorted row are never "above" a value).
+  `seq` is (n,) or (rows, n); `values` then has any shape, or (rows, m).
+  """
+  n = seq.shape[-1]
+  start = jnp.zeros(values.shape, jnp.int64)
+  end = jnp.full(values.shape, n, jnp.int64)
+  for _ in range(n.bit_length()):  # each step at least halves end - start
+    active = start < end
+    mid = start + ((end - start) >> 1)
+    safe = jnp.clip(mid, 0, n - 1)
+    mid_val = seq[safe] if seq.ndim == 1 else jnp.take_along_axis(seq, safe, axis=-1)
+    go_right = ~(mid_val > values) if right else ~(mid_val >= values)
+    start = jnp.where(active & go_right, mid + 1, start)
+    end = jnp.where(active & ~go_right, mid, end)
+  return start
+
+
+def _searchsorted(seq, values, out_int32, side, sorter=None):
+  if sorter is not None:
+    seq = jnp.take_along_axis(seq, sorter, axis=-1)
+  compute, _ = result_dtypes(seq, values)
+  seq = seq.astype(compute)
+  values = jnp.asarray(values).astype(compute)
+  out_dtype = jnp.int32 if out_int32 else jnp.int64
+  right = side == "right"
+  if seq.ndim == 1:
+    return _binary_search(seq, values, right).astype(out_dtype)
+  rows = jnp.reshape(seq, (-1, seq.shape[-1]))
+  vals = jnp.reshape(values, (rows.shape[0], -1))
+  return jnp.reshape(_binary_search(rows, vals, right), values.shape).astype(out_dtype)
+
+
+def _side(right, side):
+  return side if side is not None else ("right" if right else "left")
+
+
+@lowering(aten.searchsorted.Tensor)
+def searchsorted_Tensor(sorted_sequence, self, *, out_int32=False, right=False, side=None,
+                        sorter=None):
+  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
+
+
+@lowering(aten.searchsorted.Scalar)
+def searchsorted_Scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
+                        sorter=None):
+  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
+
+
+@lowering(aten.bucketize.Tensor)
+def bucketize_Tensor(self, boundaries, *, out_int32=False, right=False):
+  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
+
+
+@lowering(aten.bucketize.Scalar)
+def bucketize_Scalar(self, boundaries, *, out_int32=False, right=False):
+  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")

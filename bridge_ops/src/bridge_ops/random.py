@@ -1,0 +1,287 @@
+"""Random family: sampling ops, registered with `random=True` (each call gets a fresh `key`).
+
+The values come from JAX's generator, not torch's, so they match torch's
+distributions, shapes and dtypes but not its bits. Ops that exist only in a
+mutating form (`normal_`, `bernoulli_.float`) are registered directly and return
+the new value of `self`; the others register their functional overload
+(`uniform`, `random`, `exponential`, ...) and the core derives the `_` forms.
+
+Conventions followed from torch's CPU kernels:
+* complex `normal`/`uniform` sample the real and imaginary parts independently,
+  each with the given mean (or range) and, for `normal`, std / sqrt(2);
+* `random` without an upper bound draws integers in [from, M] where M is the
+  dtype's largest integer (integer dtypes) or 2**mantissa_digits (float dtypes);
+* `native_dropout` with `train=None` trains; its mask is bool.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bridge_ops._lowering import aten, default_float, jax_dtype, lowering, result_dtypes
+
+
+def _is_complex(dtype) -> bool:
+  return np.dtype(dtype).kind == "c"
+
+
+def _real_of(dtype):
+  return {np.dtype(jnp.complex64): jnp.float32,
+          np.dtype(jnp.complex128): jnp.float64}.get(np.dtype(dtype), dtype)
+
+
+def _sample_dtype(dtype):
+  """A floating dtype to sample in for an output of `dtype` (integers sample in double)."""
+  kind = np.dtype(dtype).kind
+  if kind in "iub":
+    return jnp.float64
+  return _real_of(dtype)
+
+
+def _uniform(key, shape, dtype, low=0.0, high=1.0):
+  if _is_complex(dtype):
+    parts = jax.random.uniform(key, tuple(shape) + (2,), _real_of(dtype), low, high)
+    return jax.lax.complex(parts[..., 0], parts[..., 1])
+  f = _sample_dtype(dtype)
+  return jax.random.uniform(key, tuple(shape), f, low, high).astype(dtype)
+
+
+def _normal(key, shape, dtype, mean=0.0, std=1.0):
+  if _is_complex(dtype):
+    parts = jax.random.normal(key, tuple(shape) + (2,), _real_of(dtype))
+    parts = parts * (std / np.sqrt(2.0)) + mean
+    return jax.lax.complex(parts[..., 0], parts[..., 1])
+  f = _sample_dtype(dtype)
+  return (jax.random.normal(key, tuple(shape), f) * std + mean).astype(dtype)
+
+
+def _open_uniform(key, shape, f):
+  """Uniform on (0, 1): safe under log."""
+  return jax.random.uniform(key, tuple(shape), f, jnp.finfo(f).tiny, 1.0)
+
+
+def _int_max(dtype) -> int:
+  """The largest value `random_` draws without an upper bound (inclusive)."""
+  dt = np.dtype(dtype)
+  if dt.kind == "b":
+    return 1
+  if dt.kind in "iu":
+    return int(np.iinfo(dt).max)
+  return 2 ** int(jnp.finfo(dt).nmant + 1)
+
+
+def _randint_inclusive(key, shape, low: int, high: int, dtype):
+  """Integers uniform on [low, high] (Python bounds, any span up to 2**64), as `dtype`."""
+  span = high - low + 1
+  bits = jax.random.bits(key, tuple(shape), jnp.uint64)
+  r = bits if span >= 2 ** 64 else bits % jnp.uint64(span)
+  # Two's-complement wraparound makes low + r right even when r exceeds int64's range.
+  return (r.astype(jnp.int64) + jnp.int64(low)).astype(dtype)
+
+
+# --- in-place-only and functional samplers on `self` ------------------------------------------
+
+
+@lowering(aten.normal_.default, random=True)
+def normal_(self, mean=0.0, std=1.0, *, generator=None, key):
+  return _normal(key, self.shape, self.dtype, mean, std)
+
+
+@lowering(aten.uniform.default, random=True)
+def uniform(self, from_=0.0, to=1.0, *, generator=None, key, **kwargs):
+  from_ = kwargs.pop("from", from_)  # `from` is a Python keyword
+  return _uniform(key, self.shape, self.dtype, from_, to)
+
+
+@lowering(aten.exponential.default, random=True)
+def exponential(self, lambd=1.0, *, generator=None, key):
+  f = _sample_dtype(self.dtype)
+  return (-jnp.log(_open_uniform(key, self.shape, f)) / lambd).astype(self.dtype)
+
+
+@lowering(aten.geometric.default, random=True)
+def geometric(self, p, *, generator=None, key):
+  f = _sample_dtype(self.dtype)
+  u = _open_uniform(key, self.shape, f)
+  return jnp.ceil(jnp.log(u) / jnp.log1p(jnp.asarray(-p, f))).astype(self.dtype)
+
+
+@lowering(aten.log_normal.default, random=True)
+def log_normal(self, mean=1.0, std=2.0, *, generator=None, key):
+  f = _sample_dtype(self.dtype)
+  return jnp.exp(jax.random.normal(key, self.shape, f) * std + mean).astype(self.dtype)
+
+
+@lowering(aten.cauchy.default, random=True)
+def cauchy(self, median=0.0, sigma=1.0, *, generator=None, key):
+  f = _sample_dtype(self.dtype)
+  u = jax.random.uniform(key, self.shape, f)
+  return (median + sigma * jnp.tan(np.pi * (u - 0.5))).astype(self.dtype)
+
+
+@lowering(aten.random.default, random=True)
+def random(self, *, generator=None, key):
+  return _randint_inclusive(key, self.shape, 0, _int_max(self.dtype), self.dtype)
+
+
+@lowering(aten.random.to, random=True)
+def random_to(self, to, *, generator=None, key):
+  return _randint_inclusive(key, self.shape, 0, to - 1, self.dtype)
+
+
+@lowering(getattr(aten.random, "from"), random=True)
+def random_from(self, from_=None, to=None, *, generator=None, key, **kwargs):
+  from_ = kwargs.pop("from", from_)
+  high = _int_max(self.dtype) if to is None else to - 1
+  return _randint_inclusive(key, self.shape, from_, high, self.dtype)
+
+
+def _bernoulli(key, p, shape, dtype):
+  """1 where a uniform draw falls below `p` (a tensor, or a Python/traced float)."""
+  strong64 = (hasattr(p, "dtype") and not getattr(getattr(p, "aval", p), "weak_type", False)
+              and np.dtype(p.dtype) == np.float64)
+  f = jnp.float64 if strong64 or np.dtype(dtype) == np.float64 else jnp.float32
+  u = jax.random.uniform(key, tuple(shape), f)
+  return (u < jnp.asarray(p).astype(f)).astype(dtype)
+
+
+@lowering(aten.bernoulli.default, random=True)
+def bernoulli(self, *, generator=None, key):
+  return _bernoulli(key, self, self.shape, self.dtype)
+
+
+@lowering(aten.bernoulli.p, random=True)
+def bernoulli_p(self, p, *, generator=None, key):
+  return _bernoulli(key, p, self.shape, self.dtype)
+
+
+@lowering(aten.bernoulli.Tensor, random=True)
+def bernoulli_Tensor(self, p, *, generator=None, key):
+  return _bernoulli(key, jnp.broadcast_to(p, self.shape), self.shape, self.dtype)
+
+
+@lowering(aten.bernoulli_.float, random=True)
+def bernoulli_float(self, p=0.5, *, generator=None, key):
+  return _bernoulli(key, p, self.shape, self.dtype)
+
+
+@lowering(aten.poisson.default, random=True)
+def poisson(self, generator=None, *, key):
+  """Counts drawn with rates `self` (same shape and dtype)."""
+  rate = self.astype(jnp.float64 if np.dtype(self.dtype) == np.float64 else jnp.float32)
+  return jax.random.poisson(key, rate, self.shape, jnp.int64).astype(self.dtype)
+
+
+# --- normal with tensor/float parameters ------------------------------------------------------
+
+
+@lowering(aten.normal.Tensor_float, random=True)
+def normal_Tensor_float(mean, std=1.0, *, generator=None, key):
+  return _normal(key, mean.shape, mean.dtype, 0.0, std) + mean
+
+
+@lowering(aten.normal.float_Tensor, random=True)
+def normal_float_Tensor(mean, std, *, generator=None, key):
+  return _normal(key, std.shape, std.dtype) * std + mean
+
+
+@lowering(aten.normal.Tensor_Tensor, random=True)
+def normal_Tensor_Tensor(mean, std, *, generator=None, key):
+  dtype = result_dtypes(mean, std)[1]
+  shape = jnp.broadcast_shapes(mean.shape, std.shape)
+  return _normal(key, shape, dtype) * std.astype(dtype) + mean.astype(dtype)
+
+
+@lowering(aten.normal.float_float, random=True)
+def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None, device=None,
+                       pin_memory=None, key):
+  return _normal(key, size, jax_dtype(dtype, default_float()), mean, std)
+
+
+# --- factories --------------------------------------------------------------------------------
+
+
+@lowering(aten.rand.default, aten.rand.generator, random=True)
+def rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+  return _uniform(key, size, jax_dtype(dtype, default_float()))
+
+
+@lowering(aten.randn.default, aten.randn.generator, random=True)
+def randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+  return _normal(key, size, jax_dtype(dtype, default_float()))
+
+
+@lowering(aten.rand_like.default, aten.rand_like.generator, random=True)
+def rand_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None, key):
+  return _uniform(key, self.shape, jax_dtype(dtype, self.dtype))
+
+
+@lowering(aten.randn_like.default, aten.randn_like.generator, random=True)
+def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None, key):
+  return _normal(key, self.shape, jax_dtype(dtype, self.dtype))
+
+
+@lowering(aten.randint.default, aten.randint.generator, random=True)
+def randint(high, size, *, generator=None, dtype=None, layout=None, device=None,
+            pin_memory=None, key):
+  return _randint_inclusive(key, size, 0, high - 1, jax_dtype(dtype, jnp.int64))
+
+
+@lowering(aten.randint.low, aten.randint.low_generator, random=True)
+def randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
+                pin_memory=None, key):
+  return _randint_inclusive(key, size, low, high - 1, jax_dtype(dtype, jnp.int64))
+
+
+@lowering(aten.randint_like.default, aten.randint_like.generator, random=True)
+def randint_like(self, high, *, generator=None, dtype=None, layout=None, device=None,
+                 pin_memory=None, memory_format=None, key):
+  return _randint_inclusive(key, self.shape, 0, high - 1, jax_dtype(dtype, self.dtype))
+
+
+@lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True)
+def randint_like_low_dtype(self, low, high, *, generator=None, dtype=None, layout=None,
+                           device=None, pin_memory=None, memory_format=None, key):
+  return _randint_inclusive(key, self.shape, low, high - 1, jax_dtype(dtype, self.dtype))
+
+
+@lowering(aten.randint_like.Tensor, aten.randint_like.Tensor_generator, random=True)
+def randint_like_Tensor(self, high, *, generator=None, dtype=None, layout=None, device=None,
+                        pin_memory=None, memory_format=None, key):
+  out = jax.random.randint(key, self.shape, 0, jnp.asarray(high).astype(jnp.int64), jnp.int64)
+  return out.astype(jax_dtype(dtype, self.dtype))
+
+
+@lowering(aten.randperm.default, aten.randperm.generator, random=True)
+def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+  return jax.random.permutation(key, n).astype(jax_dtype(dtype, jnp.int64))
+
+
+@lowering(aten.multinomial.default, random=True)
+def multinomial(self, num_samples, replacement=False, *, generator=None, key):
+  """Rows of `self` are unnormalized weights; without replacement: Gumbel top-k."""
+  f = jnp.float64 if np.dtype(self.dtype) == np.float64 else jnp.float32
+  logits = jnp.log(self.astype(f))
+  if replacement:
+    batch = logits.shape[:-1]
+    draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + batch)
+    return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+  perturbed = logits + jax.random.gumbel(key, logits.shape, f)
+  return jax.lax.top_k(perturbed, num_samples)[1].astype(jnp.int64)
+
+
+@lowering(aten.native_dropout.default, random=True)
+def native_dropout(input, p, train, *, key):
+  if train is False:
+    return jnp.copy(input), jnp.ones(input.shape, jnp.bool_)
+  keep_prob = 1.0 - p  # `p` may be traced: no Python branch on its value
+  scale = jnp.where(keep_prob == 0, 0.0, 1.0 / jnp.where(keep_prob == 0, 1.0, keep_prob))
+  mask = jax.random.bernoulli(key, keep_prob, input.shape)
+  # torch: input.mul(mask).mul_(scale), the scalar product in float for half types.
+  kept = input * mask.astype(input.dtype)
+  compute = jnp.float32 if np.dtype(input.dtype).itemsize < 4 else input.dtype
+  return (kept.astype(compute) * scale.astype(compute)).astype(input.dtype), mask

@@ -1,0 +1,276 @@
+"""NN family: convolution, pooling and normalization lowerings against torch on CPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tests.ops.harness import check, device_available, lowering_of
+
+aten = torch.ops.aten
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+  return torch.Generator().manual_seed(seed)
+
+
+def _randn(shape, dtype, g):
+  return torch.randn(shape, dtype=dtype, generator=g)
+
+
+def _check_some(op, keep, *args):
+  """Like `check`, but compares only the outputs `keep` with CPU; where CPU's other outputs differ
+  from torch's meta kernel (which the core checks against), those are checked for shape there."""
+  to_jax = lambda a: jnp.asarray(a.numpy()) if isinstance(a, torch.Tensor) else a  # noqa: E731
+  with jax.enable_x64(True):
+    out = lowering_of(op).fn(*[to_jax(a) for a in args])
+    out = [None if o is None else torch.from_numpy(np.array(o)) for o in out]
+  expected = op(*args)
+  torch.testing.assert_close([out[i] for i in keep], [expected[i] for i in keep])
+  meta = op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+  shapes = lambda outs: [None if o is None else o.shape for o in outs]  # noqa: E731
+  assert shapes(out) == shapes(meta)
+  if device_available():
+    dev = op(*[a.to("jax") if isinstance(a, torch.Tensor) else a for a in args])
+    torch.testing.assert_close([dev[i].cpu() for i in keep], [expected[i] for i in keep])
+  return out
+
+
+# ------------------------------------------------------------------------------ convolution
+
+# (id, input shape, weight shape, bias, stride, padding, dilation, transposed, output_padding,
+#  groups)
+CONV = [
+    ("1d_groups_dil", (2, 4, 10), (6, 2, 3), True, [2], [1], [2], False, [0], 2),
+    ("2d_nobias", (2, 4, 9, 10), (6, 4, 3, 3), False, [2, 1], [1, 0], [1, 1], False, [0, 0], 1),
+    ("2d_dil_groups", (2, 6, 11, 11), (6, 2, 3, 2), True, [1, 2], [2, 1], [2, 3], False, [0, 0], 3),
+    ("2d_depthwise", (1, 4, 8, 8), (8, 1, 3, 3), True, [1, 1], [1, 1], [1, 1], False, [0, 0], 4),
+    ("2d_one_elem_lists", (2, 3, 8, 8), (4, 3, 3, 3), True, [2], [1], [1], False, [0], 1),
+    ("2d_1x1", (2, 5, 4, 4), (3, 5, 1, 1), True, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+    ("3d", (1, 2, 5, 6, 7), (4, 2, 3, 2, 3), True, [1, 2, 1], [1, 0, 1], [1, 1, 2], False,
+     [0, 0, 0], 1),
+    ("t1d", (2, 4, 7), (4, 3, 3), True, [2], [1], [1], True, [1], 1),
+    ("t2d", (2, 4, 5, 6), (4, 3, 3, 3), True, [2, 2], [1, 0], [1, 1], True, [1, 0], 1),
+    ("t2d_groups_dil", (2, 4, 5, 5), (4, 2, 3, 3), False, [2, 3], [0, 1], [2, 1], True, [1, 2], 2),
+    # padding > dilation * (k - 1): the equivalent JAX padding is negative (crops)
+    ("t2d_big_padding", (1, 2, 6, 6), (2, 2, 2, 2), True, [1, 1], [2, 2], [1, 1], True, [0, 0], 1),
+    ("t3d", (1, 2, 3, 4, 3), (2, 3, 2, 2, 3), True, [2, 1, 2], [0, 1, 1], [1, 1, 1], True,
+     [1, 0, 0], 1),
+]
+
+
+def _conv_args(cfg, dtype, g):
+  _, xs, ws, has_bias, stride, padding, dilation, transposed, out_pad, groups = cfg
+  x, w = _randn(xs, dtype, g), _randn(ws, dtype, g)
+  c_out = ws[1] * groups if transposed else ws[0]
+  b = _randn((c_out,), dtype, g) if has_bias else None
+  return x, w, b, [stride, padding, dilation, transposed, out_pad, groups]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CONV, ids=[c[0] for c in CONV])
+def test_convolution(cfg, dtype):
+  x, w, b, rest = _conv_args(cfg, dtype, _gen())
+  check(aten.convolution.default, x, w, b, *rest)
+
+
+# Every configuration with all gradients (a bias gradient needs a bias, i.e. bias_sizes); the
+# output masks on one plain and one transposed configuration.
+MASKS = [[True, False, False], [False, True, False], [False, False, True], [True, False, True]]
+CONV_BACKWARD = [pytest.param(cfg, [True, True, cfg[3]], id=cfg[0]) for cfg in CONV] + [
+    pytest.param(cfg, mask, id=f"{cfg[0]}-{''.join('x' if v else '_' for v in mask)}")
+    for cfg in CONV if cfg[0] in ("2d_dil_groups", "t2d")  # both have a bias
+    for mask in MASKS]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg,mask", CONV_BACKWARD)
+def test_convolution_backward(cfg, mask, dtype):
+  g = _gen(1)
+  x, w, b, rest = _conv_args(cfg, dtype, g)
+  y = aten.convolution.default(x, w, b, *rest)
+  grad = _randn(y.shape, dtype, g)
+  args = (grad, x, w, None if b is None else list(b.shape), *rest, mask)
+  if mask[2] and not mask[1]:
+    # CPU then also returns a weight gradient nobody asked for; meta (and the lowering) None.
+    _check_some(aten.convolution_backward.default, [i for i in range(3) if mask[i]], *args)
+  else:
+    check(aten.convolution_backward.default, *args)
+
+
+# --------------------------------------------------------------------------------- pooling
+
+# (id, input shape, kernel_size, stride, padding, dilation, ceil_mode)
+MAX_POOL = [
+    ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], [1, 1], False),
+    ("ceil_pad", (2, 3, 9, 7), [3, 2], [2, 1], [1, 1], [1, 1], True),
+    ("unbatched_dil", (3, 9, 9), [3, 3], [2, 2], [1, 1], [2, 2], False),
+    ("ceil_dil", (1, 2, 10, 11), [2, 3], [3, 2], [1, 1], [2, 1], True),
+    ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], [1], True),
+]
+
+
+def _pool_input(shape, dtype, values, g):
+  if values == "ties":  # many equal maxima: torch keeps the first
+    return torch.randint(0, 3, shape, generator=g).to(dtype)
+  x = _randn(shape, dtype, g)
+  if values == "nan_inf":  # NaN wins (torch keeps the last NaN); -inf windows
+    flat = x.view(-1)
+    flat[torch.randperm(flat.numel(), generator=g)[: flat.numel() // 8]] = float("nan")
+    flat[torch.randperm(flat.numel(), generator=g)[: flat.numel() // 2]] = float("-inf")
+  return x
+
+
+@pytest.mark.parametrize("values", ["randn", "ties", "nan_inf"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", MAX_POOL, ids=[c[0] for c in MAX_POOL])
+def test_max_pool2d_with_indices(cfg, dtype, values):
+  _, shape, *rest = cfg
+  check(aten.max_pool2d_with_indices.default, _pool_input(shape, dtype, values, _gen()), *rest)
+
+
+def test_max_pool2d_with_indices_int():
+  x = torch.randint(-5, 5, (2, 3, 7, 6), generator=_gen())
+  check(aten.max_pool2d_with_indices.default, x, [3, 2], [2, 2], [1, 1], [1, 1], True)
+
+
+# (id, input shape, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+AVG_POOL = [
+    ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], False, True, None),
+    ("pad_include", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, True, None),
+    ("pad_exclude", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, False, None),
+    ("ceil_include", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, True, None),
+    ("ceil_exclude", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, False, None),
+    ("divisor", (2, 2, 6, 6), [3, 3], [1, 2], [1, 0], True, False, 5),
+    ("unbatched", (3, 8, 9), [2, 4], [2, 1], [0, 2], False, True, None),
+    ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], True, True, None),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", AVG_POOL, ids=[c[0] for c in AVG_POOL])
+def test_avg_pool2d(cfg, dtype):
+  _, shape, *rest = cfg
+  check(aten.avg_pool2d.default, _randn(shape, dtype, _gen()), *rest)
+
+
+def test_avg_pool2d_int_truncates():
+  x = torch.randint(-50, 50, (2, 3, 7, 6), generator=_gen())
+  check(aten.avg_pool2d.default, x, [3, 2], [2, 2], [1, 1], True, False, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", AVG_POOL, ids=[c[0] for c in AVG_POOL])
+def test_avg_pool2d_backward(cfg, dtype):
+  _, shape, kernel, stride, *rest = cfg
+  g = _gen(1)
+  x = _randn(shape, dtype, g)
+  y = aten.avg_pool2d.default(x, kernel, stride, *rest)
+  check(aten.avg_pool2d_backward.default, _randn(y.shape, dtype, g), x, kernel, stride, *rest)
+
+
+# (input shape, output_size): shrinking, uneven, identity, growing (overlapping windows)
+ADAPTIVE = [((2, 3, 8, 8), [3, 3]), ((2, 3, 7, 10), [3, 4]), ((3, 5, 5), [5, 5]),
+            ((1, 2, 4, 6), [6, 8]), ((2, 2, 9, 9), [2, 1])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,size", ADAPTIVE)
+def test_adaptive_avg_pool2d(shape, size, dtype):
+  check(aten._adaptive_avg_pool2d.default, _randn(shape, dtype, _gen()), size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,size", ADAPTIVE)
+def test_adaptive_avg_pool2d_backward(shape, size, dtype):
+  g = _gen(1)
+  x = _randn(shape, dtype, g)
+  grad = _randn(aten._adaptive_avg_pool2d.default(x, size).shape, dtype, g)
+  check(aten._adaptive_avg_pool2d_backward.default, grad, x)
+
+
+# --------------------------------------------------------------------------- normalization
+
+# (input shape, affine)
+BATCH_NORM = [((2, 3, 4, 4), True), ((4, 3), True), ((2, 3, 5), False), ((2, 3, 2, 3, 2), True)]
+
+
+def _bn_args(shape, affine, dtype, g):
+  c = shape[1]
+  x = _randn(shape, dtype, g) * 2 + 0.5
+  w, b = (_randn((c,), dtype, g), _randn((c,), dtype, g)) if affine else (None, None)
+  rm = _randn((c,), dtype, g)
+  rv = torch.rand((c,), dtype=dtype, generator=g) + 0.5
+  return x, w, b, rm, rv
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,affine", BATCH_NORM)
+def test_native_batch_norm_legit_functional_training(shape, affine, dtype):
+  x, w, b, rm, rv = _bn_args(shape, affine, dtype, _gen())
+  check(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, True, 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,affine", BATCH_NORM)
+def test_native_batch_norm_legit_no_stats(shape, affine, dtype):
+  x, w, b, _, _ = _bn_args(shape, affine, dtype, _gen())
+  check(aten._native_batch_norm_legit.no_stats, x, w, b, True, 0.3, 1e-3)
+
+
+EVAL_BN_OPS = [
+    # op, extra args after the tensors, indices of the outputs CPU computes like the device
+    (aten._native_batch_norm_legit_functional.default, (False, 0.1, 1e-5), [0, 3, 4]),
+    (aten._native_batch_norm_legit_no_training.default, (0.1, 1e-5), [0]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,affine", BATCH_NORM)
+@pytest.mark.parametrize("op,extra,keep", EVAL_BN_OPS, ids=["functional", "no_training"])
+def test_native_batch_norm_eval(op, extra, keep, shape, affine, dtype):
+  x, w, b, rm, rv = _bn_args(shape, affine, dtype, _gen())
+  # CPU returns empty saved stats in eval mode; meta and CUDA return running_mean and invstd.
+  out = _check_some(op, keep, x, w, b, rm, rv, *extra)
+  torch.testing.assert_close(out[1:3], (rm, 1 / torch.sqrt(rv + 1e-5)))
+
+
+# (input shape, normalized_shape, weight, bias)
+LAYER_NORM = [((2, 3, 8), [8], True, True), ((2, 3, 4, 5), [4, 5], True, False),
+              ((6,), [6], False, False), ((3, 4, 5), [3, 4, 5], False, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,normalized,has_w,has_b", LAYER_NORM)
+def test_native_layer_norm(shape, normalized, has_w, has_b, dtype):
+  g = _gen()
+  x = _randn(shape, dtype, g) * 3 + 1
+  w = _randn(normalized, dtype, g) if has_w else None
+  b = _randn(normalized, dtype, g) if has_b else None
+  check(aten.native_layer_norm.default, x, normalized, w, b, 1e-5)
+
+
+# (input shape, groups, affine)
+GROUP_NORM = [((2, 4, 5, 5), 2, True), ((3, 6), 3, True), ((2, 6, 3, 4, 2), 1, False),
+              ((2, 4, 7), 4, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,groups,affine", GROUP_NORM)
+def test_native_group_norm(shape, groups, affine, dtype):
+  g = _gen()
+  n, c = shape[:2]
+  hxw = 1
+  for s in shape[2:]:
+    hxw *= s
+  x = _randn(shape, dtype, g) * 2 - 1
+  w, b = (_randn((c,), dtype, g), _randn((c,), dtype, g)) if affine else (None, None)
+  # With few elements per group the variance is ill-conditioned: torch's Welford-style moments
+  # and JAX's two-pass ones differ by a few ulps, which rstd amplifies.
+  tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else {}
+  check(aten.native_group_norm.default, x, w, b, n, c, hxw, groups, 1e-5, **tol)
