@@ -270,8 +270,13 @@ class _Executable:
   def __init__(self, func: Any, fn: Callable, lowering: Any, treedef: Any, statics: tuple):
     self.func, self.fn, self.treedef, self.statics = func, fn, treedef, statics
     self.random = lowering is not None and lowering.random
-    dynamic_shape = lowering is not None and lowering.dynamic_shape
-    self.call = self.run if dynamic_shape else jax.jit(self.run)
+    dynamic_shape = lowering.dynamic_shape if lowering is not None else False
+    jitted = jax.jit(self.run)
+    if dynamic_shape == "bool_inputs":  # value-dependent shapes only with boolean masks
+      self.call = lambda *dyn: (self.run(*dyn) if any(
+          getattr(d, "dtype", None) == np.bool_ for d in dyn) else jitted(*dyn))
+    else:
+      self.call = self.run if dynamic_shape else jitted
 
   def run(self, *dyn: Any) -> Any:
     if self.random:

@@ -24,6 +24,8 @@ The lowering contract (registry API version 1):
   from the device generator that `torch.manual_seed` seeds.
 * `dynamic_shape=True`: the output shape depends on values (`nonzero`); the
   lowering then runs eagerly on concrete arrays instead of under `jit`.
+  `dynamic_shape="bool_inputs"`: only when a boolean tensor is among the inputs
+  (advanced indexing with a mask); otherwise the lowering is jitted as usual.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Lowering:
   fn: Callable[..., Any]
   random: bool = False
   static_argnames: frozenset[str] = frozenset()
-  dynamic_shape: bool = False
+  dynamic_shape: bool | str = False
   source: str = ""  # who registered it (plugin name or "user")
 
 
@@ -78,7 +80,7 @@ class Registry:
 
   def register(self, op: Any, fn: Callable[..., Any], *, override: bool = False,
                random: bool = False, static_argnames: tuple[str, ...] = (),
-               dynamic_shape: bool = False) -> None:
+               dynamic_shape: bool | str = False) -> None:
     """Registers `fn` as the lowering of `op` (an overload, or every functional overload of a packet)."""
     with self._lock:
       for overload in _overloads(op):
@@ -134,7 +136,7 @@ REGISTRY = Registry()
 
 def register_lowering(*ops: Any, override: bool = False, random: bool = False,
                       static_argnames: tuple[str, ...] = (),
-                      dynamic_shape: bool = False) -> Callable[[Callable], Callable]:
+                      dynamic_shape: bool | str = False) -> Callable[[Callable], Callable]:
   """Registers the decorated JAX function as the lowering of aten `ops` on the `jax` device.
 
   Example:

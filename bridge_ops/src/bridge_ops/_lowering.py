@@ -43,7 +43,7 @@ _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 
 
 def lowering(*ops: Any, override: bool = False, random: bool = False,
-             static_argnames: tuple[str, ...] = (), dynamic_shape: bool = False
+             static_argnames: tuple[str, ...] = (), dynamic_shape: bool | str = False
              ) -> Callable[[Callable], Callable]:
   """Records the decorated function as the lowering of aten `ops` (overloads or packets)."""
   def decorate(fn: Callable) -> Callable:

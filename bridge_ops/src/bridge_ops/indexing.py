@@ -45,7 +45,7 @@ def _getitem_tuple(indices):
 # --- advanced indexing ------------------------------------------------------------------------
 
 
-@lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin, dynamic_shape=True)
+@lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin, dynamic_shape="bool_inputs")
 def index(self, indices):
   return self[_getitem_tuple(_masks_to_bool(indices))]
 
