@@ -272,9 +272,10 @@ class _Executable:
     self.random = lowering is not None and lowering.random
     dynamic_shape = lowering.dynamic_shape if lowering is not None else False
     jitted = jax.jit(self.run)
-    if dynamic_shape == "bool_inputs":  # value-dependent shapes only with boolean masks
+    if dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
+      # (torch also reads uint8 index tensors as masks)
       self.call = lambda *dyn: (self.run(*dyn) if any(
-          getattr(d, "dtype", None) == np.bool_ for d in dyn) else jitted(*dyn))
+          getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn) else jitted(*dyn))
     else:
       self.call = self.run if dynamic_shape else jitted
 

@@ -24,7 +24,7 @@ The lowering contract (registry API version 1):
   from the device generator that `torch.manual_seed` seeds.
 * `dynamic_shape=True`: the output shape depends on values (`nonzero`); the
   lowering then runs eagerly on concrete arrays instead of under `jit`.
-  `dynamic_shape="bool_inputs"`: only when a boolean tensor is among the inputs
+  `dynamic_shape="bool_inputs"`: only when a bool (or uint8) tensor is among the inputs
   (advanced indexing with a mask); otherwise the lowering is jitted as usual.
 """
 
