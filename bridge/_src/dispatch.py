@@ -31,9 +31,9 @@ from bridge._src import device as device_lib
 from bridge._src import dtypes
 from bridge._src import rng
 from bridge._src import tensor as tensor_lib
-from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.errors import BridgeError
 from bridge._src.registry import REGISTRY
-from bridge._src.tensor import Tensor, make, make_view, value, write
+from bridge._src.tensor import Tensor, make, make_view, value
 
 aten = torch.ops.aten
 _tree_flatten = jax.tree_util.tree_flatten
@@ -453,295 +453,6 @@ def _freeze(x: Any) -> Any:
   return x
 
 
-# --- in-place and out= ------------------------------------------------------------------
-
-
-_FILLED = ("dtype", "layout", "device", "pin_memory")
-
-
-def _functional_twin(func: Any) -> Any:
-  """The non-mutating overload computing what `func` writes, or None."""
-  name = func._schema.name.split("::")[-1]
-  packet_name = name[:-1] if name.endswith("_") else name
-  overload = func._overloadname
-  mutated = set(_mutated(func))
-  packet = getattr(aten, packet_name, None)
-  if packet is None:
-    return None
-  if name.endswith("_"):
-    twin = getattr(packet, overload, None)
-    return twin if twin is not None and not _mutated(twin) else None
-  kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
-  if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
-    functional = (getattr(aten, f"{name}_functional", None)
-                  or getattr(aten, f"_{name}_functional", None))
-    if functional is None:
-      return None
-    return getattr(functional, overload, None) or getattr(functional, "default", None)
-  wanted = [a.name for a in func._schema.arguments if a.name not in mutated]
-  loose = None
-  for ov in packet.overloads():
-    cand = getattr(packet, ov)
-    if _mutated(cand):
-      continue
-    names = [a.name for a in cand._schema.arguments]
-    if names == wanted:
-      return cand
-    # A factory's functional form has extra keyword-only arguments (dtype, device...).
-    extra = [a for a in cand._schema.arguments if a.name not in wanted]
-    if ([n for n in names if n in wanted] == wanted
-        and all(a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra)):
-      loose = cand
-  return loose
-
-
-class _MutatingPlan:
-  """In-place and `out=` ops: compute with the functional twin, then store the results."""
-
-  def __init__(self, func: Any):
-    self.func = func
-    self.mutated = _mutated(func)
-    self.names = [a.name for a in func._schema.arguments]
-    self.twin = _functional_twin(func)
-    self.inplace = func._schema.name.endswith("_")
-    self.direct = None
-    if self.twin is None:
-      lowering = REGISTRY.lookup(func)
-      if lowering is not None:
-        self.direct = _FunctionalPlan(func)
-    self.twin_plan = get_plan(self.twin) if self.twin is not None else None
-
-  def _targets(self, args: tuple, kwargs: dict) -> list:
-    targets = []
-    for name in self.mutated:
-      i = self.names.index(name)
-      targets.append(args[i] if i < len(args) else kwargs[name])
-    return targets
-
-  def __call__(self, args: tuple, kwargs: dict) -> Any:
-    targets = self._targets(args, kwargs)
-    if self.twin_plan is not None:
-      if self.inplace or self.twin._schema.name.endswith("_functional"):
-        out = self.twin_plan(args, kwargs)
-      else:
-        twin_kwargs = {k: v for k, v in kwargs.items() if k not in self.mutated}
-        target = targets[0]
-        if isinstance(target, torch.Tensor):
-          for arg in self.twin._schema.arguments:
-            if arg.name == "dtype" and "dtype" not in twin_kwargs:
-              twin_kwargs["dtype"] = target.dtype
-            elif arg.name == "device" and "device" not in twin_kwargs:
-              twin_kwargs["device"] = target.device
-        out = self.twin_plan(args, twin_kwargs)
-    elif self.direct is not None:
-      out = self.direct(args, kwargs)
-    else:
-      decomp = _decomposition(self.func)
-      if decomp is None or self.func in _decomposing():
-        _raise_not_found(self.func)
-      with _decomposing_scope(self.func):
-        return decomp(*args, **kwargs)
-    if len(targets) == 1 and isinstance(targets[0], (list, tuple)):
-      outs = [out]  # one mutated Tensor[] argument (`_foreach_add_`): out is its new list
-    else:
-      outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if self.twin is not None and self.twin._schema.name.endswith("_functional"):
-      new_values = outs[len(outs) - len(targets):]
-      results = outs[:len(outs) - len(targets)]
-    else:
-      new_values, results = outs[:len(targets)], None
-    for target, new in zip(targets, new_values):
-      if isinstance(target, (list, tuple)):
-        for t, n in zip(target, new):
-          _store(t, n)
-      elif target is not None:
-        _store(target, new)
-    if results is not None:
-      return tuple(results) if len(results) > 1 else results[0]
-    returns = self.func._schema.returns
-    if not returns:
-      return None
-    return targets[0] if len(returns) == 1 else tuple(targets)
-
-
-def _store(target: Any, new: Any) -> None:
-  """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics)."""
-  if not isinstance(target, Tensor):
-    if isinstance(target, torch.Tensor):  # a CPU tensor receiving a jax result
-      with torch.no_grad():
-        target.copy_(new.cpu() if isinstance(new, Tensor) else new)
-      return
-    raise BridgeTypeError(f"bridge: cannot write a result into {type(target).__name__}")
-  v = value(new) if isinstance(new, Tensor) else new
-  if tuple(v.shape) != tuple(target.shape):
-    if target.numel() == 0 or _resizable(target):
-      _resize(target, v)
-      return
-    with _x64():
-      v = jnp.broadcast_to(v, tuple(target.shape))
-  want = dtypes.TORCH_TO_JAX[target.dtype]
-  if np.dtype(v.dtype) != want:
-    with _x64():
-      v = _cast(v, want)
-  write(target, v)
-
-
-_cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
-
-
-def _resizable(t: Tensor) -> bool:
-  return t._whole
-
-
-def _resize(target: Tensor, v: Any) -> None:
-  """Give an `out=` tensor a new shape (as torch resizes outputs)."""
-  fresh = make(v, target._dev, target.dtype)
-  with torch.no_grad():
-    target.data = fresh
-  target._storage, target._whole, target._cache = fresh._storage, True, None
-
-
-# --- special ops ------------------------------------------------------------------------
-
-
-def _to_copy(args: tuple, kwargs: dict) -> Any:
-  (src,) = args[:1]
-  dtype = kwargs.get("dtype") or src.dtype
-  device = kwargs.get("device")
-  v = value(src)
-  if device is not None and torch.device(device).type != device_lib.NAME:
-    from bridge._src import transfer
-    out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
-    return out.to(dtype=dtype, device=device)
-  target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
-                   else src.device)
-  with _x64():
-    want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
-    out = _cast(v, want) if np.dtype(v.dtype) != want else _copy_array(v)
-    if target_device != src.device:
-      out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
-  return make(out, target_device, dtype)
-
-
-_copy_array = jax.jit(lambda v: v + jnp.zeros((), v.dtype) if v.dtype != jnp.bool_ else v | False)
-
-
-def copy_into(dst: Any, src: Any) -> Any:
-  """`dst.copy_(src)` where either may be a `jax` tensor."""
-  return _copy_((dst, src), {})
-
-
-def _copy_(args: tuple, kwargs: dict) -> Any:
-  dst, src = args[0], args[1]
-  if isinstance(src, Tensor):
-    if isinstance(dst, Tensor):
-      _store(dst, src)
-    else:
-      with torch.no_grad():
-        dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
-    return dst
-  from bridge._src import transfer
-  src_t = src.detach()
-  with _x64():
-    v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
-    index = dst.device.index or 0
-    if index:
-      v = jax.device_put(v, device_lib.jax_devices()[index])
-  _store(dst, v)
-  return dst
-
-
-def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  if isinstance(v, jax.core.Tracer):
-    raise BridgeError(
-        "bridge: `.item()` (and Python control flow on a tensor's value) is not possible "
-        "while the torch code is being traced by JAX; keep the value a tensor.")
-  return np.asarray(v).item()
-
-
-def _identity_copy(args: tuple, kwargs: dict) -> Any:
-  return _to_copy(args[:1], {})
-
-
-def _conj_copy(args: tuple, kwargs: dict) -> Any:
-  with _x64():
-    return make(jnp.conj(value(args[0])), args[0]._dev, args[0].dtype)
-
-
-def _neg_copy(args: tuple, kwargs: dict) -> Any:
-  with _x64():
-    return make(-value(args[0]), args[0]._dev, args[0].dtype)
-
-
-def _view_dtype(args: tuple, kwargs: dict) -> Any:
-  t, dtype = args
-  with _x64():
-    out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
-  return make(out, t._dev, dtype)
-
-
-def _view_as_real(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  with _x64():
-    return make(jnp.stack([v.real, v.imag], axis=-1), args[0]._dev)
-
-
-def _view_as_complex(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  with _x64():
-    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
-
-
-def _false(args: tuple, kwargs: dict) -> bool:
-  return False
-
-
-def _set_source_tensor(args: tuple, kwargs: dict) -> Any:
-  dst, src = args
-  dst._storage, dst._whole, dst._cache = src._storage, src._whole, None
-  return dst
-
-
-def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
-  """`native_batch_norm` updates its running stats in place though its schema does not say so."""
-  bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
-                    "momentum", "eps"], args), **kwargs)
-  if not (bound["training"] and bound["running_mean"] is not None):
-    return get_plan(aten._native_batch_norm_legit_no_training.default)(
-        (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
-         bound["running_var"], bound["momentum"], bound["eps"]), {}) \
-        if bound["running_mean"] is not None else get_plan(aten._native_batch_norm_legit.no_stats)(
-            (bound["input"], bound["weight"], bound["bias"], bound["training"],
-             bound["momentum"], bound["eps"]), {})
-  out, mean, rstd, new_mean, new_var = get_plan(aten._native_batch_norm_legit_functional.default)(
-      (bound["input"], bound["weight"], bound["bias"], bound["running_mean"], bound["running_var"],
-       True, bound["momentum"], bound["eps"]), {})
-  _store(bound["running_mean"], new_mean)
-  _store(bound["running_var"], new_var)
-  return out, mean, rstd
-
-
-_SPECIAL: dict[Any, Callable] = {
-    aten.native_batch_norm.default: _native_batch_norm,
-    aten._to_copy.default: _to_copy,
-    aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.lift_fresh.default: lambda a, k: a[0],
-    aten.lift_fresh_copy.default: _identity_copy,
-    aten._conj.default: _conj_copy,
-    aten._neg_view.default: _neg_copy,
-    aten.resolve_conj.default: lambda a, k: a[0],
-    aten.resolve_neg.default: lambda a, k: a[0],
-    aten.view.dtype: _view_dtype,
-    aten.view_as_real.default: _view_as_real,
-    aten.view_as_complex.default: _view_as_complex,
-    aten.is_pinned.default: _false,
-    aten._has_compatible_shallow_copy_type.default:
-        lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
-}
-
-
 # --- entry ---------------------------------------------------------------------------
 
 
@@ -752,12 +463,13 @@ _plans_lock = threading.Lock()
 def get_plan(func: Any) -> Callable:
   plan = _PLANS.get(func)
   if plan is None:
-    if func in _SPECIAL:
-      plan = _SPECIAL[func]
+    from bridge._src import mutation, special_ops  # they build on this module
+    if func in special_ops.SPECIAL:
+      plan = special_ops.SPECIAL[func]
     elif _is_view(func):
       plan = _ViewPlan(func)
     elif _mutated(func):
-      plan = _MutatingPlan(func)
+      plan = mutation.MutatingPlan(func)
     else:
       plan = _FunctionalPlan(func)
     with _plans_lock:
@@ -774,3 +486,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 tensor_lib._dispatch = dispatch
+
+
+def copy_into(dst: Any, src: Any) -> Any:
+  """`dst.copy_(src)` where either may be a `jax` tensor."""
+  from bridge._src import special_ops
+  return special_ops.copy_into(dst, src)

@@ -1,0 +1,168 @@
+"""In-place and `out=` ops on the `jax` device: compute with the functional twin, then store.
+
+`x.add_(y)` runs `add.Tensor`'s plan and writes the result into `x`'s storage
+(so every view of `x` sees it); `torch.add(x, y, out=o)` does the same into `o`,
+resizing it as torch does; ops that mutate positional arguments (`_native_batch_norm_legit`)
+run their `_functional` variant, which returns the new values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge._src import dtypes
+from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope,
+                                  _decomposition, _mutated, _raise_not_found, _x64, aten,
+                                  get_plan)
+from bridge._src.errors import BridgeTypeError
+from bridge._src.registry import REGISTRY
+from bridge._src.tensor import Tensor, make, value, write
+
+_FILLED = ("dtype", "layout", "device", "pin_memory")
+
+
+def _functional_twin(func: Any) -> Any:
+  """The non-mutating overload computing what `func` writes, or None."""
+  name = func._schema.name.split("::")[-1]
+  packet_name = name[:-1] if name.endswith("_") else name
+  overload = func._overloadname
+  mutated = set(_mutated(func))
+  packet = getattr(aten, packet_name, None)
+  if packet is None:
+    return None
+  if name.endswith("_"):
+    twin = getattr(packet, overload, None)
+    return twin if twin is not None and not _mutated(twin) else None
+  kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
+  if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
+    functional = (getattr(aten, f"{name}_functional", None)
+                  or getattr(aten, f"_{name}_functional", None))
+    if functional is None:
+      return None
+    return getattr(functional, overload, None) or getattr(functional, "default", None)
+  wanted = [a.name for a in func._schema.arguments if a.name not in mutated]
+  loose = None
+  for ov in packet.overloads():
+    cand = getattr(packet, ov)
+    if _mutated(cand):
+      continue
+    names = [a.name for a in cand._schema.arguments]
+    if names == wanted:
+      return cand
+    # A factory's functional form has extra keyword-only arguments (dtype, device...).
+    extra = [a for a in cand._schema.arguments if a.name not in wanted]
+    if ([n for n in names if n in wanted] == wanted
+        and all(a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra)):
+      loose = cand
+  return loose
+
+
+class MutatingPlan:
+  """In-place and `out=` ops: compute with the functional twin, then store the results."""
+
+  def __init__(self, func: Any):
+    self.func = func
+    self.mutated = _mutated(func)
+    self.names = [a.name for a in func._schema.arguments]
+    self.twin = _functional_twin(func)
+    self.inplace = func._schema.name.endswith("_")
+    self.direct = None
+    if self.twin is None:
+      lowering = REGISTRY.lookup(func)
+      if lowering is not None:
+        self.direct = _FunctionalPlan(func)
+    self.twin_plan = get_plan(self.twin) if self.twin is not None else None
+
+  def _targets(self, args: tuple, kwargs: dict) -> list:
+    targets = []
+    for name in self.mutated:
+      i = self.names.index(name)
+      targets.append(args[i] if i < len(args) else kwargs[name])
+    return targets
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    targets = self._targets(args, kwargs)
+    if self.twin_plan is not None:
+      if self.inplace or self.twin._schema.name.endswith("_functional"):
+        out = self.twin_plan(args, kwargs)
+      else:
+        twin_kwargs = {k: v for k, v in kwargs.items() if k not in self.mutated}
+        target = targets[0]
+        if isinstance(target, torch.Tensor):
+          for arg in self.twin._schema.arguments:
+            if arg.name == "dtype" and "dtype" not in twin_kwargs:
+              twin_kwargs["dtype"] = target.dtype
+            elif arg.name == "device" and "device" not in twin_kwargs:
+              twin_kwargs["device"] = target.device
+        out = self.twin_plan(args, twin_kwargs)
+    elif self.direct is not None:
+      out = self.direct(args, kwargs)
+    else:
+      decomp = _decomposition(self.func)
+      if decomp is None or self.func in _decomposing():
+        _raise_not_found(self.func)
+      with _decomposing_scope(self.func):
+        return decomp(*args, **kwargs)
+    if len(targets) == 1 and isinstance(targets[0], (list, tuple)):
+      outs = [out]  # one mutated Tensor[] argument (`_foreach_add_`): out is its new list
+    else:
+      outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if self.twin is not None and self.twin._schema.name.endswith("_functional"):
+      new_values = outs[len(outs) - len(targets):]
+      results = outs[:len(outs) - len(targets)]
+    else:
+      new_values, results = outs[:len(targets)], None
+    for target, new in zip(targets, new_values):
+      if isinstance(target, (list, tuple)):
+        for t, n in zip(target, new):
+          _store(t, n)
+      elif target is not None:
+        _store(target, new)
+    if results is not None:
+      return tuple(results) if len(results) > 1 else results[0]
+    returns = self.func._schema.returns
+    if not returns:
+      return None
+    return targets[0] if len(returns) == 1 else tuple(targets)
+
+
+def _store(target: Any, new: Any) -> None:
+  """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics)."""
+  if not isinstance(target, Tensor):
+    if isinstance(target, torch.Tensor):  # a CPU tensor receiving a jax result
+      with torch.no_grad():
+        target.copy_(new.cpu() if isinstance(new, Tensor) else new)
+      return
+    raise BridgeTypeError(f"bridge: cannot write a result into {type(target).__name__}")
+  v = value(new) if isinstance(new, Tensor) else new
+  if tuple(v.shape) != tuple(target.shape):
+    if target.numel() == 0 or _resizable(target):
+      _resize(target, v)
+      return
+    with _x64():
+      v = jnp.broadcast_to(v, tuple(target.shape))
+  want = dtypes.TORCH_TO_JAX[target.dtype]
+  if np.dtype(v.dtype) != want:
+    with _x64():
+      v = _cast(v, want)
+  write(target, v)
+
+
+_cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
+
+
+def _resizable(t: Tensor) -> bool:
+  return t._whole
+
+
+def _resize(target: Tensor, v: Any) -> None:
+  """Give an `out=` tensor a new shape (as torch resizes outputs)."""
+  fresh = make(v, target._dev, target.dtype)
+  with torch.no_grad():
+    target.data = fresh
+  target._storage, target._whole, target._cache = fresh._storage, True, None

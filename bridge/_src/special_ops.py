@@ -1,0 +1,151 @@
+"""Ops the dispatcher handles itself: copies between devices, `.item()`, lazy conj/neg views,
+dtype views, and `native_batch_norm` (whose schema hides that it updates running stats).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge._src import device as device_lib
+from bridge._src import dtypes
+from bridge._src import tensor as tensor_lib
+from bridge._src.dispatch import _x64, aten, get_plan
+from bridge._src.errors import BridgeError
+from bridge._src.mutation import _cast, _store
+from bridge._src.tensor import Tensor, make, value
+
+def _to_copy(args: tuple, kwargs: dict) -> Any:
+  (src,) = args[:1]
+  dtype = kwargs.get("dtype") or src.dtype
+  device = kwargs.get("device")
+  v = value(src)
+  if device is not None and torch.device(device).type != device_lib.NAME:
+    from bridge._src import transfer
+    out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
+    return out.to(dtype=dtype, device=device)
+  target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
+                   else src.device)
+  with _x64():
+    want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
+    out = _cast(v, want) if np.dtype(v.dtype) != want else _copy_array(v)
+    if target_device != src.device:
+      out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
+  return make(out, target_device, dtype)
+
+
+_copy_array = jax.jit(lambda v: v + jnp.zeros((), v.dtype) if v.dtype != jnp.bool_ else v | False)
+
+
+def copy_into(dst: Any, src: Any) -> Any:
+  """`dst.copy_(src)` where either may be a `jax` tensor."""
+  return _copy_((dst, src), {})
+
+
+def _copy_(args: tuple, kwargs: dict) -> Any:
+  dst, src = args[0], args[1]
+  if isinstance(src, Tensor):
+    if isinstance(dst, Tensor):
+      _store(dst, src)
+    else:
+      with torch.no_grad():
+        dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
+    return dst
+  from bridge._src import transfer
+  src_t = src.detach()
+  with _x64():
+    v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
+    index = dst.device.index or 0
+    if index:
+      v = jax.device_put(v, device_lib.jax_devices()[index])
+  _store(dst, v)
+  return dst
+
+
+def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  if isinstance(v, jax.core.Tracer):
+    raise BridgeError(
+        "bridge: `.item()` (and Python control flow on a tensor's value) is not possible "
+        "while the torch code is being traced by JAX; keep the value a tensor.")
+  return np.asarray(v).item()
+
+
+def _identity_copy(args: tuple, kwargs: dict) -> Any:
+  return _to_copy(args[:1], {})
+
+
+def _conj_copy(args: tuple, kwargs: dict) -> Any:
+  with _x64():
+    return make(jnp.conj(value(args[0])), args[0]._dev, args[0].dtype)
+
+
+def _neg_copy(args: tuple, kwargs: dict) -> Any:
+  with _x64():
+    return make(-value(args[0]), args[0]._dev, args[0].dtype)
+
+
+def _view_dtype(args: tuple, kwargs: dict) -> Any:
+  t, dtype = args
+  with _x64():
+    out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
+  return make(out, t._dev, dtype)
+
+
+def _view_as_real(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  with _x64():
+    return make(jnp.stack([v.real, v.imag], axis=-1), args[0]._dev)
+
+
+def _view_as_complex(args: tuple, kwargs: dict) -> Any:
+  v = value(args[0])
+  with _x64():
+    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
+
+
+def _false(args: tuple, kwargs: dict) -> bool:
+  return False
+
+
+def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
+  """`native_batch_norm` updates its running stats in place though its schema does not say so."""
+  bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
+                    "momentum", "eps"], args), **kwargs)
+  if not (bound["training"] and bound["running_mean"] is not None):
+    return get_plan(aten._native_batch_norm_legit_no_training.default)(
+        (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
+         bound["running_var"], bound["momentum"], bound["eps"]), {}) \
+        if bound["running_mean"] is not None else get_plan(aten._native_batch_norm_legit.no_stats)(
+            (bound["input"], bound["weight"], bound["bias"], bound["training"],
+             bound["momentum"], bound["eps"]), {})
+  out, mean, rstd, new_mean, new_var = get_plan(aten._native_batch_norm_legit_functional.default)(
+      (bound["input"], bound["weight"], bound["bias"], bound["running_mean"], bound["running_var"],
+       True, bound["momentum"], bound["eps"]), {})
+  _store(bound["running_mean"], new_mean)
+  _store(bound["running_var"], new_var)
+  return out, mean, rstd
+
+
+SPECIAL: dict[Any, Callable] = {
+    aten.native_batch_norm.default: _native_batch_norm,
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.lift_fresh.default: lambda a, k: a[0],
+    aten.lift_fresh_copy.default: _identity_copy,
+    aten._conj.default: _conj_copy,
+    aten._neg_view.default: _neg_copy,
+    aten.resolve_conj.default: lambda a, k: a[0],
+    aten.resolve_neg.default: lambda a, k: a[0],
+    aten.view.dtype: _view_dtype,
+    aten.view_as_real.default: _view_as_real,
+    aten.view_as_complex.default: _view_as_complex,
+    aten.is_pinned.default: _false,
+    aten._has_compatible_shallow_copy_type.default:
+        lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
+}
