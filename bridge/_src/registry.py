@@ -9,9 +9,10 @@ The lowering contract (registry API version 1):
 
 * A lowering is called with the aten overload's arguments as torch passed them,
   positional and keyword, except that tensors are JAX arrays (or tracers).
-  `Scalar` arguments arrive as Python numbers or 0-d weakly typed JAX values
-  (they are traced so that a changing value does not recompile), unless named in
-  `static_argnames`; `int`, `int[]`, `bool`, `str`, dtype, layout, device and
+  `Scalar`, `float` and `complex` arguments (and lists of them) arrive as Python
+  numbers or 0-d weakly typed JAX values (they are traced so that a changing
+  value does not recompile), unless named in `static_argnames`; never branch in
+  Python on them. `int`, `int[]`, `bool`, `str`, dtype, layout, device and
   memory-format arguments are plain Python values.
 * It returns a JAX array, or a tuple/list of them, as the schema's returns.
   The core casts results to the dtype torch's own meta kernel gives, and checks

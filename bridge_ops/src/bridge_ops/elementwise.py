@@ -1,0 +1,953 @@
+"""Elementwise lowerings: arithmetic, math functions, comparisons, logic, activations.
+
+Semantics follow torch's CPU kernels, not NumPy/JAX, wherever the two differ:
+
+* integer `div(rounding_mode="floor")`, `remainder` and `floor_divide` round
+  towards -inf (Python), `fmod` and `div(rounding_mode="trunc")` towards zero;
+  float floor division is torch's `div_floor_floating` (x / 0 stays x / 0, not nan);
+* integer `pow` wraps like repeated squaring and gives torch's values for negative
+  exponents (1 -> 1, -1 -> +-1, anything else -> 0);
+* `sign`/`sgn` of nan is 0; `heaviside(nan, v)` is 0; `xlogy(0, nan)` is nan;
+* `clamp` propagates a nan bound, and with min > max gives max;
+* `minimum`/`maximum` propagate nan, `fmin`/`fmax` ignore it;
+* shifts by a negative amount or >= the bit width give torch's values (0, or the
+  sign fill for a right shift);
+* a `Scalar` is cast to the computation dtype before use (so an out-of-range int
+  wraps like torch's `uint8 == 300`), and the bounds of `threshold`/`hardtanh`
+  are cast to the (opmath) dtype of `self`: truncated for integer tensors.
+
+Reduced-precision floats (float16, bfloat16) are computed in float32, like
+torch's opmath; the core casts results back to torch's result dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bridge_ops._lowering import aten, lowering, promote, result_dtypes
+
+__all__: list[str] = []
+
+_SQRT1_2 = 0.70710678118654752440
+_SQRT2 = 1.41421356237309504880
+_2_SQRTPI = 1.12837916709551257390
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _as(value: Any, dtype: Any) -> jax.Array:
+  """A Scalar (Python number or weakly typed 0-d value) or array, cast to `dtype`."""
+  value = jnp.asarray(value)
+  if value.dtype == jnp.bool_ and np.dtype(dtype) != np.dtype(jnp.bool_):
+    # Through uint8: XLA rewrites `convert(bool) * x` as `select(bool, x, 0)`, which gives 0
+    # where torch (IEEE) gives nan for `False * inf` or `False / 0`.
+    value = value.astype(jnp.uint8)
+  return value.astype(dtype)
+
+
+def _promoted(*values: Any, kind: str = "default") -> tuple[jax.Array, ...]:
+  """`values` (arrays or Scalars) cast to torch's computation dtype for them."""
+  compute, _ = result_dtypes(*values, kind=kind)
+  return tuple(_as(v, compute) for v in values)
+
+
+def _promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable]:
+  """Like `promote`, for ops with several inputs: every named argument, Scalars included,
+  is cast to torch's computation dtype (with `_as`) before the lowering runs.
+
+  torch casts a Python scalar to the operation's dtype, so an out-of-range int wraps
+  (`uint8_tensor == 300` compares with 44) where JAX would refuse the literal.
+  """
+  def decorate(fn: Callable) -> Callable:
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      bound = sig.bind(*args, **kwargs)
+      present = [n for n in names if bound.arguments.get(n) is not None]
+      for n, v in zip(present, _promoted(*(bound.arguments[n] for n in present), kind=kind)):
+        bound.arguments[n] = v
+      return fn(*bound.args, **bound.kwargs)
+    return wrapper
+  return decorate
+
+
+def _inexact(x: jax.Array) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _integer(x: jax.Array) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.integer)
+
+
+def _truth(x: jax.Array) -> jax.Array:
+  return x if x.dtype == jnp.bool_ else x != 0
+
+
+def _isnan(x: jax.Array) -> jax.Array:
+  return jnp.isnan(x) if _inexact(x) else jnp.zeros(jnp.shape(x), jnp.bool_)
+
+
+def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
+  if _inexact(a):
+    # c10::div_floor_floating (Python's float floordiv); x / 0 stays inf/nan.
+    mod = lax.rem(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floordiv = jnp.floor(div)
+    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    floordiv = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floordiv)
+    return jnp.where(b == 0, a / b, floordiv)
+  quot, rem = lax.div(a, b), lax.rem(a, b)
+  return jnp.where((rem != 0) & ((rem < 0) != (b < 0)), quot - 1, quot)
+
+
+def _remainder(a: jax.Array, b: jax.Array) -> jax.Array:
+  # fmod, then moved into the divisor's sign (torch's remainder, ints and floats alike).
+  mod = lax.rem(a, b)
+  return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
+
+
+def _int_pow(a: jax.Array, b: jax.Array) -> jax.Array:
+  """torch's integer pow: wrapping repeated squaring; negative exponents as `c10::powi`."""
+  a, b = jnp.broadcast_arrays(a, b)
+  one = jnp.ones((), a.dtype)
+  e = jnp.where(b < 0, jnp.zeros((), b.dtype), b)
+  acc, base = jnp.ones_like(a), a
+  for _ in range(jnp.iinfo(b.dtype).bits):
+    acc = jnp.where((e & 1) != 0, acc * base, acc)
+    base = base * base
+    e = lax.shift_right_logical(e, jnp.ones((), e.dtype))
+  if jnp.issubdtype(b.dtype, jnp.signedinteger):
+    neg = jnp.where(a == 1, one, jnp.where(a == -1, jnp.where((b & 1) != 0, -one, one),
+                                           jnp.zeros((), a.dtype)))
+    acc = jnp.where(b < 0, neg, acc)
+  return acc
+
+
+def _pow(a: jax.Array, b: jax.Array) -> jax.Array:
+  if _integer(a):
+    return _int_pow(a, b)
+  return jnp.power(a, b)
+
+
+def _clamp(x: jax.Array, lo: jax.Array | None, hi: jax.Array | None) -> jax.Array:
+  # torch._refs.clamp: a nan input stays nan, a nan bound gives nan, min > max gives max.
+  if lo is not None:
+    x = jnp.where((x >= lo) | _isnan(x), x, lo)
+  if hi is not None:
+    x = jnp.where((x <= hi) | _isnan(x), x, hi)
+  return x
+
+
+def _nan_to_num_real(x: jax.Array, nan: float | None, posinf: float | None,
+                     neginf: float | None) -> jax.Array:
+  info = jnp.finfo(x.dtype)
+  nan_v = jnp.asarray(0.0 if nan is None else nan, np.float64).astype(x.dtype)
+  pos_v = jnp.asarray(info.max if posinf is None else posinf, np.float64).astype(x.dtype)
+  neg_v = jnp.asarray(info.min if neginf is None else neginf, np.float64).astype(x.dtype)
+  x = jnp.where(jnp.isnan(x), nan_v, x)
+  x = jnp.where(x == jnp.inf, pos_v, x)
+  return jnp.where(x == -jnp.inf, neg_v, x)
+
+
+def _sigmoid(x: jax.Array) -> jax.Array:
+  return 1 / (1 + jnp.exp(-x))
+
+
+def _lshift(a: jax.Array, b: jax.Array) -> jax.Array:
+  bits = jnp.iinfo(a.dtype).bits
+  out = lax.shift_left(a, b)
+  return jnp.where((b < 0) | (b >= bits), jnp.zeros((), a.dtype), out)
+
+
+def _rshift(a: jax.Array, b: jax.Array) -> jax.Array:
+  signed = jnp.issubdtype(a.dtype, jnp.signedinteger)
+  max_shift = jnp.iinfo(a.dtype).bits - int(signed)
+  b = jnp.where((b < 0) | (b >= max_shift), jnp.asarray(max_shift, b.dtype), b)
+  # An unsigned shift by the full width gives 0, a signed one by width-1 the sign fill.
+  return lax.shift_right_arithmetic(a, b) if signed else lax.shift_right_logical(a, b)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+@lowering(aten.add.Tensor, aten.add.Scalar)
+@_promote("self", "other")
+def add(self, other, alpha=1):
+  return self + other * _as(alpha, other.dtype)
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+@_promote("self", "other")
+def sub(self, other, alpha=1):
+  return self - other * _as(alpha, other.dtype)
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+@_promote("self", "other")
+def rsub(self, other, alpha=1):
+  return other - self * _as(alpha, self.dtype)
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar)
+@_promote("self", "other")
+def mul(self, other):
+  return self * other
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+@_promote("self", "other", kind="int_to_float")
+def div(self, other):
+  return self / other
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(self, other, *, rounding_mode=None):
+  if rounding_mode is None:
+    return div(self, other)
+  if rounding_mode == "trunc":
+    _, result = result_dtypes(self, other)
+    a, b = _promoted(self, other)
+    if _inexact(a):
+      # torch rounds the quotient to the result dtype before truncating: in bfloat16,
+      # -100 / -0.8789 = 113.78 rounds to 114 first.
+      return jnp.trunc((a / b).astype(result))
+    return lax.div(a, b)  # C division: rounds towards zero
+  if rounding_mode == "floor":
+    return floor_divide(self, other)
+  raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
+                   f"but found {rounding_mode!r}")
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+@_promote("self", "other")
+def floor_divide(self, other):
+  return _div_floor(self, other)
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+@_promote("self", "other")
+def remainder(self, other):
+  return _remainder(self, other)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+@_promote("self", "other")
+def fmod(self, other):
+  return lax.rem(self, other)
+
+
+@lowering(aten.neg.default)
+def neg(self):
+  return -self
+
+
+@lowering(aten.abs.default)
+def abs(self):  # noqa: A001 - named after the op
+  return self if self.dtype == jnp.bool_ else jnp.abs(self)
+
+
+@lowering(aten.sign.default)
+@promote("self")
+def sign(self):
+  if self.dtype == jnp.bool_:
+    return self
+  # (0 < x) - (x < 0): nan -> 0 (jnp.sign gives nan).
+  return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)
+
+
+@lowering(aten.sgn.default)
+@promote("self")
+def sgn(self):
+  if jnp.issubdtype(self.dtype, jnp.complexfloating):
+    mag = jnp.abs(self)
+    safe = jnp.where(mag == 0, jnp.ones_like(mag), mag)
+    return jnp.where(mag == 0, jnp.zeros_like(self), self / safe.astype(self.dtype))
+  return sign(self)
+
+
+@lowering(aten.pow.Tensor_Tensor)
+@_promote("self", "exponent")
+def pow(self, exponent):  # noqa: A001 - named after the op
+  return _pow(self, exponent)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+@_promote("self", "exponent")
+def pow_tensor_scalar(self, exponent):
+  out = _pow(self, exponent)
+  if _inexact(self):
+    # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt: differs from pow at -inf.
+    out = jnp.where(exponent == 0.5, jnp.sqrt(self), out)
+    out = jnp.where(exponent == -0.5, lax.rsqrt(self), out)
+  return out
+
+
+@lowering(aten.pow.Scalar)
+@_promote("self", "exponent")
+def pow_scalar(self, exponent):
+  # torch: a base equal to 1 gives ones (pow(1, nan) = 1 too, so no special case).
+  return _pow(self, exponent)
+
+
+@lowering(aten.reciprocal.default)
+@promote("self", kind="int_to_float")
+def reciprocal(self):
+  return 1 / self
+
+
+@lowering(aten.sqrt.default)
+@promote("self", kind="int_to_float")
+def sqrt(self):
+  return jnp.sqrt(self)
+
+
+@lowering(aten.rsqrt.default)
+@promote("self", kind="int_to_float")
+def rsqrt(self):
+  return lax.rsqrt(self)
+
+
+@lowering(aten.exp.default)
+@promote("self", kind="int_to_float")
+def exp(self):
+  return jnp.exp(self)
+
+
+@lowering(aten.exp2.default)
+@promote("self", kind="int_to_float")
+def exp2(self):
+  # XLA's exp2 is exp(x * ln 2): ~20 ulp off for |x| ~ 100 in float32 (2**100 inexact).
+  # Split x = n + f and scale exp2(f) by 2**n exactly.
+  if not jnp.issubdtype(self.dtype, jnp.floating):
+    return jnp.exp2(self)  # complex
+  n = jnp.round(self)
+  n_int = jnp.clip(jnp.where(jnp.isfinite(n), n, 0), -2000, 2000).astype(jnp.int32)
+  out = jnp.ldexp(jnp.exp2(self - n), n_int)
+  return jnp.where(jnp.isfinite(self), out, jnp.exp2(self))
+
+
+@lowering(aten.expm1.default)
+@promote("self", kind="int_to_float")
+def expm1(self):
+  return jnp.expm1(self)
+
+
+@lowering(aten.log.default)
+@promote("self", kind="int_to_float")
+def log(self):
+  return jnp.log(self)
+
+
+@lowering(aten.log2.default)
+@promote("self", kind="int_to_float")
+def log2(self):
+  return jnp.log2(self)
+
+
+@lowering(aten.log10.default)
+@promote("self", kind="int_to_float")
+def log10(self):
+  return jnp.log10(self)
+
+
+@lowering(aten.log1p.default)
+@promote("self", kind="int_to_float")
+def log1p(self):
+  return jnp.log1p(self)
+
+
+@lowering(aten.sin.default)
+@promote("self", kind="int_to_float")
+def sin(self):
+  return jnp.sin(self)
+
+
+@lowering(aten.cos.default)
+@promote("self", kind="int_to_float")
+def cos(self):
+  return jnp.cos(self)
+
+
+@lowering(aten.tan.default)
+@promote("self", kind="int_to_float")
+def tan(self):
+  return jnp.tan(self)
+
+
+@lowering(aten.asin.default)
+@promote("self", kind="int_to_float")
+def asin(self):
+  return jnp.arcsin(self)
+
+
+@lowering(aten.acos.default)
+@promote("self", kind="int_to_float")
+def acos(self):
+  return jnp.arccos(self)
+
+
+@lowering(aten.atan.default)
+@promote("self", kind="int_to_float")
+def atan(self):
+  return jnp.arctan(self)
+
+
+@lowering(aten.atan2.default, aten.arctan2.default)
+@_promote("self", "other", kind="int_to_float")
+def atan2(self, other):
+  return jnp.arctan2(self, other)
+
+
+@lowering(aten.sinh.default)
+@promote("self", kind="int_to_float")
+def sinh(self):
+  return jnp.sinh(self)
+
+
+@lowering(aten.cosh.default)
+@promote("self", kind="int_to_float")
+def cosh(self):
+  return jnp.cosh(self)
+
+
+@lowering(aten.tanh.default)
+@promote("self", kind="int_to_float")
+def tanh(self):
+  return jnp.tanh(self)
+
+
+@lowering(aten.asinh.default)
+@promote("self", kind="int_to_float")
+def asinh(self):
+  return jnp.arcsinh(self)
+
+
+@lowering(aten.acosh.default)
+@promote("self", kind="int_to_float")
+def acosh(self):
+  return jnp.arccosh(self)
+
+
+@lowering(aten.atanh.default)
+@promote("self", kind="int_to_float")
+def atanh(self):
+  return jnp.arctanh(self)
+
+
+@lowering(aten.sigmoid.default)
+@promote("self", kind="int_to_float")
+def sigmoid(self):
+  return _sigmoid(self)
+
+
+@lowering(aten.logit.default)
+@promote("self", kind="int_to_float")
+def logit(self, eps=None):
+  if eps is not None:  # traced like a Scalar: a negative eps means no clamping, like None
+    lo = _as(eps, self.dtype)
+    hi = 1 - lo
+    clamped = jnp.where(self < lo, lo, jnp.where(self > hi, hi, self))
+    self = jnp.where(lo < 0, self, clamped)
+  return jnp.log(self / (1 - self))
+
+
+@lowering(aten.erf.default)
+@promote("self", kind="int_to_float")
+def erf(self):
+  return lax.erf(self)
+
+
+@lowering(aten.erfc.default)
+@promote("self", kind="int_to_float")
+def erfc(self):
+  return lax.erfc(self)
+
+
+@lowering(aten.erfinv.default)
+@promote("self", kind="int_to_float")
+def erfinv(self):
+  return lax.erf_inv(self)
+
+
+@lowering(aten.floor.default)
+@promote("self")
+def floor(self):
+  return jnp.floor(self) if _inexact(self) else self
+
+
+@lowering(aten.ceil.default)
+@promote("self")
+def ceil(self):
+  return jnp.ceil(self) if _inexact(self) else self
+
+
+@lowering(aten.trunc.default)
+@promote("self")
+def trunc(self):
+  return jnp.trunc(self) if _inexact(self) else self
+
+
+@lowering(aten.round.default)
+@promote("self")
+def round(self):  # noqa: A001 - named after the op
+  # Half to even, like std::nearbyint.
+  return jnp.round(self) if _inexact(self) else self
+
+
+@lowering(aten.round.decimals)
+@promote("self")
+def round_decimals(self, *, decimals):
+  if not _inexact(self):
+    return self
+  scale = jnp.asarray(10.0 ** (-decimals if decimals < 0 else decimals), self.dtype)
+  if decimals < 0:
+    return jnp.round(self / scale) * scale
+  return jnp.round(self * scale) / scale
+
+
+@lowering(aten.frac.default)
+@promote("self")
+def frac(self):
+  return self - jnp.trunc(self)
+
+
+# ----------------------------------------------------------------------------- clamp, min/max
+
+@lowering(aten.clamp.default, aten.clamp.Tensor)
+@_promote("self", "min", "max")
+def clamp(self, min=None, max=None):  # noqa: A002 - schema names
+  return _clamp(self, min, max)
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+@_promote("self", "min")
+def clamp_min(self, min):  # noqa: A002
+  return _clamp(self, min, None)
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+@_promote("self", "max")
+def clamp_max(self, max):  # noqa: A002
+  return _clamp(self, None, max)
+
+
+@lowering(aten.minimum.default)
+@_promote("self", "other")
+def minimum(self, other):
+  return jnp.minimum(self, other)  # nan-propagating, like torch
+
+
+@lowering(aten.maximum.default)
+@_promote("self", "other")
+def maximum(self, other):
+  return jnp.maximum(self, other)
+
+
+@lowering(aten.fmin.default)
+@_promote("self", "other")
+def fmin(self, other):
+  if not _inexact(self):
+    return jnp.minimum(self, other)
+  # std::fmin: the non-nan operand wins.
+  return jnp.where(jnp.isnan(other) | (self <= other), self, other)
+
+
+@lowering(aten.fmax.default)
+@_promote("self", "other")
+def fmax(self, other):
+  if not _inexact(self):
+    return jnp.maximum(self, other)
+  return jnp.where(jnp.isnan(other) | (self >= other), self, other)  # std::fmax
+
+
+# ----------------------------------------------------------------------------- ternary
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+@_promote("self", "end", "weight")
+def lerp(self, end, weight):
+  diff = end - self
+  return jnp.where(jnp.abs(weight) < 0.5, self + weight * diff, end - diff * (1 - weight))
+
+
+@lowering(aten.addcmul.default)
+@_promote("self", "tensor1", "tensor2")
+def addcmul(self, tensor1, tensor2, *, value=1):
+  return self + _as(value, self.dtype) * tensor1 * tensor2
+
+
+@lowering(aten.addcdiv.default)
+@_promote("self", "tensor1", "tensor2")
+def addcdiv(self, tensor1, tensor2, *, value=1):
+  return self + _as(value, self.dtype) * tensor1 / tensor2
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@_promote("self", "other")
+def where(condition, self, other):
+  return jnp.where(_truth(condition), self, other)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(self, mask, value):
+  # The value is cast to self's dtype (a float into an int tensor truncates, like torch).
+  return jnp.where(_truth(mask), _as(value, self.dtype), self)
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+@lowering(aten.eq.Tensor, aten.eq.Scalar)
+@_promote("self", "other", kind="always_bool")
+def eq(self, other):
+  return self == other
+
+
+@lowering(aten.ne.Tensor, aten.ne.Scalar)
+@_promote("self", "other", kind="always_bool")
+def ne(self, other):
+  return self != other
+
+
+@lowering(aten.lt.Tensor, aten.lt.Scalar)
+@_promote("self", "other", kind="always_bool")
+def lt(self, other):
+  return self < other
+
+
+@lowering(aten.le.Tensor, aten.le.Scalar)
+@_promote("self", "other", kind="always_bool")
+def le(self, other):
+  return self <= other
+
+
+@lowering(aten.gt.Tensor, aten.gt.Scalar)
+@_promote("self", "other", kind="always_bool")
+def gt(self, other):
+  return self > other
+
+
+@lowering(aten.ge.Tensor, aten.ge.Scalar)
+@_promote("self", "other", kind="always_bool")
+def ge(self, other):
+  return self >= other
+
+
+@lowering(aten.logical_and.default)
+def logical_and(self, other):
+  return _truth(self) & _truth(other)
+
+
+@lowering(aten.logical_or.default)
+def logical_or(self, other):
+  return _truth(self) | _truth(other)
+
+
+@lowering(aten.logical_xor.default)
+def logical_xor(self, other):
+  return _truth(self) ^ _truth(other)
+
+
+@lowering(aten.logical_not.default)
+def logical_not(self):
+  return ~_truth(self)
+
+
+@lowering(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
+@_promote("self", "other")
+def bitwise_and(self, other):
+  return self & other
+
+
+@lowering(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
+@_promote("self", "other")
+def bitwise_or(self, other):
+  return self | other
+
+
+@lowering(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
+@_promote("self", "other")
+def bitwise_xor(self, other):
+  return self ^ other
+
+
+@lowering(aten.bitwise_not.default)
+def bitwise_not(self):
+  return ~self
+
+
+@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+@_promote("self", "other")
+def bitwise_left_shift(self, other):
+  return _lshift(self, other)
+
+
+@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+@_promote("self", "other")
+def bitwise_right_shift(self, other):
+  return _rshift(self, other)
+
+
+@lowering(aten.isnan.default)
+def isnan(self):
+  return _isnan(self)
+
+
+@lowering(aten.isinf.default)
+def isinf(self):
+  return jnp.isinf(self) if _inexact(self) else jnp.zeros(self.shape, jnp.bool_)
+
+
+@lowering(aten.isfinite.default)
+def isfinite(self):
+  return jnp.isfinite(self) if _inexact(self) else jnp.ones(self.shape, jnp.bool_)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(self):
+  return self == jnp.inf if _inexact(self) else jnp.zeros(self.shape, jnp.bool_)
+
+
+@lowering(aten.isneginf.default)
+def isneginf(self):
+  return self == -jnp.inf if _inexact(self) else jnp.zeros(self.shape, jnp.bool_)
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(self, nan=None, posinf=None, neginf=None):
+  if jnp.issubdtype(self.dtype, jnp.complexfloating):
+    return lax.complex(_nan_to_num_real(jnp.real(self), nan, posinf, neginf),
+                       _nan_to_num_real(jnp.imag(self), nan, posinf, neginf))
+  if not _inexact(self):
+    return self
+  return _nan_to_num_real(self, nan, posinf, neginf)
+
+
+@lowering(aten.copysign.Tensor, aten.copysign.Scalar)
+@_promote("self", "other", kind="int_to_float")
+def copysign(self, other):
+  return jnp.copysign(self, other)
+
+
+@lowering(aten.hypot.default)
+@_promote("self", "other")
+def hypot(self, other):
+  return jnp.hypot(self, other)
+
+
+@lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)
+@_promote("self", "other", kind="int_to_float")
+def xlogy(self, other):
+  # torch: nan if y is nan, else 0 if x == 0, else x * log(y) (jax's xlogy gives 0 at (0, nan)).
+  out = jnp.where(self == 0, jnp.zeros((), self.dtype), self * jnp.log(other))
+  return jnp.where(jnp.isnan(other), other, out)
+
+
+@lowering(aten.heaviside.default)
+@_promote("self", "values")
+def heaviside(self, values):
+  # torch: x == 0 ? values : x > 0, so heaviside(nan) is 0 (jnp.heaviside gives `values`).
+  return jnp.where(self == 0, values, (self > 0).astype(self.dtype))
+
+
+# ----------------------------------------------------------------------------- activations
+
+@lowering(aten.relu.default)
+def relu(self):
+  return jnp.maximum(self, jnp.zeros((), self.dtype))  # relu(nan) = nan
+
+
+@lowering(aten.gelu.default)
+@promote("self")
+def gelu(self, *, approximate="none"):
+  if approximate == "tanh":
+    inner = (_SQRT2 * _2_SQRTPI * 0.5) * (self + 0.044715 * (self * self * self))
+    return 0.5 * self * (1 + jnp.tanh(inner))
+  return self * 0.5 * (1 + lax.erf(self * _SQRT1_2))
+
+
+@lowering(aten.silu.default)
+@promote("self")
+def silu(self):
+  return self / (1 + jnp.exp(-self))
+
+
+@lowering(aten.hardtanh.default)
+@promote("self")
+def hardtanh(self, min_val=-1, max_val=1):
+  # Bounds in self's (opmath) dtype: truncated for an integer tensor, like torch.
+  return _clamp(self, _as(min_val, self.dtype), _as(max_val, self.dtype))
+
+
+@lowering(aten.leaky_relu.default)
+@promote("self")
+def leaky_relu(self, negative_slope=0.01):
+  return jnp.where(self > 0, self, self * _as(negative_slope, self.dtype))
+
+
+@lowering(aten.elu.default)
+@promote("self")
+def elu(self, alpha=1, scale=1, input_scale=1):
+  negcoef = _as(alpha, self.dtype) * _as(scale, self.dtype)
+  neg = jnp.expm1(self * _as(input_scale, self.dtype)) * negcoef
+  return jnp.where(self <= 0, neg, self * _as(scale, self.dtype))
+
+
+@lowering(aten.softplus.default)
+@promote("self")
+def softplus(self, beta=1, threshold=20):
+  beta = _as(beta, self.dtype)
+  scaled = self * beta
+  return jnp.where(scaled > _as(threshold, self.dtype), self, jnp.log1p(jnp.exp(scaled)) / beta)
+
+
+@lowering(aten.hardsigmoid.default)
+@promote("self")
+def hardsigmoid(self):
+  return jnp.minimum(jnp.maximum(self + 3, 0), 6) / 6
+
+
+@lowering(aten.hardswish.default)
+@promote("self")
+def hardswish(self):
+  return self * jnp.minimum(jnp.maximum(self + 3, 0), 6) / 6
+
+
+@lowering(aten.mish.default)
+@promote("self")
+def mish(self):
+  return self * jnp.tanh(jnp.log1p(jnp.exp(self)))
+
+
+@lowering(aten.threshold.default)
+@promote("self")
+def threshold(self, threshold, value):
+  # threshold/value in self's (opmath) dtype: truncated for an integer tensor, like torch.
+  return jnp.where(self <= _as(threshold, self.dtype), _as(value, self.dtype), self)
+
+
+# ----------------------------------------------------------------------------- backward ops
+
+@lowering(aten.threshold_backward.default)
+@promote("grad_output", "self")
+def threshold_backward(grad_output, self, threshold):
+  return jnp.where(self <= _as(threshold, self.dtype), jnp.zeros((), grad_output.dtype),
+                   grad_output)
+
+
+@lowering(aten.gelu_backward.default)
+@promote("grad_output", "self")
+def gelu_backward(grad_output, self, *, approximate="none"):
+  if approximate == "tanh":
+    beta = _SQRT2 * _2_SQRTPI * 0.5
+    kappa = 0.044715
+    x_sq = self * self
+    tanh_inner = jnp.tanh(beta * (self + kappa * (x_sq * self)))
+    left = 0.5 * self
+    right = 1 + tanh_inner
+    right_derivative = left * (1 - tanh_inner * tanh_inner) * (beta * (1 + 3 * kappa * x_sq))
+    return grad_output * (0.5 * right + right_derivative)
+  cdf = 0.5 * (1 + lax.erf(self * _SQRT1_2))
+  pdf = (_2_SQRTPI * _SQRT1_2 * 0.5) * jnp.exp(self * self * -0.5)
+  return grad_output * (cdf + self * pdf)
+
+
+@lowering(aten.silu_backward.default)
+@promote("grad_output", "self")
+def silu_backward(grad_output, self):
+  s = _sigmoid(self)
+  return grad_output * s * (1 + self * (1 - s))
+
+
+@lowering(aten.sigmoid_backward.default)
+@promote("grad_output", "output")
+def sigmoid_backward(grad_output, output):
+  return grad_output * (1 - output) * output
+
+
+@lowering(aten.tanh_backward.default)
+@promote("grad_output", "output")
+def tanh_backward(grad_output, output):
+  return grad_output * (1 - output * output)
+
+
+@lowering(aten.hardtanh_backward.default)
+@promote("grad_output", "self")
+def hardtanh_backward(grad_output, self, min_val, max_val):
+  # Where torch's own scalar and vectorized CPU paths differ (a nan input), follow the
+  # vectorized one, which runs on all but a tensor's tail: here nan -> 0.
+  inside = (self > _as(min_val, self.dtype)) & (self < _as(max_val, self.dtype))
+  return jnp.where(inside, grad_output, jnp.zeros((), grad_output.dtype))
+
+
+@lowering(aten.leaky_relu_backward.default)
+@promote("grad_output", "self")
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+  return jnp.where(self > 0, grad_output, grad_output * _as(negative_slope, grad_output.dtype))
+
+
+@lowering(aten.elu_backward.default)
+@promote("grad_output", "self_or_result")
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+  dt = grad_output.dtype
+  negcoef = _as(alpha, dt) * _as(scale, dt)
+  negiptcoef = _as(input_scale, dt)
+  if is_result:
+    neg = grad_output * negiptcoef * (self_or_result + negcoef)
+  else:
+    neg = grad_output * negiptcoef * negcoef * jnp.exp(self_or_result * negiptcoef)
+  # nan input -> nan, like torch's vectorized path (its scalar path gives the positive side).
+  return jnp.where(self_or_result > 0, grad_output * _as(scale, dt), neg)
+
+
+@lowering(aten.softplus_backward.default)
+@promote("grad_output", "self")
+def softplus_backward(grad_output, self, beta, threshold):
+  scaled = self * _as(beta, self.dtype)
+  z = jnp.exp(scaled)
+  return jnp.where(scaled > _as(threshold, self.dtype), grad_output, grad_output * z / (z + 1))
+
+
+@lowering(aten.hardsigmoid_backward.default)
+@promote("grad_output", "self")
+def hardsigmoid_backward(grad_output, self):
+  return jnp.where((self > -3) & (self < 3), grad_output / 6, jnp.zeros((), grad_output.dtype))
+
+
+@lowering(aten.hardswish_backward.default)
+@promote("grad_output", "self")
+def hardswish_backward(grad_output, self):
+  # nan input -> nan, like torch's vectorized path (its scalar path and the decomposition
+  # give grad_output).
+  return jnp.where(self <= -3, jnp.zeros((), grad_output.dtype),
+                   jnp.where(self >= 3, grad_output, grad_output * (self / 3 + 0.5)))
+
+
+@lowering(aten.mish_backward.default)
+@promote("grad_output", "self")
+def mish_backward(grad_output, self):
+  tanh_sp = jnp.tanh(jnp.log1p(jnp.exp(self)))
+  out = self * _sigmoid(self) * (1 - tanh_sp * tanh_sp)
+  return grad_output * (tanh_sp + out)
+
+
+@lowering(aten.logit_backward.default)
+@promote("grad_output", "self")
+def logit_backward(grad_output, self, eps=None):
+  grad = grad_output / (self * (1 - self))
+  # Without eps (or a negative one): nan outside [0, 1]; with eps: 0 outside [eps, 1 - eps]
+  # and for a nan input (torch's vectorized path; its scalar path gives nan there).
+  no_eps = jnp.where((self < 0) | (self > 1), jnp.full((), jnp.nan, grad.dtype), grad)
+  if eps is None:
+    return no_eps
+  lo = _as(eps, self.dtype)  # `float? eps` is traced like a Scalar
+  with_eps = jnp.where((self >= lo) & (self <= 1 - lo), grad, jnp.zeros((), grad.dtype))
+  return jnp.where(lo < 0, no_eps, with_eps)
