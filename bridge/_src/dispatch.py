@@ -38,6 +38,11 @@ from bridge._src.tensor import Tensor, make, make_view, value
 aten = torch.ops.aten
 _tree_flatten = jax.tree_util.tree_flatten
 _config_var = config_lib._CURRENT
+_CONTAINERS = (list, tuple, dict)
+try:
+  from jax._src.array import ArrayImpl as _ArrayImpl
+except ImportError:  # pragma: no cover
+  _ArrayImpl = None
 _x64_state = _jax_config.enable_x64
 _DYN = object()
 _last_result: list[Any] = [None]
@@ -114,6 +119,9 @@ def _scalar_from_cpu(t: torch.Tensor) -> Any:
 
 def wrap(out: Any, device: torch.device) -> Any:
   """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
+  if type(out) is _ArrayImpl:
+    _last_result[0] = out
+    return tensor_lib.make_result(out, device)
   if isinstance(out, (tuple, list)):
     return (list if isinstance(out, list) else tuple)(wrap(o, device) for o in out)
   if out is None or not hasattr(out, "dtype"):
@@ -312,9 +320,10 @@ class _FunctionalPlan:
         return 0
       # Index tensors may stay on the CPU, as torch allows for CUDA tensors.
       return 2 if arg.name == "indices" else 1
+    flat = isinstance(treedef, int)  # split() kept the arguments as they are (None included)
     for i, a in enumerate(args):
       kinds.extend([kind(schema[i] if i < len(schema) else None)]
-                   * len(jax.tree_util.tree_leaves(a)))
+                   * (1 if flat else len(jax.tree_util.tree_leaves(a))))
     for name in sorted(kwargs):
       kinds.extend([kind(named.get(name))] * len(jax.tree_util.tree_leaves(kwargs[name])))
     result = tuple(kinds)
@@ -322,7 +331,11 @@ class _FunctionalPlan:
     return result
 
   def split(self, args: tuple, kwargs: dict) -> tuple[list, tuple, Any, torch.device | None]:
-    leaves, treedef = _tree_flatten((args, kwargs))
+    if not kwargs and not any(type(a) in _CONTAINERS for a in args):
+      # The common case, a flat argument tuple: no pytree flatten; the structure is its length.
+      leaves, treedef = args, len(args)
+    else:
+      leaves, treedef = _tree_flatten((args, kwargs))
     kinds = self.kinds.get(treedef)
     if kinds is None:
       kinds = self._leaf_kinds(treedef, args, kwargs)
@@ -356,8 +369,11 @@ class _FunctionalPlan:
     exe = self.exes.get(key)
     if exe is None:
       fn, lowering = _lowering_fn(self.func)
+      structure = treedef
+      if isinstance(treedef, int):  # a flat argument tuple of that length
+        structure = _tree_flatten((tuple(range(treedef)), {}))[1]
       with self.lock:
-        exe = self.exes.setdefault(key, _Executable(self.func, fn, lowering, treedef, statics))
+        exe = self.exes.setdefault(key, _Executable(self.func, fn, lowering, structure, statics))
     return exe
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
@@ -366,7 +382,9 @@ class _FunctionalPlan:
       hash(statics)
     except TypeError:
       statics = tuple(_HashableBox(s) for s in statics)
-    exe = self.executable(treedef, statics)
+    exe = self.exes.get((treedef, statics))
+    if exe is None:
+      exe = self.executable(treedef, statics)
     if device is None:
       device = _factory_device(args, kwargs)
     if _config_var.get().debug_print_each_op:
@@ -456,7 +474,7 @@ def _freeze(x: Any) -> Any:
 # --- entry ---------------------------------------------------------------------------
 
 
-_PLANS: dict[Any, Callable] = {}
+_PLANS: dict[Any, Callable] = tensor_lib._PLANS
 _plans_lock = threading.Lock()
 
 
@@ -485,7 +503,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
   return plan(args, kwargs)
 
 
-tensor_lib._dispatch = dispatch
+tensor_lib._get_plan = get_plan
 
 
 def copy_into(dst: Any, src: Any) -> Any:

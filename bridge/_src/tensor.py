@@ -77,7 +77,10 @@ class Tensor(torch.Tensor):
 
   @classmethod
   def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-    return _dispatch(func, args, kwargs or {})
+    plan = _PLANS.get(func)  # the dispatcher's per-op plans (bridge._src.dispatch)
+    if plan is None:
+      plan = _get_plan(func)
+    return plan(args, kwargs or {})
 
   # --- data access -------------------------------------------------------------
 
@@ -117,7 +120,10 @@ class Tensor(torch.Tensor):
             (data, self.dtype, "cpu", self.requires_grad))
 
 
-def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:  # replaced by bridge._src.dispatch
+_PLANS: dict[Any, Any] = {}  # shared with bridge._src.dispatch, which fills it
+
+
+def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.get_plan on import
   raise RuntimeError("bridge: the dispatcher is not loaded")
 
 
@@ -128,6 +134,16 @@ def torch_dtype_of(array: Any) -> torch.dtype:
   """The torch dtype of a JAX array or tracer (fast path for the dtypes JAX returns)."""
   dtype = _TORCH_DTYPE_BY_ID.get(id(array.dtype))
   return dtype if dtype is not None else dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+
+
+def make_result(array: Any, device: torch.device) -> Tensor:
+  """`make` for an op's result: `device` is already a cached jax device (the hot path)."""
+  dtype = _TORCH_DTYPE_BY_ID.get(id(array.dtype))
+  if dtype is None:
+    dtype = dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+  t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
+  t._storage = Storage(array, device)
+  return t
 
 
 def make(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
