@@ -63,15 +63,25 @@ class VjpCache:
         fwd = self._forwards.setdefault(mask, jax.jit(fwd_impl))
     return fwd
 
-  def backward(self, mask: tuple[bool, ...], diff: tuple, rest: tuple) -> Callable:
-    """The jitted `(residuals, cotangents) -> input cotangents` for this forward's inputs."""
+  def backward(self, mask: tuple[bool, ...], diff: tuple, rest: tuple,
+               out_shapes: tuple) -> Callable:
+    """The jitted `(residuals, cotangents) -> input cotangents` for this forward's inputs.
+
+    Cotangents may come in smaller than the outputs (the stride-0 gradient of `.sum()` is
+    passed as its one distinct value); they are broadcast to `out_shapes` inside.
+    """
     key = (mask, _concrete_signature(diff + rest))
     bwd = self._backwards.get(key)
     if bwd is None:
       res_def = self._residual_defs[key]
+
+      def bwd_impl(res: list, cts: Any) -> Any:
+        leaves, ct_def = jax.tree_util.tree_flatten(cts)
+        full = [c if np.dtype(c.dtype) == jax.dtypes.float0 else jnp.broadcast_to(c, shape)
+                for c, shape in zip(leaves, out_shapes)]
+        return res_def.unflatten(res)(ct_def.unflatten(full))
       with self._lock:
-        bwd = self._backwards.setdefault(
-            key, jax.jit(lambda res, cts: res_def.unflatten(res)(cts)))
+        bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
 
 
@@ -112,7 +122,8 @@ class _Call:
       raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
     with _x64_scope(self.x64):
       cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
-      bwd = self.entry.vjp.backward(self.mask, self.diff, self.rest)
+      bwd = self.entry.vjp.backward(self.mask, self.diff, self.rest,
+                                    tuple(shape for shape, _ in self.out_avals))
       try:
         in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
       except Exception as e:  # noqa: BLE001 - re-raised with the call named
@@ -149,6 +160,9 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
     return np.zeros(shape, jax.dtypes.float0)  # integer and bool outputs: no cotangent
   if g is None:
     return jnp.zeros(shape, dtypes.TORCH_TO_JAX[dtype])
+  strides = g.stride()
+  if 0 in strides and g.dim():  # an expanded gradient (e.g. of .sum()): pass what is distinct
+    g = g[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
   ct = transfer.tensor_to_jax_arg(g, api=_API, where=lambda: "an output gradient")
   return np.conj(ct) if g.is_complex() else ct
 
