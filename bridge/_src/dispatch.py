@@ -16,6 +16,7 @@ so int64/float64 tensors keep their dtype without touching global JAX config.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable
 
@@ -63,18 +64,8 @@ def wait_for_last_result() -> None:
 
 
 def _x64() -> Any:
-  return jax.enable_x64(True) if not dtypes.x64_enabled() else _NULL
-
-
-class _Null:
-  def __enter__(self) -> None:
-    return None
-
-  def __exit__(self, *exc: Any) -> None:
-    return None
-
-
-_NULL = _Null()
+  """JAX's 64-bit types on for a block (the bridge's own computations), if they are off."""
+  return jax.enable_x64(True) if not dtypes.x64_enabled() else contextlib.nullcontext()
 
 
 # --- schema helpers ----------------------------------------------------------------

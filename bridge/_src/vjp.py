@@ -9,6 +9,7 @@ convention: the conjugate of JAX's cotangent.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable
 
@@ -139,20 +140,9 @@ def _differentiation_error(name: str, cause: Exception) -> BridgeError:
       "it a derivative with `jax.custom_vjp`, or detach its inputs if no gradient is needed.")
 
 
-class _NullScope:
-  def __enter__(self) -> None:
-    return None
-
-  def __exit__(self, *exc: Any) -> None:
-    return None
-
-
-_NULL_SCOPE = _NullScope()
-
-
 def _x64_scope(x64: bool) -> Any:
   """Re-enter the forward's 64-bit setting, so the backward sees the same types."""
-  return _NULL_SCOPE if x64 == dtypes.x64_enabled() else jax.enable_x64(x64)
+  return contextlib.nullcontext() if x64 == dtypes.x64_enabled() else jax.enable_x64(x64)
 
 
 def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from bridge_ops import _lowering
 
 _BY_OP: dict = {}
 
@@ -25,14 +24,7 @@ _BY_OP: dict = {}
 def lowering_of(op: torch._ops.OpOverload):
   if not _BY_OP:
     from bridge_ops import plugin
-    import importlib
-    for family in plugin.FAMILIES:
-      try:
-        importlib.import_module(f"bridge_ops.{family}")
-      except ModuleNotFoundError as e:
-        if e.name != f"bridge_ops.{family}":
-          raise
-    for r in _lowering.RECORDS:
+    for r in plugin.import_families():
       ops = [r.op] if isinstance(r.op, torch._ops.OpOverload) else [
           getattr(r.op, n) for n in r.op.overloads() if not getattr(r.op, n)._schema.is_mutable]
       for o in ops:

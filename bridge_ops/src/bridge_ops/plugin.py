@@ -12,14 +12,15 @@ FAMILIES = ("elementwise", "reduction", "linalg", "shape", "indexing", "creation
             "nn", "loss", "foreach")
 
 
-def register(registry: Any) -> None:
-  """Adds bridge-ops' lowerings to the core's registry."""
+def import_families() -> list:
+  """Imports every op-family module (their `@lowering`s record themselves); returns the records."""
   from bridge_ops import _lowering
   for family in FAMILIES:
-    try:
-      importlib.import_module(f"bridge_ops.{family}")
-    except ModuleNotFoundError as e:
-      if e.name != f"bridge_ops.{family}":
-        raise
-  for record in _lowering.RECORDS:
+    importlib.import_module(f"bridge_ops.{family}")
+  return _lowering.RECORDS
+
+
+def register(registry: Any) -> None:
+  """Adds bridge-ops' lowerings to the core's registry."""
+  for record in import_families():
     registry.register(record.op, record.fn, **record.options)
