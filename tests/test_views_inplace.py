@@ -46,6 +46,8 @@ CASES = {
     "index_put_accumulate": lambda x, y: x.index_put_((torch.tensor([0, 0, 2]),), y[:3],
                                                       accumulate=True),
     "copy_into_view": lambda x, y: x[:, 0].copy_(y[0, :3]),
+    "copy_broadcasts_into_whole": lambda x, y: x.copy_(y[0]),
+    "inplace_broadcasts_other": lambda x, y: x.add_(y[1]),
     "out_argument": lambda x, y: torch.add(x, 1, out=y),
     "out_argument_resizes": lambda x, y: torch.mul(x, 2, out=torch.empty(0, device=x.device)),
     "data_shares": lambda x, y: x.data.add_(1),

@@ -71,6 +71,9 @@ class MutatingPlan:
     self.names = [a.name for a in func._schema.arguments]
     self.twin = _functional_twin(func)
     self.inplace = func._schema.name.endswith("_")
+    # an out= overload: every mutated argument is keyword-only (torch resizes those)
+    self.is_out = not self.inplace and all(
+        a.kwarg_only for a in func._schema.arguments if a.name in self.mutated)
     self.direct = None
     if self.twin is None:
       lowering = REGISTRY.lookup(func)
@@ -117,12 +120,13 @@ class MutatingPlan:
       results = outs[:len(outs) - len(targets)]
     else:
       new_values, results = outs[:len(targets)], None
+    resize = self.is_out  # torch resizes out= tensors; other results broadcast into place
     for target, new in zip(targets, new_values):
       if isinstance(target, (list, tuple)):
         for t, n in zip(target, new):
-          _store(t, n)
+          _store(t, n, resize=resize)
       elif target is not None:
-        _store(target, new)
+        _store(target, new, resize=resize)
     if results is not None:
       return tuple(results) if len(results) > 1 else results[0]
     returns = self.func._schema.returns
@@ -131,8 +135,10 @@ class MutatingPlan:
     return targets[0] if len(returns) == 1 else tuple(targets)
 
 
-def _store(target: Any, new: Any) -> None:
-  """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics)."""
+def _store(target: Any, new: Any, resize: bool = False) -> None:
+  """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics: `new`
+  broadcasts to `target`'s shape). `resize=True` is for `out=` tensors, which torch gives the
+  result's shape instead."""
   if not isinstance(target, Tensor):
     if isinstance(target, torch.Tensor):  # a CPU tensor receiving a jax result
       with torch.no_grad():
@@ -141,7 +147,7 @@ def _store(target: Any, new: Any) -> None:
     raise BridgeTypeError(f"bridge: cannot write a result into {type(target).__name__}")
   v = value(new) if isinstance(new, Tensor) else new
   if tuple(v.shape) != tuple(target.shape):
-    if target.numel() == 0 or _resizable(target):
+    if resize and target._whole:
       _resize(target, v)
       return
     with _x64():
@@ -154,10 +160,6 @@ def _store(target: Any, new: Any) -> None:
 
 
 _cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
-
-
-def _resizable(t: Tensor) -> bool:
-  return t._whole
 
 
 def _resize(target: Tensor, v: Any) -> None:
