@@ -225,8 +225,8 @@ def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
   """Copy between a `jax` tensor and another device's (torch routes some copies here)."""
   del non_blocking
-  from bridge._src import dispatch
-  return dispatch.copy_into(dst, self)
+  from bridge._src import special_ops
+  return special_ops.copy_into(dst, self)
 
 
 def _never_tag(obj: Any) -> None:

@@ -103,7 +103,7 @@ def _device_error(a: Any, b: Any) -> DeviceMismatchError:
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
-  with jax.enable_x64(True):
+  with _x64():
     return transfer.tensor_to_jax(t.detach().contiguous(), api="the jax device",
                                   where=lambda: "a CPU tensor")
 
@@ -232,15 +232,15 @@ class _decomposing_scope:  # noqa: N801
 
 
 def _raise_not_found(func: Any) -> None:
-    raise OperatorNotFound(
-        f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
-        "decomposition for it). Register one, in your code or a plugin:\n\n"
-        "    import bridge, torch, jax.numpy as jnp\n"
-        f"    @bridge.register_lowering(torch.ops.{func.namespace}.{func._schema.name.split('::')[-1]}"
-        f".{func._overloadname})\n"
-        f"    def {func._schema.name.split('::')[-1]}(*args, **kwargs): ...  # JAX code\n\n"
-        "Arguments arrive as in the aten schema with JAX arrays for tensors: "
-        f"{func._schema}")
+  name = func._schema.name.split("::")[-1]
+  raise OperatorNotFound(
+      f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
+      "decomposition for it). Register one, in your code or a plugin:\n\n"
+      "    import bridge, torch, jax.numpy as jnp\n"
+      f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
+      f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
+      "Arguments arrive as in the aten schema with JAX arrays for tensors: "
+      f"{func._schema}")
 
 
 def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
@@ -253,10 +253,10 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
 
   def run_inner(*args: Any, **kwargs: Any) -> Any:
     device = tensor_lib.jax_device(0)
+    # Traced arrays become tensors again; a weakly typed 0-d tracer is a traced Python scalar.
     targs, tkwargs = jax.tree_util.tree_map(
-        lambda x: make(x, device) if isinstance(x, jax.core.Tracer) and np.ndim(x) > 0
-        or (isinstance(x, jax.core.Tracer) and not getattr(x.aval, "weak_type", False))
-        else x, (args, kwargs))
+        lambda x: make(x, device) if isinstance(x, jax.core.Tracer)
+        and (np.ndim(x) > 0 or not x.aval.weak_type) else x, (args, kwargs))
     out = decomp(*targs, **tkwargs)
     return jax.tree_util.tree_map(lambda t: value(t) if isinstance(t, Tensor) else t, out,
                                   is_leaf=lambda t: isinstance(t, torch.Tensor))
@@ -294,7 +294,7 @@ class _FunctionalPlan:
 
   def __init__(self, func: Any):
     self.func = func
-    self.kinds: dict[Any, tuple[bool, ...]] = {}
+    self.kinds: dict[Any, tuple[int, ...]] = {}  # 0 static, 1 traced, 2 traced (CPU allowed)
     self.exes: dict[tuple, _Executable] = {}
     self.lock = threading.Lock()
     lowering = REGISTRY.lookup(func)
@@ -302,9 +302,9 @@ class _FunctionalPlan:
     # Decompositions are torch code: they need Python numbers, so scalars stay static.
     self.trace_scalars = lowering is not None
 
-  def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[bool, ...]:
+  def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
     schema = self.func._schema.arguments
-    kinds: list[bool] = []
+    kinds: list[int] = []
     named = {a.name: a for a in schema}
     def kind(arg: Any) -> int:
       if arg is None or not _is_dynamic_type(arg.type) or arg.name in self.static_names:
@@ -377,7 +377,7 @@ class _FunctionalPlan:
     if exe is None:
       exe = self.executable(treedef, statics)
     if device is None:
-      device = _factory_device(args, kwargs)
+      device = _factory_device(kwargs)
     if _config_var.get().debug_print_each_op:
       _debug_print(self.func, dyn)
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
@@ -405,9 +405,8 @@ class _HashableBox:
     return isinstance(other, _HashableBox) and other.v is self.v
 
 
-def _factory_device(args: tuple, kwargs: dict) -> torch.device:
-  device = kwargs.get("device")
-  return tensor_lib.jax_device(device_lib.device_index(device))
+def _factory_device(kwargs: dict) -> torch.device:
+  return tensor_lib.jax_device(device_lib.device_index(kwargs.get("device")))
 
 
 def _debug_print(func: Any, dyn: list) -> None:
@@ -486,18 +485,6 @@ def get_plan(func: Any) -> Callable:
   return plan
 
 
-def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-  """Run one aten op on `bridge.Tensor`s."""
-  plan = _PLANS.get(func)
-  if plan is None:
-    plan = get_plan(func)
-  return plan(args, kwargs)
-
-
+# `bridge.Tensor.__torch_dispatch__` looks plans up in `_PLANS` and builds missing ones here.
 tensor_lib._get_plan = get_plan
 
-
-def copy_into(dst: Any, src: Any) -> Any:
-  """`dst.copy_(src)` where either may be a `jax` tensor."""
-  from bridge._src import special_ops
-  return special_ops.copy_into(dst, src)

@@ -34,6 +34,8 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     if hasattr(torch, t) and hasattr(jnp, j)
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {j: t for t, j in TORCH_TO_JAX.items()}
+# The same, keyed by `id` of the dtype objects JAX arrays carry (hot paths: no dtype hashing).
+JAX_TO_TORCH_BY_ID: dict[int, torch.dtype] = {id(j): t for j, t in JAX_TO_TORCH.items()}
 
 # Dtypes that JAX silently narrows to 32 bits while `jax_enable_x64` is off.
 TORCH_X64 = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})

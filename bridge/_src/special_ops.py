@@ -20,7 +20,7 @@ from bridge._src.mutation import _cast, _store
 from bridge._src.tensor import Tensor, make, value
 
 def _to_copy(args: tuple, kwargs: dict) -> Any:
-  (src,) = args[:1]
+  src = args[0]
   dtype = kwargs.get("dtype") or src.dtype
   device = kwargs.get("device")
   v = value(src)
@@ -32,13 +32,12 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
                    else src.device)
   with _x64():
     want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
-    out = _cast(v, want) if np.dtype(v.dtype) != want else _copy_array(v)
+    # Same dtype: the copy shares the immutable array in a storage box of its own, so an
+    # in-place op on either tensor (which replaces its box's array) leaves the other alone.
+    out = _cast(v, want) if np.dtype(v.dtype) != want else v
     if target_device != src.device:
       out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
   return make(out, target_device, dtype)
-
-
-_copy_array = jax.jit(lambda v: v + jnp.zeros((), v.dtype) if v.dtype != jnp.bool_ else v | False)
 
 
 def copy_into(dst: Any, src: Any) -> Any:

@@ -127,37 +127,31 @@ def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.get_plan on
   raise RuntimeError("bridge: the dispatcher is not loaded")
 
 
-_TORCH_DTYPE_BY_ID = {id(k): v for k, v in dtypes.JAX_TO_TORCH.items()}
-
-
 def torch_dtype_of(array: Any) -> torch.dtype:
   """The torch dtype of a JAX array or tracer (fast path for the dtypes JAX returns)."""
-  dtype = _TORCH_DTYPE_BY_ID.get(id(array.dtype))
+  dtype = dtypes.JAX_TO_TORCH_BY_ID.get(id(array.dtype))
   return dtype if dtype is not None else dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
 
 
-def make_result(array: Any, device: torch.device) -> Tensor:
-  """`make` for an op's result: `device` is already a cached jax device (the hot path)."""
-  dtype = _TORCH_DTYPE_BY_ID.get(id(array.dtype))
-  if dtype is None:
-    dtype = dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
-  t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
-  t._storage = Storage(array, device)
-  return t
-
-
-def make(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+def make_result(array: Any, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
   """A new tensor that is the whole of a new storage holding `array`.
 
-  `device` must be a `jax_device(i)` object (they are cached, so `_dev` compares by identity).
+  `device` must be a cached `jax_device(i)` (devices of storages compare by identity); the
+  hot path of every op's result.
   """
-  if dtype is None:
-    dtype = torch_dtype_of(array)
-  if type(device) is not torch.device or device.type != "jax":  # e.g. a string
-    device = jax_device(torch.device(device).index or 0)
-  t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
+  t = torch.Tensor._make_wrapper_subclass(
+      Tensor, array.shape, dtype=dtype or torch_dtype_of(array), device=device)
   t._storage = Storage(array, device)  # `_whole` and `_cache` keep their class defaults
   return t
+
+
+def make(array: Any, device: Any, dtype: torch.dtype | None = None) -> Tensor:
+  """`make_result` for any spelling of a jax device (`"jax:1"`, `torch.device("jax", 1)`)."""
+  if type(device) is not torch.device or device.type != "jax" or device.index is None:
+    device = jax_device(torch.device(device).index or 0)
+  else:
+    device = jax_device(device.index)
+  return make_result(array, device, dtype)
 
 
 def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
@@ -200,13 +194,6 @@ def write(t: Tensor, new: Any) -> None:
     storage.array = _scatter(storage.array, new, size, stride, t.storage_offset())
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)
-
-
-def replace_storage(t: Tensor, array: Any) -> None:
-  """Point `t` at a fresh storage (for `resize_`/`set_`-like ops that change its shape)."""
-  t._storage = Storage(array, t._storage.device)
-  t._whole = True
-  t._cache = None
 
 
 def _flat_index(size: tuple, stride: tuple, offset: int) -> np.ndarray:

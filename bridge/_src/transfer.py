@@ -253,7 +253,6 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
 # Shardings known to be one CPU device, by id (the value keeps the object alive, so
 # an id is not reused while it is in here). The outputs of jitted calls share a few.
 _CPU_SHARDINGS: dict[int, Any] = {}
-_TORCH_DTYPE_BY_ID = {id(k): v for k, v in dtypes.JAX_TO_TORCH.items()}
 
 
 def _is_one_cpu_device(sharding: Any) -> bool:
@@ -270,7 +269,7 @@ def _is_one_cpu_device(sharding: Any) -> bool:
 def fast_array_out(a: Any) -> torch.Tensor | None:
   """A concrete single-CPU-device array as a zero-copy tensor, or None if that does not apply."""
   if (type(a) is _ArrayImpl and _buffer_to_dlpack is not None
-      and id(a.dtype) in _TORCH_DTYPE_BY_ID and _is_one_cpu_device(a.sharding)
+      and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and _is_one_cpu_device(a.sharding)
       and not a.is_deleted()):
     return torch._C._from_dlpack(_buffer_to_dlpack(a))
   return None

@@ -32,6 +32,19 @@ def lowering_of(op: torch._ops.OpOverload):
   return _BY_OP.get(op)
 
 
+def random_tensors(gen: torch.Generator):
+  """`r(*shape, dtype=...)`: random test tensors from `gen` (normal floats, ints scaled by 10,
+  bools by sign)."""
+  def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    x = torch.randn(*shape, generator=gen)
+    if dtype.is_floating_point or dtype.is_complex:
+      return x.to(dtype)
+    if dtype == torch.bool:
+      return x > 0
+    return (x * 10).to(dtype)
+  return r
+
+
 def _to_jax(x: Any) -> Any:
   if isinstance(x, torch.Tensor):
     return jnp.asarray(x.detach().numpy()) if x.dtype is not torch.bfloat16 else \

@@ -5,19 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.ops.harness import check
+from tests.ops.harness import check, random_tensors
 
 aten = torch.ops.aten
 _gen = torch.Generator().manual_seed(0)
-
-
-def r(*shape, dtype=torch.float32):
-  x = torch.randn(*shape, generator=_gen)
-  if dtype.is_floating_point or dtype.is_complex:
-    return x.to(dtype)
-  if dtype == torch.bool:
-    return x > 0
-  return (x * 10).to(dtype)
+r = random_tensors(_gen)
 
 
 def i(*values):
