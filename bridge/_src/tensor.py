@@ -127,6 +127,9 @@ def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.get_plan on
   raise RuntimeError("bridge: the dispatcher is not loaded")
 
 
+_BY_ID = dtypes.JAX_TO_TORCH_BY_ID
+
+
 def torch_dtype_of(array: Any) -> torch.dtype:
   """The torch dtype of a JAX array or tracer (fast path for the dtypes JAX returns)."""
   dtype = dtypes.JAX_TO_TORCH_BY_ID.get(id(array.dtype))
@@ -139,8 +142,9 @@ def make_result(array: Any, device: torch.device, dtype: torch.dtype | None = No
   `device` must be a cached `jax_device(i)` (devices of storages compare by identity); the
   hot path of every op's result.
   """
-  t = torch.Tensor._make_wrapper_subclass(
-      Tensor, array.shape, dtype=dtype or torch_dtype_of(array), device=device)
+  if dtype is None:  # torch_dtype_of, inlined: this runs for every op's result
+    dtype = _BY_ID.get(id(array.dtype)) or dtypes.JAX_TO_TORCH[np.dtype(array.dtype)]
+  t = torch.Tensor._make_wrapper_subclass(Tensor, array.shape, dtype=dtype, device=device)
   t._storage = Storage(array, device)  # `_whole` and `_cache` keep their class defaults
   return t
 
