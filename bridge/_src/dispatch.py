@@ -322,11 +322,14 @@ class _FunctionalPlan:
     return result
 
   def split(self, args: tuple, kwargs: dict) -> tuple[list, tuple, Any, torch.device | None]:
-    if not kwargs and not any(type(a) in _CONTAINERS for a in args):
-      # The common case, a flat argument tuple: no pytree flatten; the structure is its length.
-      leaves, treedef = args, len(args)
-    else:
+    leaves, treedef = args, len(args)  # the common case, a flat tuple: its length is its structure
+    if kwargs:
       leaves, treedef = _tree_flatten((args, kwargs))
+    else:
+      for a in args:  # a plain loop: a generator expression costs more on this hot path
+        if type(a) in _CONTAINERS:
+          leaves, treedef = _tree_flatten((args, kwargs))
+          break
     kinds = self.kinds.get(treedef)
     if kinds is None:
       kinds = self._leaf_kinds(treedef, args, kwargs)
@@ -370,10 +373,10 @@ class _FunctionalPlan:
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     dyn, statics, treedef, device = self.split(args, kwargs)
     try:
-      hash(statics)
-    except TypeError:
+      exe = self.exes.get((treedef, statics))
+    except TypeError:  # an unhashable static argument (e.g. a Generator): compared by identity
       statics = tuple(_HashableBox(s) for s in statics)
-    exe = self.exes.get((treedef, statics))
+      exe = self.exes.get((treedef, statics))
     if exe is None:
       exe = self.executable(treedef, statics)
     if device is None:
