@@ -13,9 +13,14 @@ from bridge._src.errors import BridgeError as BridgeError
 from bridge._src.errors import BridgeTypeError as BridgeTypeError
 from bridge._src.errors import PluginError as PluginError
 from bridge._src.errors import TransferError as TransferError
+from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.interop import call_jax as call_jax
+from bridge._src.modules import extract_jax as extract_jax
 from bridge._src.registry import RegistrationError as RegistrationError
 from bridge._src.registry import register_lowering as register_lowering
+from bridge._src.rng import rng_key as rng_key
+from bridge._src.scope import LeakedTracerError as LeakedTracerError
+from bridge._src.scope import TracedValueError as TracedValueError
 from bridge._src.tensor import Tensor as Tensor
 from bridge._src.transfer import to_jax as to_jax
 from bridge._src.transfer import to_torch as to_torch
@@ -30,17 +35,22 @@ __all__ = [
     "BridgeError",
     "BridgeTypeError",
     "DeviceMismatchError",
+    "LeakedTracerError",
     "OperatorNotFound",
     "PluginError",
     "RegistrationError",
     "Tensor",
+    "TracedValueError",
     "TransferError",
     "__version__",
     "call_jax",
+    "call_torch",
     "config",
+    "extract_jax",
     "get_config",
     "jax_view",
     "register_lowering",
+    "rng_key",
     "to_jax",
     "to_torch",
     "torch_view",

@@ -31,6 +31,7 @@ from bridge._src import config as config_lib
 from bridge._src import device as device_lib
 from bridge._src import dtypes
 from bridge._src import rng
+from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src.errors import BridgeError
 from bridge._src.registry import REGISTRY
@@ -117,7 +118,8 @@ def wrap(out: Any, device: torch.device) -> Any:
     return (list if isinstance(out, list) else tuple)(wrap(o, device) for o in out)
   if out is None or not hasattr(out, "dtype"):
     return out
-  _last_result[0] = out
+  if not isinstance(out, jax.core.Tracer):  # a tracer must not outlive its trace here
+    _last_result[0] = out
   return make(out, device)
 
 
@@ -264,11 +266,20 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
 
 
 class _Executable:
-  """One op with one argument structure and static values, jitted."""
+  """One op with one argument structure and static values, jitted.
+
+  A lowering marked `random` gets a fresh key as keyword `key`. A decomposition is
+  torch code that may draw random numbers itself, so it takes a key too and makes it
+  current while it runs; once its first trace shows it draws none, it is given a
+  fixed placeholder key instead of a fresh one (no split per call).
+  """
 
   def __init__(self, func: Any, fn: Callable, lowering: Any, treedef: Any, statics: tuple):
     self.func, self.fn, self.treedef, self.statics = func, fn, treedef, statics
+    self.decomposed = lowering is None
     self.random = lowering is not None and lowering.random
+    self.keyed = self.random or self.decomposed  # the last dynamic argument is a key
+    self.draws: bool | None = None if self.decomposed else self.random
     dynamic_shape = lowering.dynamic_shape if lowering is not None else False
     jitted = jax.jit(self.run)
     if dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
@@ -279,14 +290,30 @@ class _Executable:
       self.call = self.run if dynamic_shape else jitted
 
   def run(self, *dyn: Any) -> Any:
-    if self.random:
-      dyn, key = dyn[:-1], dyn[-1]
+    if self.keyed:
+      return self._apply(dyn[:-1], dyn[-1])
+    return self._apply(dyn, None)
+
+  def inline(self, *dyn: Any) -> Any:
+    """Run a decomposition straight into the surrounding staged program (no key: its random
+    ops draw from the program's own key, or fail for want of one)."""
+    return self._apply(dyn, None)
+
+  def _apply(self, dyn: tuple, key: Any) -> Any:
     it = iter(dyn)
     args, kwargs = self.treedef.unflatten([next(it) if s is _DYN else s for s in self.statics])
     if self.random:
-      kwargs = dict(kwargs, key=key)
-    out = self.fn(*args, **kwargs)
+      out = self.fn(*args, **dict(kwargs, key=key))
+    elif key is not None:
+      with rng.rng_key(key) as box:
+        out = self.fn(*args, **kwargs)
+      self.draws = box.used
+    else:
+      out = self.fn(*args, **kwargs)
     return _conform(self.func, out, _meta_outputs(self.func, args, kwargs))
+
+
+_NO_KEY = np.zeros(2, np.uint32)  # the placeholder key of a decomposition that draws none
 
 
 class _FunctionalPlan:
@@ -346,7 +373,9 @@ class _FunctionalPlan:
         dyn.append(storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
-        if leaf.device.type == "cpu" and (dynamic == 2 or (dynamic and leaf.dim() == 0)):
+        if leaf.device.type == "cpu" and (dynamic == 2 or (dynamic and leaf.dim() == 0)
+                                          or scope.active()):
+          # (in a trace scope, CPU tensors are constants of the program being built)
           dyn.append(_scalar_from_cpu(leaf))
           statics.append(_DYN)
         else:
@@ -387,9 +416,15 @@ class _FunctionalPlan:
     # building a context manager per op).
     prev = _x64_state.swap_local(True)
     try:
-      if exe.random:
-        dyn.append(rng.next_key())
-      out = exe.call(*dyn)
+      if not exe.keyed:
+        out = exe.call(*dyn)
+      elif exe.decomposed and rng.is_staged():
+        out = exe.inline(*dyn)
+      else:
+        dyn.append(rng.next_key(self.func) if exe.draws is not False else _NO_KEY)
+        out = exe.call(*dyn)
+    except jax.errors.UnexpectedTracerError as e:
+      raise scope.leaked_tracer_error(e) from e
     finally:
       _x64_state.set_local(prev)
     return wrap(out, device)

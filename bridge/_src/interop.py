@@ -298,6 +298,9 @@ def torch_view(fn: F) -> F:
         "arrays to torch use `bridge.to_torch(tree)`.")
   if getattr(fn, "__bridge_jax_fn__", None) is not None:
     return fn  # already a torch view
+  inner = getattr(fn, "__bridge_torch_fn__", None)
+  if inner is not None:  # a JAX view of a torch function: views of views cancel
+    return inner
 
   @functools.wraps(fn)
   def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -3,16 +3,27 @@
 Each random op takes a fresh subkey split from the current key, so successive
 calls differ and no op ever uses a constant key. Before any seeding, the key is
 derived from torch's own (random unless seeded) initial seed.
+
+Inside a staged JAX program (`jax.jit`, `lax.scan`, `bridge.compile`) a concrete
+key would be baked into the program as a constant, so every run would draw the
+same numbers. There the key is state threaded through the program instead: a
+`KeyBox` made current by `bridge.rng_key(key)` (or by `bridge.compile`, which
+feeds the generator's key in and its successor out). A random op in a staged
+program with no key raises and says so.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any
 
 import jax
 import numpy as np
 import torch
+from jax._src import core as _core
+
+from bridge._src.errors import BridgeError
 
 _lock = threading.Lock()
 _key: Any = None
@@ -44,14 +55,112 @@ def _split(key: Any) -> tuple[Any, Any]:
   return new, sub
 
 
-def next_key() -> Any:
-  """A fresh PRNG key for one random op; advances the generator."""
+class KeyBox:
+  """A (possibly traced) key that random ops split from while it is current."""
+
+  __slots__ = ("key", "used")
+
+  def __init__(self, key: Any):
+    self.key = key
+    self.used = False
+
+  def split(self) -> Any:
+    self.key, sub = jax.random.split(self.key)
+    self.used = True
+    return sub
+
+
+_BOX: contextvars.ContextVar[KeyBox | None] = contextvars.ContextVar("bridge_rng_box",
+                                                                    default=None)
+
+
+class rng_key:  # noqa: N801 - used like a function: `with bridge.rng_key(key):`
+  """Context manager: random torch ops in the block draw from the JAX key `key`.
+
+  Inside `jax.jit` (and `lax.scan`, `jax.checkpoint`...) torch's random ops
+  (`dropout`, `torch.randn`, `bernoulli`...) run by `bridge.call_torch` or an
+  `extract_jax` function need a key that is an input of the program; otherwise
+  each run would repeat the same numbers. The block splits `key` as it goes, so
+  successive ops get different subkeys. Outside a staged program the `jax`
+  device's generator (seeded by `torch.manual_seed`) is used when no key is given.
+
+  Args:
+    key: a JAX PRNG key (`jax.random.key(0)` or `jax.random.PRNGKey(0)`), typically
+      an argument of the jitted function.
+
+  Example:
+    >>> import jax, torch, bridge
+    >>> @jax.jit
+    ... def noisy(x, key):
+    ...   with bridge.rng_key(key):
+    ...     return bridge.call_torch(torch.nn.functional.dropout, x, 0.5)
+    >>> noisy(jax.numpy.ones(4), jax.random.key(0)).shape
+    (4,)
+  """
+
+  def __init__(self, key: Any):
+    self.box = KeyBox(key)
+    self._token: Any = None
+
+  def __enter__(self) -> KeyBox:
+    self._token = _BOX.set(self.box)
+    return self.box
+
+  def __exit__(self, *exc: Any) -> None:
+    _BOX.reset(self._token)
+
+
+def is_staged() -> bool:
+  """Whether JAX is staging a program here (`jax.jit`, `scan`...), so values become tracers
+  whose concrete values are unknown."""
+  trace = _core.unsafe_get_current_trace()
+  while trace is not None:
+    if isinstance(trace, _core.EvalTrace):
+      return False
+    if type(trace).__name__ == "DynamicJaxprTrace":
+      return True
+    trace = getattr(trace, "parent_trace", None)
+  return False
+
+
+def next_key(op: Any = None) -> Any:
+  """A fresh PRNG key for one random op; advances the generator (or the current `rng_key`)."""
+  box = _BOX.get()
+  if box is not None:
+    return box.split()
+  if is_staged():
+    raise BridgeError(
+        f"bridge: the random op {op or 'here'} runs inside a staged JAX program (`jax.jit`, "
+        "`lax.scan`, ...), where the `jax` device's generator would be baked in as a constant "
+        "key and repeat the same numbers on every run. Pass a key into the program and make "
+        "it current with `with bridge.rng_key(key): ...` around the call, or use "
+        "`bridge.compile`, which threads the generator through for you.")
+  return _next_global_key()
+
+
+def _next_global_key() -> Any:
   global _key
   with _lock:
     if _key is None:
       _key = _make_key(torch.initial_seed())
     _key, sub = _split(_key)
     return sub
+
+
+def current_key() -> Any:
+  """The generator's key (not advanced): what `bridge.compile` feeds into a program."""
+  global _key
+  with _lock:
+    if _key is None:
+      _key = _make_key(torch.initial_seed())
+    return _key
+
+
+def set_key(key: Any) -> None:
+  """Make `key` (a program's successor key) the generator's key."""
+  global _key
+  with _lock:
+    _key = key
 
 
 def get_state() -> bytes:

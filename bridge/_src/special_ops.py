@@ -10,14 +10,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src import core as _jax_core
 
 from bridge._src import device as device_lib
 from bridge._src import dtypes
+from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import _x64, aten, get_plan
-from bridge._src.errors import BridgeError
 from bridge._src.mutation import _cast, _store
 from bridge._src.tensor import Tensor, make, value
+
+def concrete(v: Any, what: str) -> Any:
+  """`v` itself, or a traced `v`'s concrete value (known under an eager `jax.grad`); raises
+  `TracedValueError` (naming the torch line) when JAX is staging a program."""
+  if isinstance(v, jax.core.Tracer):
+    c = _jax_core.to_concrete_value(v)
+    if c is None:
+      raise scope.traced_value_error(what)
+    return c
+  return v
+
 
 def _to_copy(args: tuple, kwargs: dict) -> Any:
   src = args[0]
@@ -25,6 +37,7 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
   device = kwargs.get("device")
   v = value(src)
   if device is not None and torch.device(device).type != device_lib.NAME:
+    v = concrete(v, f"a copy to {device}: `.cpu()`, `.tolist()`, `.numpy()`, `.to('{device}')`")
     from bridge._src import transfer
     out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
     return out.to(dtype=dtype, device=device)
@@ -66,11 +79,7 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
 
 
 def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  if isinstance(v, jax.core.Tracer):
-    raise BridgeError(
-        "bridge: `.item()` (and Python control flow on a tensor's value) is not possible "
-        "while the torch code is being traced by JAX; keep the value a tensor.")
+  v = concrete(value(args[0]), "`.item()`, `bool(t)`, `if t:`, `int(t)` or `float(t)`")
   return np.asarray(v).item()
 
 

@@ -79,6 +79,8 @@ def unflatten(spec: Spec, leaves: list[Any]) -> Any:
     obj = copy.copy(node.template)
     for name, value in zip(node.names, values):
       object.__setattr__(obj, name, value)  # works for frozen dataclasses too
+      if isinstance(obj, dict) and name in obj:  # a mapping dataclass (HF `ModelOutput`)
+        dict.__setitem__(obj, name, value)
     top.append(obj)
   return spec.treedef.unflatten(top)
 

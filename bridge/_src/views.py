@@ -3,7 +3,8 @@
 `torch_view(jax_array)` is a `bridge.Tensor` on the `jax` device whose storage is
 the array itself; `jax_view(tensor)` is the JAX array inside a `bridge.Tensor`.
 Views of views cancel: `jax_view(torch_view(a)) is a`. Both walk pytrees.
-`torch_view(jax_fn)` is a torch-callable (see `call_jax`).
+`torch_view(jax_fn)` is a torch-callable (see `call_jax`), `jax_view(torch_fn)` a
+JAX-callable (see `call_torch`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Any
 import jax
 import torch
 
-from bridge._src import device as device_lib
-from bridge._src import dtypes
+from bridge._src import call_torch as call_torch_lib
 from bridge._src import interop
 from bridge._src import tensor as tensor_lib
 from bridge._src import tree as tree_lib
@@ -22,15 +22,7 @@ from bridge._src.errors import BridgeTypeError
 
 
 def _array_to_tensor(a: jax.Array, where: Any) -> tensor_lib.Tensor:
-  dtype = dtypes.torch_dtype(a.dtype, api="bridge.torch_view", where=where())
-  index = 0
-  if not isinstance(a, jax.core.Tracer):
-    devices = a.sharding.device_set
-    if len(devices) == 1:
-      (dev,) = devices
-      jax_devices = device_lib.jax_devices()
-      index = jax_devices.index(dev) if dev in jax_devices else 0
-  return tensor_lib.make(a, tensor_lib.jax_device(index), dtype)
+  return call_torch_lib.array_to_tensor(a, where)
 
 
 def torch_view(x: Any) -> Any:
@@ -61,8 +53,10 @@ def jax_view(x: Any) -> Any:
   """JAX's view of `jax`-device tensors: the JAX arrays inside them, without copying.
 
   Args:
-    x: a pytree; `bridge.Tensor` leaves become their JAX arrays. A torch tensor
-      on another device is refused (use `bridge.to_jax`, which transfers).
+    x: a torch callable (function, `nn.Module`, bound method: returns a JAX-callable
+      wrapper, as `call_torch`), or a pytree whose `bridge.Tensor` leaves become their
+      JAX arrays. A torch tensor on another device is refused (use `bridge.to_jax`,
+      which transfers).
 
   Example:
     >>> import torch, bridge
@@ -71,9 +65,7 @@ def jax_view(x: Any) -> Any:
     ('ArrayImpl', dtype('float32'))
   """
   if callable(x) and not isinstance(x, torch.Tensor):
-    raise BridgeTypeError(
-        "`bridge.jax_view`: viewing a torch function as a JAX function arrives with "
-        "`bridge.call_torch`; for tensors pass a tensor or a pytree of them.")
+    return call_torch_lib.jax_view(x)
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, tensor_lib.Tensor):

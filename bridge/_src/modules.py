@@ -1,0 +1,251 @@
+"""Modules as pure JAX functions: `extract_jax`, and the module state `call_torch` threads.
+
+A module's forward runs with its parameters and buffers swapped for
+`bridge.Tensor`s holding JAX arrays (torch's own reparametrization, with tied
+weights kept tied), so they can be inputs of a JAX program and be differentiated.
+Buffers the forward updates in place (BatchNorm running statistics, counters) are
+seen after the call: written back to the module when the values are concrete,
+returned as new state by `extract_jax(..., return_state=True)`, and otherwise
+reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+import torch
+from torch.nn.utils.stateless import _reparametrize_module
+
+from bridge._src import call_torch as call_torch_lib
+from bridge._src import dtypes
+from bridge._src import scope
+from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
+from bridge._src.errors import BridgeError, BridgeTypeError
+
+API = "bridge.extract_jax"
+
+
+def module_state(module: torch.nn.Module, *, persistent_only: bool = False
+                 ) -> dict[str, torch.Tensor]:
+  """Parameters and buffers by state-dict name; a tied tensor once, under its first name.
+
+  With `persistent_only`, exactly the names of `module.state_dict()` (less tied
+  duplicates); otherwise non-persistent buffers too.
+  """
+  state: dict[str, torch.Tensor] = {}
+  seen: set[int] = set()
+  for name, t in module.state_dict(keep_vars=True).items():
+    if isinstance(t, torch.Tensor) and id(t) not in seen:
+      seen.add(id(t))
+      state[name] = t
+  if not persistent_only:
+    for name, t in module.named_buffers(remove_duplicate=True):
+      if id(t) not in seen:
+        seen.add(id(t))
+        state[name] = t
+  return state
+
+
+def state_to_jax(state: Mapping[str, torch.Tensor], *, copy: bool | None, api: str
+                 ) -> dict[str, Any]:
+  """The JAX arrays of module state (exact dtypes: 64-bit stays 64-bit)."""
+  out: dict[str, Any] = {}
+  with jax.enable_x64(True):
+    for name, t in state.items():
+      if isinstance(t, tensor_lib.Tensor):
+        out[name] = tensor_lib.value(t)  # immutable: no copy needed
+      else:
+        out[name] = transfer.tensor_to_jax(t.detach(), copy=copy, api=api,
+                                           where=functools.partial(_state_where, name))
+  return out
+
+
+def _state_where(name: str) -> str:
+  return f"module state {name!r}"
+
+
+def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str, Any],
+          args: tuple, kwargs: dict, api: str) -> tuple[Any, dict[str, Any]]:
+  """Run `call(*args, **kwargs)` with `module`'s state replaced by `params` (JAX arrays).
+
+  Names missing from `params` keep the module's own tensors (constants of the program).
+  Returns the output (torch values) and the new values of state entries the call changed.
+  """
+  if not isinstance(params, Mapping):
+    raise BridgeTypeError(
+        f"`{api}`: the parameters must be a mapping from state-dict names to arrays (as "
+        f"`extract_jax` returns them), got a {type(params).__name__}.")
+  known = _known_names(module)
+  unknown = [k for k in params if k not in known]
+  if unknown:
+    raise BridgeError(
+        f"`{api}`: {type(module).__name__} has no parameter or buffer named "
+        f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''}. Use the "
+        "names of `module.state_dict()` (the keys `extract_jax` returns).")
+  tensors = {name: a if isinstance(a, tensor_lib.Tensor)
+             else call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
+             for name, a in params.items()}
+  made = dict(tensors)
+  arrays = {name: t._storage.array for name, t in tensors.items()}
+  with _reparametrize_module(module, tensors, tie_weights=True):
+    out = call_torch_lib.run_traced(call, args, kwargs, api)
+  mutated = {}
+  for name, t in tensors.items():  # reparametrization writes reassigned entries back here
+    if t is not made[name] or t._storage.array is not arrays[name]:
+      mutated[name] = (tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor)
+                       else call_torch_lib.outputs_to_jax(t, api))
+  return out, mutated
+
+
+def _known_names(module: torch.nn.Module) -> set[str]:
+  names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+  names.update(n for n, _ in module.named_buffers(remove_duplicate=False))
+  return names
+
+
+def check_no_leak(module: torch.nn.Module, api: str) -> None:
+  """Refuse a module that kept a traced tensor as a plain attribute during the call."""
+  for prefix, m in module.named_modules():
+    for attr, v in vars(m).items():
+      items = v.items() if isinstance(v, dict) and not attr.startswith("_") else [(None, v)]
+      for key, t in items:
+        if isinstance(t, tensor_lib.Tensor) and isinstance(t._storage.array, jax.core.Tracer):
+          where = f"{prefix + '.' if prefix else ''}{attr}{'' if key is None else f'[{key!r}]'}"
+          raise scope.LeakedTracerError(
+              f"`{api}`: during the call, {type(module).__name__} stored a traced tensor in "
+              f"`{where}` (shape {tuple(t.shape)}, dtype {t.dtype}). Its value only exists "
+              "inside the JAX program being built, so it cannot be kept on the module. Return "
+              "it from `forward`, or register it as a buffer (`self.register_buffer(...)`) "
+              "and update it in place: buffers are threaded through (`extract_jax(..., "
+              "return_state=True)`, `bridge.compile`).")
+
+
+_warned: set[tuple[type, str]] = set()
+
+
+def warn_dropped_updates(module: torch.nn.Module, names: list[str], api: str, fix: str) -> None:
+  """Say (once per module class and API) that buffer updates made under a trace are dropped."""
+  key = (type(module), api)
+  if key in _warned:
+    return
+  _warned.add(key)
+  warnings.warn(
+      f"`{api}`: {type(module).__name__}'s forward updated {', '.join(map(repr, names[:4]))}"
+      f"{' ...' if len(names) > 4 else ''} in place while JAX was tracing it; the new values "
+      f"are not written back to the module. {fix}", stacklevel=4)
+
+
+def write_back(module: torch.nn.Module, mutated: Mapping[str, Any]) -> None:
+  """Store concrete new state values into the module's own tensors."""
+  from bridge._src import special_ops
+  for name, new in mutated.items():
+    target = module.get_parameter(name) if _is_param(module, name) else module.get_buffer(name)
+    src = call_torch_lib.array_to_tensor(new, functools.partial(_state_where, name))
+    with torch.no_grad():
+      special_ops.copy_into(target, src)
+
+
+def _is_param(module: torch.nn.Module, name: str) -> bool:
+  owner, _, leaf = name.rpartition(".")
+  return leaf in module.get_submodule(owner)._parameters
+
+
+def call_module(module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                api: str) -> Any:
+  """`call_torch` of a module or one of its bound methods."""
+  params = state_to_jax(module_state(module), copy=None, api=api)
+  targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), api)
+  out, mutated = apply(module, fn, params, targs, tkwargs, api)
+  if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
+    check_no_leak(module, api)
+    warn_dropped_updates(module, list(mutated), api,
+                         "To keep them, train through `bridge.extract_jax(module, "
+                         "return_state=True)` or use `bridge.compile`.")
+  else:
+    check_no_leak(module, api)
+    write_back(module, mutated)
+  return call_torch_lib.outputs_to_jax(out, api)
+
+
+def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
+  return [k for k, a in params.items() if np.dtype(a.dtype).itemsize == 8
+          and np.dtype(a.dtype).kind in "iuf" or np.dtype(a.dtype) == np.complex128]
+
+
+def extract_jax(module: torch.nn.Module, *, return_state: bool = False
+                ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
+  """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
+
+  `params` maps state-dict names to JAX arrays (copies of the parameters and
+  persistent buffers; a tied weight appears once, under its first name).
+  `fn(params, *args, **kwargs)` runs the module's forward on JAX arrays, as
+  `call_torch` does, with the module's state taken from `params`: it is pure, so
+  `jax.jit`, `jax.grad` (with respect to `params`), `jax.vmap` and optax work on
+  it. `params` may hold a subset of the names (say, only the floating-point
+  parameters, to differentiate); the rest are the module's own values, as
+  constants. Bring trained values back with
+  `module.load_state_dict(bridge.torch_view(params))` (add `strict=False` when the
+  module ties weights).
+
+  The forward runs in whatever mode the module is in (`module.train()` /
+  `.eval()` at the time of the call). Buffers it updates in place (BatchNorm
+  running statistics) come back with `return_state=True`: `fn` then returns
+  `(output, new_params)`. Without it, such updates are dropped with a warning.
+  Random ops inside `jax.jit` need a key: `with bridge.rng_key(key): fn(...)`.
+
+  64-bit state (float64 parameters, int64 counters) is extracted exactly; note that
+  with JAX's 64-bit types disabled, `jax.jit` itself narrows 64-bit inputs to 32 bits
+  (a warning says so here); enable them with `jax.config.update('jax_enable_x64', True)`.
+
+  Args:
+    module: any `torch.nn.Module`, on the CPU or the `jax` device.
+    return_state: make `fn` return `(output, new_params)`.
+
+  Returns:
+    `(params, fn)`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, torch, bridge
+    >>> params, fn = bridge.extract_jax(torch.nn.Linear(3, 1))
+    >>> sorted(params)
+    ['bias', 'weight']
+    >>> grads = jax.grad(lambda p, x: fn(p, x).sum())(params, jnp.ones((2, 3)))
+    >>> grads["weight"].shape
+    (1, 3)
+  """
+  if not isinstance(module, torch.nn.Module):
+    raise BridgeTypeError(
+        f"`{API}`: expected a `torch.nn.Module`, got a {type(module).__name__}. For a "
+        "function use `bridge.call_torch` / `bridge.jax_view`.")
+  params = state_to_jax(module_state(module, persistent_only=True), copy=True, api=API)
+  wide = _has_64_bit(params)
+  if wide and not dtypes.x64_enabled():
+    warnings.warn(
+        f"`{API}`: {type(module).__name__} has 64-bit state ({', '.join(wide[:4])}"
+        f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but with JAX's 64-bit "
+        "types disabled `jax.jit` narrows 64-bit inputs to 32 bits. Enable them "
+        "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
+        stacklevel=2)
+
+  def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+    targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), API)
+    out, mutated = apply(module, module, params, targs, tkwargs, API)
+    check_no_leak(module, API)
+    out = call_torch_lib.outputs_to_jax(out, API)
+    if return_state:
+      new = dict(params)
+      new.update(mutated)
+      return out, new
+    if mutated:
+      warn_dropped_updates(module, list(mutated), API,
+                           "Pass `return_state=True` to `extract_jax` to get them.")
+    return out
+
+  fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
+  fn.__doc__ = f"`{type(module).__name__}.forward` as a pure JAX function of (params, *args)."
+  return params, fn

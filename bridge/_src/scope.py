@@ -1,0 +1,118 @@
+"""The trace scope: what changes while torch code runs as part of a JAX program.
+
+`bridge.call_torch`, `extract_jax` functions and `bridge.compile` run torch code
+on `bridge.Tensor`s that hold JAX tracers. For the length of that call:
+
+* CPU tensors the code meets (factory calls without a device, constants kept on
+  a module) join the program as constants instead of raising a device mismatch;
+* torch's autograd engine runs backward passes on the calling thread, where the
+  JAX trace lives (its device threads would not see the trace);
+* reading a traced value in Python (`.item()`, `if t:`) raises `TracedValueError`
+  naming the torch line that did it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import linecache
+import os
+import sys
+from typing import Any
+
+import torch
+
+from bridge._src.errors import BridgeError
+
+_ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("bridge_trace_scope",
+                                                                    default=None)
+
+
+class TracedValueError(BridgeError, RuntimeError):
+  """Torch code asked for the value of a tensor that JAX is tracing (`.item()`, `if t:`)."""
+
+
+class LeakedTracerError(BridgeError, RuntimeError):
+  """A tensor traced during one `call_torch`/`compile` call was kept and used after it."""
+
+
+def active() -> str | None:
+  """The API whose trace scope is current (e.g. `'bridge.call_torch'`), or None."""
+  return _ACTIVE.get()
+
+
+class trace_scope:  # noqa: N801
+  """Enter the trace scope for `api` (see the module docstring)."""
+
+  def __init__(self, api: str):
+    self.api = api
+    self._token: Any = None
+    self._threads = torch.autograd.set_multithreading_enabled(False)
+
+  def __enter__(self) -> None:
+    self._token = _ACTIVE.set(self.api)
+    self._threads.__enter__()
+
+  def __exit__(self, *exc: Any) -> None:
+    self._threads.__exit__(*exc)
+    _ACTIVE.reset(self._token)
+
+
+@functools.cache
+def _internal_dirs() -> tuple[str, ...]:
+  """Where torch, JAX and the bridge live (and the stdlib modules their frames pass through)."""
+  import jax
+  import bridge
+  dirs = [os.path.dirname(m.__file__) + os.sep for m in (torch, jax, bridge) if m.__file__]
+  stdlib = os.path.dirname(os.__file__) + os.sep
+  dirs += [stdlib + "contextlib.py", stdlib + "functools.py"]
+  return tuple(dirs)
+
+
+def user_line(tb: Any = None) -> str:
+  """`File "...", line N, in f: <code>` for the innermost frame of user code.
+
+  Frames inside torch, JAX and the bridge are skipped. With `tb` (a traceback) the
+  search runs over it; otherwise over the current stack.
+  """
+  internal = _internal_dirs()
+  frames = []
+  if tb is not None:
+    while tb is not None:
+      frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+      tb = tb.tb_next
+  else:
+    f = sys._getframe(1)
+    while f is not None:
+      frames.insert(0, (f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+      f = f.f_back
+  for filename, lineno, name in reversed(frames):
+    if filename.startswith(internal) or filename.startswith("<frozen"):
+      continue
+    code = linecache.getline(filename, lineno).strip()
+    return f'File "{filename}", line {lineno}, in {name}' + (f":\n    {code}" if code else "")
+  return "(no user frame found)"
+
+
+def traced_value_error(what: str, tb: Any = None) -> TracedValueError:
+  """The error for torch code that needs a traced tensor's value in Python."""
+  api = active() or "jax.jit"
+  return TracedValueError(
+      f"`{api}`: torch code needs the value of a tensor that JAX is tracing ({what}), at\n"
+      f"  {user_line(tb)}\n"
+      "Inside `jax.jit` (and `lax.scan`, `jax.vmap`, `bridge.compile`) a tensor's value is "
+      "not known while the program is built, so Python cannot branch on it. Keep the "
+      "computation in tensors (`torch.where(cond, a, b)` instead of `if`, masks instead of "
+      "`.item()`), or make the value a static argument (`jax.jit(..., static_argnums=...)`, "
+      "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`.")
+
+
+def leaked_tracer_error(cause: BaseException) -> LeakedTracerError:
+  """The error for a tensor that outlived the trace it was made in."""
+  return LeakedTracerError(
+      "bridge: a `jax` tensor made while JAX traced an earlier call (`bridge.call_torch`, an "
+      "`extract_jax` function, `bridge.compile`, `jax.jit`) was kept and used after that "
+      f"call ended, at\n  {user_line()}\n"
+      "Its value only existed inside that program. Do not store tensors computed in "
+      "`forward` on the module or in globals; return them as outputs (or register them as "
+      f"buffers, which are threaded through). JAX said: {str(cause).splitlines()[0]}")
