@@ -14,6 +14,8 @@ from bridge._src.errors import BridgeTypeError as BridgeTypeError
 from bridge._src.errors import PluginError as PluginError
 from bridge._src.errors import TransferError as TransferError
 from bridge._src.call_torch import call_torch as call_torch
+from bridge._src.compile import Compiled as Compiled
+from bridge._src.compile import compile as compile  # noqa: A004
 from bridge._src.interop import call_jax as call_jax
 from bridge._src.modules import extract_jax as extract_jax
 from bridge._src.registry import RegistrationError as RegistrationError
@@ -34,6 +36,7 @@ _device.register()
 __all__ = [
     "BridgeError",
     "BridgeTypeError",
+    "Compiled",
     "DeviceMismatchError",
     "LeakedTracerError",
     "OperatorNotFound",
@@ -45,6 +48,7 @@ __all__ = [
     "__version__",
     "call_jax",
     "call_torch",
+    "compile",
     "config",
     "extract_jax",
     "get_config",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -65,8 +66,23 @@ def wait_for_last_result() -> None:
 
 
 def _x64() -> Any:
-  """JAX's 64-bit types on for a block (the bridge's own computations), if they are off."""
-  return jax.enable_x64(True) if not dtypes.x64_enabled() else contextlib.nullcontext()
+  """JAX's 64-bit types on for a block (the bridge's own computations), if they are off
+  (and unless torch code is staged into a 32-bit JAX program: see `scope.narrow`)."""
+  if dtypes.x64_enabled() or scope.narrow():
+    return contextlib.nullcontext()
+  return jax.enable_x64(True)
+
+
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32,
+           torch.complex128: torch.complex64, torch.uint64: torch.uint32}
+
+
+def _quiet_narrowing() -> Any:
+  """JAX's warnings about unavailable 64-bit dtypes, silenced (the bridge warns once itself)."""
+  ctx = warnings.catch_warnings()
+  ctx.__enter__()
+  warnings.filterwarnings("ignore", message="Explicitly requested dtype")
+  return ctx
 
 
 # --- schema helpers ----------------------------------------------------------------
@@ -104,8 +120,12 @@ def _device_error(a: Any, b: Any) -> DeviceMismatchError:
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
+  t = t.detach()
+  if scope.narrow() and t.dtype in _NARROW:
+    scope.warn_narrowed(f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
+    t = t.to(_NARROW[t.dtype])
   with _x64():
-    return transfer.tensor_to_jax(t.detach().contiguous(), api="the jax device",
+    return transfer.tensor_to_jax(t.contiguous(), api="the jax device",
                                   where=lambda: "a CPU tensor")
 
 
@@ -128,6 +148,9 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   REGISTRY.require_plugins()
   dtype = dtype or torch.get_default_dtype()
   index = device_lib.device_index(device)
+  if scope.narrow() and dtype in _NARROW:
+    scope.warn_narrowed(f"a new {dtype} tensor")
+    dtype = _NARROW[dtype]
   with _x64():
     array = _zeros(size, dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype"))
     array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array
@@ -180,7 +203,13 @@ def _conform(func: Any, out: Any, expected: Any) -> Any:
         "lowering; please report it.")
   want = dtypes.TORCH_TO_JAX.get(expected.dtype)
   if want is not None and np.dtype(out.dtype) != want:
-    out = out.astype(want)
+    if want.itemsize == 8 or want == np.complex128:
+      narrowed = jax.dtypes.canonicalize_dtype(want)
+      if narrowed != want:  # a 32-bit program (see `scope.narrow`)
+        scope.warn_narrowed(f"the {expected.dtype} result of {func}")
+        want = narrowed
+    if np.dtype(out.dtype) != want:
+      out = out.astype(want)
   return out
 
 
@@ -414,7 +443,9 @@ class _FunctionalPlan:
       _debug_print(self.func, dyn)
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
     # building a context manager per op).
-    prev = _x64_state.swap_local(True)
+    narrow = scope.narrow()
+    prev = _x64_state.swap_local(not narrow)
+    quiet = _quiet_narrowing() if narrow else None
     try:
       if not exe.keyed:
         out = exe.call(*dyn)
@@ -427,6 +458,8 @@ class _FunctionalPlan:
       raise scope.leaked_tracer_error(e) from e
     finally:
       _x64_state.set_local(prev)
+      if quiet is not None:
+        quiet.__exit__(None, None, None)
     return wrap(out, device)
 
 

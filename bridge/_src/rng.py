@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-from jax._src import core as _core
 
+from bridge._src import scope
 from bridge._src.errors import BridgeError
 
 _lock = threading.Lock()
@@ -110,25 +110,12 @@ class rng_key:  # noqa: N801 - used like a function: `with bridge.rng_key(key):`
     _BOX.reset(self._token)
 
 
-def is_staged() -> bool:
-  """Whether JAX is staging a program here (`jax.jit`, `scan`...), so values become tracers
-  whose concrete values are unknown."""
-  trace = _core.unsafe_get_current_trace()
-  while trace is not None:
-    if isinstance(trace, _core.EvalTrace):
-      return False
-    if type(trace).__name__ == "DynamicJaxprTrace":
-      return True
-    trace = getattr(trace, "parent_trace", None)
-  return False
-
-
 def next_key(op: Any = None) -> Any:
   """A fresh PRNG key for one random op; advances the generator (or the current `rng_key`)."""
   box = _BOX.get()
   if box is not None:
     return box.split()
-  if is_staged():
+  if scope.is_staged():
     raise BridgeError(
         f"bridge: the random op {op or 'here'} runs inside a staged JAX program (`jax.jit`, "
         "`lax.scan`, ...), where the `jax` device's generator would be baked in as a constant "

@@ -18,14 +18,24 @@ import functools
 import linecache
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
+from jax._src import core as _jax_core
 
 from bridge._src.errors import BridgeError
 
-_ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("bridge_trace_scope",
-                                                                    default=None)
+class _Scope:
+  __slots__ = ("api", "narrow")
+
+  def __init__(self, api: str, narrow: bool):
+    self.api, self.narrow = api, narrow
+
+
+_NONE = _Scope("", False)
+_ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
+                                                                 default=_NONE)
 
 
 class TracedValueError(BridgeError, RuntimeError):
@@ -38,7 +48,46 @@ class LeakedTracerError(BridgeError, RuntimeError):
 
 def active() -> str | None:
   """The API whose trace scope is current (e.g. `'bridge.call_torch'`), or None."""
-  return _ACTIVE.get()
+  return _ACTIVE.get().api or None
+
+
+def narrow() -> bool:
+  """Whether torch code is being staged into a JAX program built with 64-bit types off.
+
+  Such a program is lowered with JAX's 64-bit types disabled, so it cannot hold
+  int64/float64 values: torch's 64-bit tensors are computed as 32-bit ones (with a
+  warning, once). Everywhere else the bridge keeps 64-bit types exact.
+  """
+  return _ACTIVE.get().narrow
+
+
+def is_staged() -> bool:
+  """Whether JAX is staging a program here (`jax.jit`, `scan`...), so values become tracers
+  whose concrete values are unknown."""
+  trace = _jax_core.unsafe_get_current_trace()
+  while trace is not None:
+    if isinstance(trace, _jax_core.EvalTrace):
+      return False
+    if type(trace).__name__ == "DynamicJaxprTrace":
+      return True
+    trace = getattr(trace, "parent_trace", None)
+  return False
+
+
+_warned_narrow = [False]
+
+
+def warn_narrowed(what: str) -> None:
+  """Say once per process that a 64-bit value was computed in 32 bits (see `narrow`)."""
+  if _warned_narrow[0]:
+    return
+  _warned_narrow[0] = True
+  warnings.warn(
+      f"bridge: torch code is being traced into a JAX program built with JAX's 64-bit types "
+      f"disabled, which cannot hold 64-bit values, so {what} (and every other int64/float64 "
+      f"value in it) is computed in 32 bits. First at\n  {user_line()}\nEnable 64-bit types "
+      "(`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes exactly; "
+      "`bridge.compile` always does.", stacklevel=3)
 
 
 class trace_scope:  # noqa: N801
@@ -50,7 +99,8 @@ class trace_scope:  # noqa: N801
     self._threads = torch.autograd.set_multithreading_enabled(False)
 
   def __enter__(self) -> None:
-    self._token = _ACTIVE.set(self.api)
+    from bridge._src import dtypes
+    self._token = _ACTIVE.set(_Scope(self.api, not dtypes.x64_enabled() and is_staged()))
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:
@@ -63,7 +113,14 @@ def _internal_dirs() -> tuple[str, ...]:
   """Where torch, JAX and the bridge live (and the stdlib modules their frames pass through)."""
   import jax
   import bridge
-  dirs = [os.path.dirname(m.__file__) + os.sep for m in (torch, jax, bridge) if m.__file__]
+  mods = [torch, jax, bridge]
+  try:
+    import bridge_ops  # the lowerings' own frames are not the user's line either
+    mods.append(bridge_ops)
+  except ImportError:  # pragma: no cover
+    pass
+  dirs = [os.path.dirname(f) + os.sep for f in (getattr(m, "__file__", None) for m in mods) if f]
+  dirs += [p + os.sep for m in mods for p in getattr(m, "__path__", [])]
   stdlib = os.path.dirname(os.__file__) + os.sep
   dirs += [stdlib + "contextlib.py", stdlib + "functools.py"]
   return tuple(dirs)

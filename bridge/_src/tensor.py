@@ -156,6 +156,8 @@ def make(array: Any, device: Any, dtype: torch.dtype | None = None) -> Tensor:
     device = jax_device(torch.device(device).index or 0)
   else:
     device = jax_device(device.index)
+  if dtype is not None and dtypes.TORCH_TO_JAX.get(dtype) != np.dtype(array.dtype):
+    dtype = None  # JAX narrowed it (a 32-bit program): the tensor says what it holds
   return make_result(array, device, dtype)
 
 

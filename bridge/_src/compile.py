@@ -1,0 +1,339 @@
+"""`bridge.compile`: a torch module's (or function's) forward as one cached `jax.jit` program.
+
+Each call feeds the module's current parameters and buffers, the tensor
+arguments and the `jax` device generator's key into one jitted program, and
+takes back the outputs, the buffers the forward updated (written back into the
+module) and the generator's next key. Programs are cached per argument
+structure, static values (Python numbers, unless declared dynamic), train/eval
+flags of the submodules and input shapes/dtypes; JAX compiles each once. With
+grad mode on and a tensor that requires grad, the call is a torch autograd node
+whose backward is the compiled JAX VJP (`bridge._src.vjp`).
+
+The program is traced and lowered with JAX's 64-bit types on, so torch's dtypes
+hold exactly inside it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable
+
+import jax
+import torch
+from jax._src import config as _jax_config
+
+from bridge._src import call_torch as call_torch_lib
+from bridge._src import modules as modules_lib
+from bridge._src import rng
+from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
+from bridge._src import tree as tree_lib
+from bridge._src import vjp
+from bridge._src.errors import BridgeTypeError, TransferError
+from bridge._src.mutation import _store
+
+API = "bridge.compile"
+_DYN = object()
+_x64_state = _jax_config.enable_x64
+_SCALARS = (bool, int, float)
+
+
+class _Info:
+  """What tracing one program found out: its output structure, updates and randomness."""
+
+  __slots__ = ("out_spec", "out_statics", "mutated", "draws")
+
+  def __init__(self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool):
+    self.out_spec, self.out_statics = out_spec, out_statics
+    self.mutated, self.draws = mutated, draws
+
+
+class _Program:
+  """One argument structure, static values and train/eval setting: a jitted forward."""
+
+  def __init__(self, owner: "Compiled", spec: Any, statics: tuple, names: tuple):
+    self.owner, self.spec, self.statics, self.names = owner, spec, statics, names
+    self.n_state = len(names)
+    self.name = owner.name
+    self.info: _Info | None = None
+    self.forward = jax.jit(self.apply)
+    self.vjp = vjp.VjpCache(self.apply)  # for calls that torch autograd records
+
+  def apply(self, *flat: Any) -> tuple:
+    """(state..., key, dyn...) -> (outputs, updated state, next key or None)."""
+    n = self.n_state
+    state, key, dyn = flat[:n], flat[n], flat[n + 1:]
+    it = iter(dyn)
+    leaves = []
+    for s in self.statics:
+      if s is not _DYN:
+        leaves.append(s)
+        continue
+      a = next(it)
+      leaves.append(call_torch_lib.array_to_tensor(a, lambda: "an argument", API))
+    args, kwargs = tree_lib.unflatten(self.spec, leaves)
+    module = self.owner.module
+    with rng.rng_key(key) as box:
+      if module is not None:
+        out, mutated = modules_lib.apply(module, self.owner.call, dict(zip(self.names, state)),
+                                         args, kwargs, API)
+        modules_lib.check_no_leak(module, API)
+      else:
+        out, mutated = call_torch_lib.run_traced(self.owner.call, args, kwargs, API), {}
+    out_leaves, out_spec = tree_lib.flatten(out)
+    arrays, statics = [], []
+    for leaf in out_leaves:
+      if isinstance(leaf, torch.Tensor):
+        arrays.append(call_torch_lib.outputs_to_jax(leaf, API))
+        statics.append(_DYN)
+      else:
+        statics.append(leaf)
+    names = tuple(sorted(mutated))
+    self.info = _Info(out_spec, tuple(statics), names, box.used)
+    return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
+
+
+class Compiled:
+  """A torch callable that runs a module's (or function's) forward as one `jax.jit` program.
+
+  Made by `bridge.compile`; attributes it does not have are looked up on the
+  module, so `compiled.train()`, `compiled.parameters()` work as on the module.
+  """
+
+  def __init__(self, target: Callable[..., Any], dynamic_argnums: Iterable[int] = (),
+               dynamic_argnames: Iterable[str] = ()):
+    self.target = target
+    self.module = call_torch_lib._module_of(target)
+    self.call = target
+    self.name = getattr(target, "__qualname__", None) or type(target).__name__
+    self.dynamic_argnums = frozenset(dynamic_argnums)
+    self.dynamic_argnames = frozenset(dynamic_argnames)
+    self._programs: dict[tuple, _Program] = {}
+    self._slots: list[tuple[dict, str]] | None = None
+    self._names: tuple[str, ...] = ()
+    self._submodules: list[torch.nn.Module] = []
+    if self.module is not None:
+      self._submodules = list(self.module.modules())
+    functools.update_wrapper(self, target.forward if isinstance(target, torch.nn.Module)
+                             else target, updated=())
+
+  def __getattr__(self, name: str) -> Any:
+    module = self.__dict__.get("module")
+    if module is None:
+      raise AttributeError(name)
+    return getattr(module, name)
+
+  def __repr__(self) -> str:
+    return f"bridge.compile({self.target!r})"
+
+  # --- module state ---------------------------------------------------------------------
+
+  def _build_slots(self) -> None:
+    state = modules_lib.module_state(self.module)
+    slots = []
+    for name in state:
+      owner_name, _, attr = name.rpartition(".")
+      owner = self.module.get_submodule(owner_name)
+      table = owner._parameters if attr in owner._parameters else owner._buffers
+      slots.append((table, attr))
+    self._slots, self._names = slots, tuple(state)
+    self._submodules = list(self.module.modules())
+
+  def _state(self) -> list[torch.Tensor]:
+    if self.module is None:
+      return []
+    if self._slots is None:
+      self._build_slots()
+    try:
+      state = [table[attr] for table, attr in self._slots]
+    except KeyError:
+      state = [None]
+    if any(t is None for t in state):  # a parameter or buffer was removed or added
+      self._build_slots()
+      state = [table[attr] for table, attr in self._slots]
+    return state
+
+  # --- arguments -------------------------------------------------------------------------
+
+  def _split(self, args: tuple, kwargs: dict) -> tuple[Any, tuple, list, tuple]:
+    """(spec, statics, dynamic values, shape/dtype key) of the arguments."""
+    leaves, spec = tree_lib.flatten((args, kwargs))
+    dynamic = self._dynamic_leaves(args, kwargs, len(leaves)) if (
+        self.dynamic_argnums or self.dynamic_argnames) else None
+    statics, dyn, sig = [], [], []
+    for i, leaf in enumerate(leaves):
+      if isinstance(leaf, torch.Tensor):
+        dyn.append(leaf)
+        statics.append(_DYN)
+        sig.append((leaf.shape, leaf.dtype))
+      elif dynamic is not None and dynamic[i] and type(leaf) in _SCALARS:
+        value = torch.tensor(leaf)  # a 0-dim tensor of torch's dtype for the number
+        dyn.append(value)
+        statics.append(_DYN)
+        sig.append((value.shape, value.dtype))
+      else:
+        try:
+          hash(leaf)
+        except TypeError:
+          path = tree_lib.leaf_paths((args, kwargs))[i]
+          raise BridgeTypeError(
+              f"`{API}`: argument {path} is a {type(leaf).__name__}, neither a tensor nor a "
+              "hashable value, so it cannot be a static argument of the compiled program. Pass "
+              "a tensor, a hashable value (e.g. a tuple), or close over it.") from None
+        statics.append(leaf)
+    return spec, tuple(statics), dyn, tuple(sig)
+
+  def _dynamic_leaves(self, args: tuple, kwargs: dict, n: int) -> list[bool]:
+    marks = []
+    for i, a in enumerate(args):
+      marks += [i in self.dynamic_argnums] * len(tree_lib.flatten(a)[0])
+    for k in sorted(kwargs):
+      marks += [k in self.dynamic_argnames] * len(tree_lib.flatten(kwargs[k])[0])
+    return marks if len(marks) == n else [False] * n
+
+  # --- the call ----------------------------------------------------------------------------
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    state = self._state()
+    spec, statics, dyn, sig = self._split(args, kwargs)
+    flags = tuple(m.training for m in self._submodules)
+    key = (spec, statics, flags, sig)
+    program = self._programs.get(key)
+    if program is None:
+      program = self._programs[key] = _Program(self, spec, statics, self._names)
+    tensors = state + dyn
+    device = _common_device(tensors, self.name)
+    n = len(state)
+    prev = _x64_state.swap_local(True)
+    try:
+      arrays = [_array(t) for t in tensors]
+      arrays.insert(n, rng.current_key())
+      if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        outs, updates, new_key = self._call_with_grad(program, arrays, tensors, n, device)
+      else:
+        outs, updates, new_key = program.forward(*arrays)
+        outs = [_to_torch(o, device) for o in outs]
+    finally:
+      _x64_state.set_local(prev)
+    info = program.info
+    if new_key is not None:
+      rng.set_key(new_key)
+    if updates:
+      self._write_back(info.mutated, updates, state)
+    it = iter(outs)
+    leaves = [next(it) if s is _DYN else s for s in info.out_statics]
+    return tree_lib.unflatten(info.out_spec, leaves)
+
+  def _call_with_grad(self, program: _Program, arrays: list, tensors: list, n: int,
+                      device: torch.device | None) -> tuple:
+    positions = [i if i < n else i + 1 for i in range(len(tensors))]  # the key sits at n
+    entries = [(pos, pos, t) for pos, t in zip(positions, tensors)]
+    to_torch = functools.partial(_outputs_to_torch, device)
+    flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch)
+    outs, updates, new_key = out_def.unflatten(flat)
+    updates = [u.detach() for u in updates]
+    if new_key is not None:
+      new_key = (tensor_lib.value(new_key) if isinstance(new_key, tensor_lib.Tensor)
+                 else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key"))
+    return list(outs), updates, new_key
+
+  def _write_back(self, names: tuple, updates: Any, state: list) -> None:
+    by_name = dict(zip(self._names, state))
+    for name, new in zip(names, updates):
+      target = by_name.get(name)
+      if target is None:  # not part of the module's state (e.g. a plain attribute)
+        continue
+      if isinstance(target, tensor_lib.Tensor):
+        _store(target, new)  # a jax array, or a jax tensor from the autograd path
+        continue
+      if not isinstance(new, torch.Tensor):
+        new = transfer.array_to_torch(new, api=API, where=lambda: f"buffer {name!r}")
+      with torch.no_grad():
+        target.copy_(new)
+
+
+def _array(t: torch.Tensor) -> Any:
+  if type(t) is tensor_lib.Tensor:
+    return t._storage.array if t._whole else tensor_lib.value(t)
+  a = transfer.fast_tensor_arg(t) if transfer.default_device_is_cpu() else None
+  if a is None:
+    a = transfer.tensor_to_jax_arg(t.detach(), api=API, where=lambda: "a tensor argument")
+  return a
+
+
+def _common_device(tensors: list, name: str) -> torch.device | None:
+  """The `jax` device when the tensors live there, None for the CPU; mixing is refused."""
+  device: torch.device | None = None
+  first = None
+  for t in tensors:
+    d = t._storage.device if type(t) is tensor_lib.Tensor else t.device
+    if first is None:
+      first = d
+    elif d != first:
+      raise TransferError(
+          f"`{API}`: {name} got tensors on two devices, {first} and {d} (parameters, "
+          f"buffers and arguments together). Move them to one device first, e.g. "
+          f"`module.to('{first}')` and `x.to('{first}')`.")
+  if first is not None and first.type == "jax":
+    device = tensor_lib.jax_device(first.index or 0)
+  return device
+
+
+def _to_torch(a: Any, device: torch.device | None) -> torch.Tensor:
+  if device is not None:
+    return tensor_lib.make_result(a, device)
+  t = transfer.fast_array_out(a)
+  if t is None:
+    t = transfer.array_to_torch(a, api=API, where=lambda: "an output")
+  return t
+
+
+def _outputs_to_torch(device: torch.device | None, entry: Any, out: Any) -> tuple[list, Any]:
+  leaves, treedef = jax.tree_util.tree_flatten(out)
+  return [_to_torch(a, device) for a in leaves], treedef
+
+
+def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (),  # noqa: A001
+            dynamic_argnames: Iterable[str] = ()) -> Compiled:
+  """Compiles a torch module or function into one cached `jax.jit` program; call it from torch.
+
+  The returned callable takes and returns torch tensors (on the CPU or the `jax`
+  device, outputs where the inputs are). Each call runs the whole forward as one
+  XLA program, cached per input shapes/dtypes, argument structure, static
+  arguments and the train/eval mode of every submodule (`.train()` / `.eval()`
+  switch programs).
+
+  Module state is threaded through on every call: the current parameters and
+  buffers are inputs (a change made by the user between calls is seen by the next
+  one), buffers the forward updates (BatchNorm running statistics) are written
+  back after it, and random ops (dropout in train mode) draw from the `jax`
+  device's generator, whose key goes in and comes out of the program, so each call
+  draws fresh numbers and `torch.manual_seed` makes runs reproducible.
+
+  Python `bool`/`int`/`float` arguments are static (a new value compiles a new
+  program) unless named in `dynamic_argnums` / `dynamic_argnames`, which pass them
+  as 0-dim tensors. With grad mode on and an input or parameter that requires grad,
+  the call joins torch's autograd graph; `loss.backward()` runs the compiled JAX
+  VJP, so a torch optimizer can train the compiled module.
+
+  A function (rather than a module) has no state threaded: tensors it closes over
+  are constants of the program as of its first call.
+
+  Args:
+    target: an `nn.Module`, a bound method of one, or a torch function.
+    dynamic_argnums: positions of Python-number arguments to pass as tensors.
+    dynamic_argnames: names of keyword Python-number arguments to pass as tensors.
+
+  Returns:
+    A `Compiled` callable.
+
+  Example:
+    >>> import torch, bridge
+    >>> model = bridge.compile(torch.nn.Linear(4, 2))
+    >>> model(torch.ones(3, 4)).shape
+    torch.Size([3, 2])
+  """
+  if not callable(target):
+    raise BridgeTypeError(f"`{API}`: expected a module or a function, got a "
+                          f"{type(target).__name__}.")
+  return Compiled(target, dynamic_argnums, dynamic_argnames)
