@@ -229,7 +229,7 @@ class Compiled:
     positions = [i if i < n else i + 1 for i in range(len(tensors))]  # the key sits at n
     entries = [(pos, pos, t) for pos, t in zip(positions, tensors)]
     to_torch = functools.partial(_outputs_to_torch, device)
-    flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch)
+    flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
     outs, updates, new_key = out_def.unflatten(flat)
     updates = [u.detach() for u in updates]
     if new_key is not None:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import torch
 
+from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
@@ -131,7 +132,7 @@ class _Args:
 class _Leaves:
   """The leaves of one call's arguments, sorted into arrays and static values."""
 
-  __slots__ = ("spec", "arrays", "tensors", "key_statics", "n", "slow", "needs_grad")
+  __slots__ = ("spec", "arrays", "tensors", "key_statics", "n", "slow", "needs_grad", "device")
 
   def __init__(self, leaves: list, spec: Any, args: tuple, kwargs: dict):
     self.spec, self.n = spec, len(leaves)
@@ -139,10 +140,20 @@ class _Leaves:
     self.tensors: list[tuple[int, int, torch.Tensor]] = []  # (array pos, leaf index, tensor)
     self.key_statics: list[Any] = []
     self.slow = self.needs_grad = False
+    self.device: torch.device | None = None  # the `jax` device, when the tensors live there
     fast = transfer.fast_tensor_arg if transfer.default_device_is_cpu() else _no_fast_path
     arrays, tensors = self.arrays, self.tensors
     for i, leaf in enumerate(leaves):
-      if isinstance(leaf, torch.Tensor):
+      if type(leaf) is tensor_lib.Tensor:  # a `jax` tensor: its array, no transfer
+        tensors.append((len(arrays), i, leaf))
+        if leaf.requires_grad:
+          self.needs_grad = True
+        if self.device is None:
+          self.device = leaf._storage.device
+        arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
+        if len(tensors) > 1 and tensors[0][2].device != leaf.device:
+          self.slow = True  # convert_slow() names the two devices
+      elif isinstance(leaf, torch.Tensor):
         tensors.append((len(arrays), i, leaf))
         if leaf.requires_grad:
           self.needs_grad = True
@@ -177,7 +188,7 @@ class _Leaves:
     described = _Args(args, kwargs)
     device = self.tensors[0][2].device
     for pos, i, t in self.tensors:
-      if t.device != device:
+      if t.device != device or (self.device is not None and type(t) is not tensor_lib.Tensor):
         first = self.tensors[0][1]
         raise TransferError(
             f"`{API}`: tensors on two devices: {described.describe(first)} is on {device} and "
@@ -219,13 +230,22 @@ def outputs_to_torch(entry: Entry, out: Any) -> tuple[list[torch.Tensor], Any]:
   return outs, treedef
 
 
+def _outputs_on_device(device: torch.device, entry: Entry, out: Any
+                       ) -> tuple[list[torch.Tensor], Any]:
+  """Outputs as `jax` tensors on `device` (the inputs' device): no transfer."""
+  leaves, treedef = _tree_flatten(out)
+  return [tensor_lib.make(o, device) if isinstance(o, jax.Array) else
+          tensor_lib.make(jax.numpy.asarray(o), device) for o in leaves], treedef
+
+
 def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   """Calls the JAX function `fn` on torch tensors; returns torch tensors.
 
   As `fn(*args, **kwargs)` with JAX arrays in place of tensors, but run from
   torch: tensors in any pytree position cross zero-copy (they must share one
-  device), other hashable leaves are static arguments, and the outputs come
-  back as torch tensors on that device in the same pytree. `fn` is jitted and
+  device; `jax`-device tensors simply hand over their arrays), other hashable
+  leaves are static arguments, and the outputs come back as torch tensors on
+  that device in the same pytree. `fn` is jitted and
   cached per function, argument structure and static values; JAX compiles once
   per input shapes and dtypes.
 
@@ -271,10 +291,13 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     entry = _cache.get(key, lambda: Entry(fn, split.spec, split.statics()))
   if split.slow:
     split.convert_slow(args, kwargs)
+  to_torch = (outputs_to_torch if split.device is None
+              else functools.partial(_outputs_on_device, split.device))
   if split.needs_grad and torch.is_grad_enabled():
-    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, outputs_to_torch)
+    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch,
+                                       split.device)
   else:
-    outs, out_def = outputs_to_torch(entry, entry.forward(*split.arrays))
+    outs, out_def = to_torch(entry, entry.forward(*split.arrays))
   return out_def.unflatten(outs)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
+from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src.errors import BridgeError
 
@@ -99,6 +100,7 @@ class _Call:
     self.residuals: Any = None
     self.out_def: Any = None
     self.out_avals: list[tuple[tuple, np.dtype]] = []
+    self.device: torch.device | None = None  # the `jax` device when the inputs live there
 
   def forward(self) -> list[torch.Tensor]:
     cache: VjpCache = self.entry.vjp
@@ -130,7 +132,7 @@ class _Call:
       except Exception as e:  # noqa: BLE001 - re-raised with the call named
         # e.g. JAX linearizes a while_loop but cannot transpose it.
         raise _differentiation_error(self.entry.name, e) from e
-      return [_gradient(c) for c in in_cts]
+      return [_gradient(c, self.device) for c in in_cts]
 
 
 def _differentiation_error(name: str, cause: Exception) -> BridgeError:
@@ -150,6 +152,9 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
     return np.zeros(shape, jax.dtypes.float0)  # integer and bool outputs: no cotangent
   if g is None:
     return jnp.zeros(shape, dtypes.TORCH_TO_JAX[dtype])
+  if isinstance(g, tensor_lib.Tensor):
+    ct = tensor_lib.value(g)
+    return jnp.conj(ct) if g.is_complex() else ct
   strides = g.stride()
   if 0 in strides and g.dim():  # an expanded gradient (e.g. of .sum()): pass what is distinct
     g = g[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
@@ -157,9 +162,11 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
   return np.conj(ct) if g.is_complex() else ct
 
 
-def _gradient(c: jax.Array) -> torch.Tensor:
+def _gradient(c: jax.Array, device: torch.device | None) -> torch.Tensor:
   if c.dtype.kind == "c":
     c = c.conj()
+  if device is not None:
+    return tensor_lib.make(c, device)
   return transfer.array_to_torch_arg(c, api=_API, where=lambda: "an input gradient")
 
 
@@ -183,11 +190,15 @@ class _JaxFunction(torch.autograd.Function):
     return (None, *(next(in_grads) if m else None for m in call.tensor_mask))
 
 
-def call_with_grad(entry: Any, arrays: list, tensors: list,
-                   outputs_to_torch: Callable) -> tuple[list[torch.Tensor], Any]:
-  """Run `entry` on `arrays` as a torch autograd node; returns (outputs, output treedef)."""
+def call_with_grad(entry: Any, arrays: list, tensors: list, outputs_to_torch: Callable,
+                   device: torch.device | None = None) -> tuple[list[torch.Tensor], Any]:
+  """Run `entry` on `arrays` as a torch autograd node; returns (outputs, output treedef).
+
+  `device`: the `jax` device when the tensors live there (gradients are made there too).
+  """
   wanted = {pos for pos, _, t in tensors if t.requires_grad}
   call = _Call(entry, tuple(i in wanted for i in range(len(arrays))), arrays, outputs_to_torch)
+  call.device = device
   call.tensor_mask = tuple(t.requires_grad for _, _, t in tensors)
   outs = _JaxFunction.apply(call, *(t for _, _, t in tensors))
   return list(outs), call.out_def

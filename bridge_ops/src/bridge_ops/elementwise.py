@@ -285,8 +285,10 @@ def pow_tensor_scalar(self, exponent):
   out = _pow(self, exponent)
   if _inexact(self):
     # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt: differs from pow at -inf.
-    out = jnp.where(exponent == 0.5, jnp.sqrt(self), out)
-    out = jnp.where(exponent == -0.5, lax.rsqrt(self), out)
+    # (the branch not taken gets a harmless input, so its gradient cannot be nan)
+    half, neg_half = exponent == 0.5, exponent == -0.5
+    out = jnp.where(half, jnp.sqrt(jnp.where(half, self, 1)), out)
+    out = jnp.where(neg_half, lax.rsqrt(jnp.where(neg_half, self, 1)), out)
   return out
 
 
