@@ -80,7 +80,7 @@ class _Program:
         modules_lib.check_no_leak(module, API)
       else:
         out, mutated = call_torch_lib.run_traced(self.owner.call, args, kwargs, API), {}
-    out_leaves, out_spec = tree_lib.flatten(out)
+    out_leaves, out_spec = tree_lib.flatten(tree_lib.tree_map(_plain_tuples, out))
     arrays, statics = [], []
     for leaf in out_leaves:
       if isinstance(leaf, torch.Tensor):
@@ -250,6 +250,11 @@ class Compiled:
         new = transfer.array_to_torch(new, api=API, where=lambda: f"buffer {name!r}")
       with torch.no_grad():
         target.copy_(new)
+
+
+def _plain_tuples(x: Any, where: Any) -> Any:
+  """torch's named tuples (`values, indices`) as tuples, so their tensors are outputs too."""
+  return tuple(x) if type(x).__module__ == "torch.return_types" else x
 
 
 def _array(t: torch.Tensor) -> Any:

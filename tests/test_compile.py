@@ -1,0 +1,254 @@
+"""`bridge.compile`: a module's forward as one cached `jax.jit` program, checked against torch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+
+
+class Block(torch.nn.Module):
+  """A small transformer-ish block: attention, LayerNorm, GELU MLP."""
+
+  def __init__(self, d=16, heads=2):
+    super().__init__()
+    self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+    self.norm1 = torch.nn.LayerNorm(d)
+    self.norm2 = torch.nn.LayerNorm(d)
+    self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(),
+                                   torch.nn.Linear(2 * d, d))
+
+  def forward(self, x):
+    h = self.norm1(x)
+    x = x + self.attn(h, h, h, need_weights=False)[0]
+    return x + self.mlp(self.norm2(x))
+
+
+def _models():
+  return {
+      "linear": (lambda: torch.nn.Linear(16, 16), (4, 16)),
+      "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                                          torch.nn.Linear(32, 3)), (5, 8)),
+      "cnn": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1),
+                                          torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                          torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                          torch.nn.Linear(4 * 4 * 4, 2)), (2, 3, 8, 8)),
+      "block": (Block, (2, 5, 16)),
+  }
+
+
+@pytest.mark.parametrize("name", sorted(_models()))
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_forward_and_gradients_match_torch(name, device):
+  make, shape = _models()[name]
+  torch.manual_seed(0)
+  model = make().eval()
+  ref = copy.deepcopy(model)
+  x = torch.randn(shape)
+  compiled = bridge.compile(model.to(device))
+  out = compiled(x.to(device))
+  assert out.device.type == device
+  expected = ref(x)
+  torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+  # Trainable with torch autograd: backward is the compiled JAX VJP.
+  out.pow(2).sum().backward()
+  expected.pow(2).sum().backward()
+  for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+    torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_input_gradients():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softplus())
+  x = torch.randn(3, 4, requires_grad=True)
+  x2 = x.detach().clone().requires_grad_()
+  bridge.compile(model)(x).sum().backward()
+  model(x2).sum().backward()
+  torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_torch_optimizer_trains_the_compiled_module():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+  ref = copy.deepcopy(model)
+  compiled = bridge.compile(model)
+  x, y = torch.randn(32, 4), torch.randn(32, 1)
+  opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+  ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+  losses, ref_losses = [], []
+  for _ in range(20):
+    for m, o, out in ((compiled, opt, losses), (ref, ref_opt, ref_losses)):
+      o.zero_grad()
+      loss = F.mse_loss(m(x), y)
+      loss.backward()
+      o.step()
+      out.append(loss.item())
+  assert losses[-1] < 0.7 * losses[0]
+  torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4,
+                             atol=1e-6)
+
+
+def test_batchnorm_running_stats_are_written_back():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6))
+  ref = copy.deepcopy(model)
+  compiled = bridge.compile(model)
+  for _ in range(3):
+    x = torch.randn(8, 6)
+    torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+  bn, ref_bn = model[1], ref[1]
+  torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+  torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+  assert int(bn.num_batches_tracked) == 3 and bn.num_batches_tracked.dtype == torch.int64
+  model.eval(), ref.eval()  # eval switches programs: running statistics are used
+  x = torch.randn(8, 6)
+  torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_on_jax_device():
+  torch.manual_seed(0)
+  model = torch.nn.BatchNorm1d(4)
+  ref = copy.deepcopy(model)
+  compiled = bridge.compile(model.to("jax"))
+  x = torch.randn(5, 4)
+  compiled(x.to("jax"))
+  ref(x)
+  torch.testing.assert_close(model.running_var.cpu(), ref.running_var)
+
+
+def test_dropout_draws_fresh_and_reproducible_randomness():
+  model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Dropout(0.5))
+  compiled = bridge.compile(model)
+  x = torch.ones(4, 32)
+  torch.manual_seed(1)
+  a, b = compiled(x), compiled(x)
+  assert not torch.equal(a, b)  # fresh numbers each call
+  torch.manual_seed(1)
+  torch.testing.assert_close(compiled(x), a)  # reproducible after manual_seed
+  zero = (a == 0).float().mean().item()
+  assert 0.3 < zero < 0.7
+  model.eval()
+  torch.testing.assert_close(compiled(x), model(x))  # eval: no dropout
+
+
+def test_user_changes_to_parameters_are_seen():
+  model = torch.nn.Linear(3, 2)
+  compiled = bridge.compile(model)
+  x = torch.randn(4, 3)
+  compiled(x)
+  with torch.no_grad():
+    model.weight.mul_(3)  # in place
+  torch.testing.assert_close(compiled(x), model(x))
+  model.bias = torch.nn.Parameter(torch.ones(2))  # a new Parameter object
+  torch.testing.assert_close(compiled(x), model(x))
+  model.load_state_dict({"weight": torch.zeros(2, 3), "bias": torch.zeros(2)})
+  torch.testing.assert_close(compiled(x), torch.zeros(4, 2))
+
+
+class Scaled(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.fc = torch.nn.Linear(3, 3)
+    self.traces = 0
+
+  def forward(self, x, scale, *, square=False):
+    self.traces += 1  # Python code runs only while tracing
+    y = self.fc(x) * scale
+    return y * y if square else y
+
+
+def test_python_numbers_are_static_and_retrace_only_on_change():
+  model = Scaled()
+  ref = copy.deepcopy(model)
+  compiled = bridge.compile(model)
+  x = torch.randn(2, 3)
+  with torch.no_grad():
+    for scale, square in [(2.0, False), (2.0, False), (3.0, False), (2.0, True), (2.0, False)]:
+      torch.testing.assert_close(compiled(x, scale, square=square), ref(x, scale, square=square))
+  assert model.traces == 3  # (2, False), (3, False), (2, True): one program each
+  with torch.no_grad():
+    compiled(torch.randn(2, 3), 2.0, square=False)  # same shapes and statics: cached
+    assert model.traces == 3
+    compiled(torch.randn(5, 3), 2.0, square=False)  # a new shape: one trace
+    assert model.traces == 4
+    compiled(torch.randn(5, 3, dtype=torch.float64).float(), 2.0, square=False)
+    assert model.traces == 4
+
+
+def test_dynamic_python_numbers():
+  model = Scaled()
+  compiled = bridge.compile(model, dynamic_argnums=(1,))
+  x = torch.randn(2, 3)
+  with torch.no_grad():
+    for scale in (1.0, 2.0, 3.5):
+      torch.testing.assert_close(compiled(x, scale), model.fc(x) * scale)
+  assert model.traces == 1
+
+
+def test_compiled_function_and_bound_method():
+  torch.manual_seed(0)
+  net = torch.nn.Linear(4, 4)
+  f = bridge.compile(lambda x, y: torch.sigmoid(x) @ y)
+  x, y = torch.randn(3, 4), torch.randn(4, 2)
+  torch.testing.assert_close(f(x, y), torch.sigmoid(x) @ y)
+
+  class WithMethod(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.fc = torch.nn.Linear(4, 4)
+    def encode(self, x):
+      return self.fc(x).relu()
+  m = WithMethod()
+  enc = bridge.compile(m.encode)
+  torch.testing.assert_close(enc(x), m.encode(x))
+  with torch.no_grad():
+    m.fc.weight.zero_()
+  torch.testing.assert_close(enc(x), m.encode(x))  # a method's module state is threaded too
+
+
+def test_outputs_keep_their_structure():
+  class Multi(torch.nn.Module):
+    def forward(self, x):
+      return {"sum": x.sum(), "pair": (x * 2, None), "n": 3, "max": x.max(dim=0)}
+  out = bridge.compile(Multi())(torch.arange(6.0).reshape(2, 3))
+  assert out["n"] == 3 and out["pair"][1] is None
+  torch.testing.assert_close(out["pair"][0], torch.arange(6.0).reshape(2, 3) * 2)
+  values, indices = out["max"]
+  assert indices.dtype == torch.int64  # 64-bit types hold inside compiled programs
+  torch.testing.assert_close(indices, torch.tensor([1, 1, 1]))
+
+
+def test_errors_in_torch_terms():
+  class Branchy(torch.nn.Module):
+    def forward(self, x):
+      if x.sum() > 0:
+        return x
+      return -x
+  with pytest.raises(bridge.TracedValueError, match=r"if x\.sum\(\) > 0"):
+    bridge.compile(Branchy())(torch.ones(3))
+
+  class Leaky(torch.nn.Module):
+    def forward(self, x):
+      self.seen = x + 1
+      return x
+  with pytest.raises(bridge.LeakedTracerError, match="`seen`"):
+    bridge.compile(Leaky())(torch.ones(3))
+
+  with pytest.raises(bridge.BridgeTypeError, match="hashable"):
+    bridge.compile(lambda x, opts: x)(torch.ones(2), {1, 2})
+
+  with pytest.raises(bridge.TransferError, match="two devices"):
+    bridge.compile(torch.nn.Linear(2, 2))(torch.ones(1, 2, device="jax"))
+
+
+def test_module_attributes_pass_through():
+  model = torch.nn.Linear(2, 2)
+  compiled = bridge.compile(model)
+  assert compiled.weight is model.weight
+  assert list(compiled.parameters()) == list(model.parameters())
+  compiled.eval()
+  assert not model.training
