@@ -258,3 +258,24 @@ def test_config_stack_restores():
   assert bridge.get_config() == bridge._src.config.Config()
   with pytest.raises(bridge.BridgeTypeError, match="unknown setting.*debug_print_each_op"):
     bridge.config(debug_print=True)
+
+
+def test_an_op_failing_in_backward_raises_instead_of_aborting():
+  # Torch's Python device guard cannot exchange streams; an error unwinding through the
+  # autograd engine's stream guard used to abort the process. Run it in a subprocess.
+  import subprocess
+  import sys
+  code = (
+      "import torch, bridge\n"
+      "from bridge._src import tensor as T\n"
+      "x = torch.ones(3, device='jax', requires_grad=True)\n"
+      "y = x.sin().sum()\n"
+      "def boom(args, kwargs): raise ValueError('boom in backward')\n"
+      "T._PLANS[torch.ops.aten.cos.default] = boom\n"
+      "try:\n"
+      "  y.backward()\n"
+      "except ValueError as e:\n"
+      "  print('raised:', e)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "raised: boom in backward"

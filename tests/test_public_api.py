@@ -9,23 +9,30 @@ import pytest
 
 import bridge
 from bridge._src import config as config_lib
-from bridge._src import interop, transfer
+from bridge._src import call_torch, compile as compile_lib, interop, modules, rng, transfer
 
 PUBLIC = [
     "BridgeError",
     "BridgeTypeError",
+    "Compiled",
     "DeviceMismatchError",
+    "LeakedTracerError",
     "OperatorNotFound",
     "PluginError",
     "RegistrationError",
     "Tensor",
+    "TracedValueError",
     "TransferError",
     "__version__",
     "call_jax",
+    "call_torch",
+    "compile",
     "config",
+    "extract_jax",
     "get_config",
     "jax_view",
     "register_lowering",
+    "rng_key",
     "to_jax",
     "to_torch",
     "torch_view",
@@ -49,7 +56,8 @@ def test_public_functions_have_type_hints_and_docstrings():
 
 def test_errors_form_one_hierarchy():
   for name in ("BridgeTypeError", "TransferError", "PluginError", "OperatorNotFound",
-               "DeviceMismatchError", "RegistrationError"):
+               "DeviceMismatchError", "RegistrationError", "TracedValueError",
+               "LeakedTracerError"):
     assert issubclass(getattr(bridge, name), bridge.BridgeError)
   assert issubclass(bridge.BridgeTypeError, TypeError)
   assert issubclass(bridge.TransferError, ValueError)
@@ -60,7 +68,8 @@ def test_package_ships_py_typed():
   assert importlib.resources.files("bridge").joinpath("py.typed").is_file()
 
 
-@pytest.mark.parametrize("module", [transfer, interop, config_lib], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [transfer, interop, config_lib, call_torch, modules,
+                                    compile_lib, rng], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   assert result.attempted > 0 and result.failed == 0

@@ -449,7 +449,7 @@ class _FunctionalPlan:
     try:
       if not exe.keyed:
         out = exe.call(*dyn)
-      elif exe.decomposed and rng.is_staged():
+      elif exe.decomposed and scope.is_staged():
         out = exe.inline(*dyn)
       else:
         dyn.append(rng.next_key(self.func) if exe.draws is not False else _NO_KEY)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -81,7 +82,12 @@ class Tensor(torch.Tensor):
     plan = _PLANS.get(func)  # the dispatcher's per-op plans (bridge._src.dispatch)
     if plan is None:
       plan = _get_plan(func)
-    return plan(args, kwargs or {})
+    try:
+      return plan(args, kwargs or {})
+    except Exception as e:
+      if torch._C._current_graph_task_id() == -1:
+        raise
+      return _defer_backward_error(e, func, args, kwargs or {})
 
   # --- data access -------------------------------------------------------------
 
@@ -122,6 +128,44 @@ class Tensor(torch.Tensor):
 
 
 _PLANS: dict[Any, Any] = {}  # shared with bridge._src.dispatch, which fills it
+
+
+def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict) -> Any:
+  """An op failed inside torch's autograd engine: raise when the backward pass ends.
+
+  Raised right here, the error would unwind through the engine's stream guard, which
+  calls back into Python with the error still pending and aborts the process
+  (torch's Python device guard cannot exchange streams). So the op returns zeros of
+  the right shapes, and the error is raised, traceback intact, by a callback the
+  engine runs when the backward pass finishes.
+  """
+  task = torch._C._current_graph_task_id()
+  with _deferred_lock:
+    pending = _deferred.get(task)
+    if pending is None:
+      pending = _deferred[task] = []
+      def raise_pending() -> None:
+        with _deferred_lock:
+          errors = _deferred.pop(task, [error])
+        raise errors[0]
+      torch.autograd.Variable._execution_engine.queue_callback(raise_pending)
+    pending.append(error)
+  def placeholder(m: Any) -> Any:
+    if isinstance(m, torch.Tensor):
+      return make(jnp.zeros(tuple(m.shape), dtypes.TORCH_TO_JAX[m.dtype]), jax_device(0), m.dtype)
+    return m
+  meta = jax.tree_util.tree_map(
+      lambda x: torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+      if isinstance(x, torch.Tensor) else x, (args, kwargs))
+  try:
+    shapes = func(*meta[0], **meta[1])
+  except Exception:  # noqa: BLE001 - no meta kernel: a guess, the pass is failing anyway
+    shapes = next((x for x in meta[0] if isinstance(x, torch.Tensor)), None)
+  return jax.tree_util.tree_map(placeholder, shapes)
+
+
+_deferred: dict[int, list[Exception]] = {}  # graph task id -> errors of its backward pass
+_deferred_lock = threading.Lock()
 
 
 def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.get_plan on import
