@@ -52,6 +52,8 @@ class _Program:
   """One argument structure, static values and train/eval setting: a jitted forward."""
 
   def __init__(self, owner: "Compiled", spec: Any, statics: tuple, names: tuple):
+    if isinstance(spec, int):  # the fast path's spelling of `spec` tensors as positional args
+      spec = tree_lib.flatten((tuple(range(spec)), {}))[1]
     self.owner, self.spec, self.statics, self.names = owner, spec, statics, names
     self.n_state = len(names)
     self.name = owner.name
@@ -195,7 +197,16 @@ class Compiled:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     state = self._state()
-    spec, statics, dyn, sig = self._split(args, kwargs)
+    for a in args:  # the common case, tensors only, skips the pytree machinery
+      if not isinstance(a, torch.Tensor):
+        spec, statics, dyn, sig = self._split(args, kwargs)
+        break
+    else:
+      if kwargs:
+        spec, statics, dyn, sig = self._split(args, kwargs)
+      else:
+        spec, statics, dyn = len(args), (_DYN,) * len(args), list(args)
+        sig = tuple((a.shape, a.dtype) for a in args)
     flags = tuple(m.training for m in self._submodules)
     key = (spec, statics, flags, sig)
     program = self._programs.get(key)

@@ -90,6 +90,16 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
   tensors = {name: a if isinstance(a, tensor_lib.Tensor)
              else call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
              for name, a in params.items()}
+  missing = {name: t for name, t in module_state(module).items() if name not in tensors}
+  if missing:  # the module's own values, as copies: an in-place update must not reach them
+    if not dtypes.x64_enabled() and scope.is_staged():  # a 32-bit program (`scope.narrow`)
+      from bridge._src.dispatch import _NARROW
+      wide = [n for n, t in missing.items() if t.dtype in _NARROW]
+      if wide:
+        scope.warn_narrowed(f"the module's {wide[0]!r}")
+      missing = {n: t.to(_NARROW.get(t.dtype, t.dtype)) for n, t in missing.items()}
+    for name, a in state_to_jax(missing, copy=True, api=api).items():
+      tensors[name] = call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
   made = dict(tensors)
   arrays = {name: t._storage.array for name, t in tensors.items()}
   with _reparametrize_module(module, tensors, tie_weights=True):
@@ -193,7 +203,8 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False
   module ties weights).
 
   The forward runs in whatever mode the module is in (`module.train()` /
-  `.eval()` at the time of the call). Buffers it updates in place (BatchNorm
+  `.eval()`) when it runs, which under `jax.jit` means when it is traced: jit a
+  separate function for evaluation. Buffers it updates in place (BatchNorm
   running statistics) come back with `return_state=True`: `fn` then returns
   `(output, new_params)`. Without it, such updates are dropped with a warning.
   Random ops inside `jax.jit` need a key: `with bridge.rng_key(key): fn(...)`.

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
+from bridge._src import scope
 from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope,
                                   _decomposition, _mutated, _raise_not_found, _x64, aten,
                                   get_plan)
@@ -153,6 +154,8 @@ def _store(target: Any, new: Any, resize: bool = False) -> None:
     with _x64():
       v = jnp.broadcast_to(v, tuple(target.shape))
   want = dtypes.TORCH_TO_JAX[target.dtype]
+  if scope.narrow():  # a 32-bit program: its 64-bit tensors hold 32-bit arrays
+    want = jax.dtypes.canonicalize_dtype(want)
   if np.dtype(v.dtype) != want:
     with _x64():
       v = _cast(v, want)
