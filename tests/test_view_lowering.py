@@ -1,6 +1,6 @@
 """Views read and write through slice/transpose/broadcast where they can, and stay exact.
 
-`bridge._src.tensor._gather` / `_scatter` turn a torch view (size, stride, storage offset
+`bridge._src.strided.gather` / `scatter` turn a torch view (size, stride, storage offset
 over a contiguous storage array) into JAX ops. Each case below builds a view with real torch
 view ops on a CPU tensor; the lowering must give torch's values, and a view that is a strided
 slice, permutation or broadcast of the storage must lower without a gather or a scatter.
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import bridge  # noqa: F401 - registers the jax device
-from bridge._src import tensor as bt
+from bridge._src import strided as bt
 
 # name: (base shape, view of the base, lowers without gather/scatter)
 CASES = {
@@ -90,7 +90,7 @@ def _writable(size, stride, offset):
 @pytest.mark.parametrize("name", list(CASES))
 def test_gather_matches_torch(name):
   base, v, _ = _view(name)
-  got = bt._gather(jnp.asarray(base.numpy()), *_meta(v))
+  got = bt.gather(jnp.asarray(base.numpy()), *_meta(v))
   np.testing.assert_array_equal(np.asarray(got), v.numpy())
 
 
@@ -103,7 +103,7 @@ def test_scatter_matches_torch(name):
   new = torch.arange(math.prod(size), dtype=torch.float32).reshape(size) * 10 + 1000
   want = base.clone()
   want.as_strided(size, stride, offset).copy_(new)
-  got = bt._scatter(jnp.asarray(base.numpy()), jnp.asarray(new.numpy()), size, stride, offset)
+  got = bt.scatter(jnp.asarray(base.numpy()), jnp.asarray(new.numpy()), size, stride, offset)
   np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
@@ -112,11 +112,11 @@ def test_structured_views_lower_without_gather_or_scatter(name):
   base, v, _ = _view(name)
   size, stride, offset = _meta(v)
   b = jnp.asarray(base.numpy())
-  hlo = jax.jit(bt._gather, static_argnums=(1, 2, 3)).lower(b, size, stride, offset).as_text()
+  hlo = jax.jit(bt.gather, static_argnums=(1, 2, 3)).lower(b, size, stride, offset).as_text()
   assert not _GATHER_OR_SCATTER.search(hlo), hlo
   if _writable(size, stride, offset):
     new = jnp.ones(size, b.dtype)
-    hlo = jax.jit(bt._scatter, static_argnums=(2, 3, 4)).lower(
+    hlo = jax.jit(bt.scatter, static_argnums=(2, 3, 4)).lower(
         b, new, size, stride, offset).as_text()
     assert not _GATHER_OR_SCATTER.search(hlo), hlo
 
@@ -129,7 +129,7 @@ def test_other_views_take_the_flat_index_fallback(name):
 
 def test_step_one_slice_writes_with_dynamic_update_slice():
   b = jnp.zeros((4, 6))
-  hlo = jax.jit(bt._scatter, static_argnums=(2, 3, 4)).lower(
+  hlo = jax.jit(bt.scatter, static_argnums=(2, 3, 4)).lower(
       b, jnp.ones((2, 3)), (2, 3), (6, 1), 8).as_text()  # x[1:3, 2:5]
   assert "stablehlo.dynamic_update_slice" in hlo and not _GATHER_OR_SCATTER.search(hlo)
 
@@ -159,20 +159,20 @@ def test_random_as_strided_views(seed):
     base = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
     b = jnp.asarray(base.numpy())
     want = base.as_strided(size, stride, offset)
-    got = bt._gather(b, size, stride, offset)
+    got = bt.gather(b, size, stride, offset)
     np.testing.assert_array_equal(np.asarray(got), want.numpy(), err_msg=str(case))
     if _writable(size, stride, offset):
       new = -torch.arange(math.prod(size), dtype=torch.float32).reshape(size) - 1
       expect = base.clone()
       expect.as_strided(size, stride, offset).copy_(new)
-      got = bt._scatter(b, jnp.asarray(new.numpy()), size, stride, offset)
+      got = bt.scatter(b, jnp.asarray(new.numpy()), size, stride, offset)
       np.testing.assert_array_equal(np.asarray(got), expect.numpy(), err_msg=str(case))
     done += 1
 
 
 def test_scatter_broadcasts_and_casts_new():
   base = jnp.zeros((3, 4), jnp.int32)
-  got = bt._scatter(base, jnp.array([1.0, 2.0, 3.0]), (4, 3), (1, 4), 0)  # x.t() = row
+  got = bt.scatter(base, jnp.array([1.0, 2.0, 3.0]), (4, 3), (1, 4), 0)  # x.t() = row
   want = torch.zeros(3, 4, dtype=torch.int32)
   want.t().copy_(torch.tensor([1, 2, 3]))
   np.testing.assert_array_equal(np.asarray(got), want.numpy())
@@ -185,20 +185,20 @@ def test_gather_and_scatter_under_vmap_and_grad(name):
   size, stride, offset = _meta(v)
   b = jnp.asarray(base.numpy())
   batch = jnp.stack([b, b * 2, -b])
-  got = jax.vmap(lambda x: bt._gather(x, size, stride, offset))(batch)
+  got = jax.vmap(lambda x: bt.gather(x, size, stride, offset))(batch)
   np.testing.assert_array_equal(np.asarray(got[1]), v.numpy() * 2)
   # d/d(base) of sum(view * w) adds w into every address the view reads.
   w = jnp.arange(math.prod(size), dtype=b.dtype).reshape(size) + 1
-  grad = jax.grad(lambda x: jnp.sum(bt._gather(x, size, stride, offset) * w))(b)
+  grad = jax.grad(lambda x: jnp.sum(bt.gather(x, size, stride, offset) * w))(b)
   want = torch.zeros(base.numel()).index_add_(
       0, torch.from_numpy(bt._flat_index(size, stride, offset).reshape(-1)),
       torch.from_numpy(np.array(w).reshape(-1)))
   np.testing.assert_array_equal(np.asarray(grad).reshape(-1), want.numpy())
   if _writable(size, stride, offset):
     news = jnp.stack([w, -w, 2 * w])
-    got = jax.vmap(lambda x, n: bt._scatter(x, n, size, stride, offset))(batch, news)
+    got = jax.vmap(lambda x, n: bt.scatter(x, n, size, stride, offset))(batch, news)
     np.testing.assert_array_equal(np.asarray(got[0]),
-                                  np.asarray(bt._scatter(b, w, size, stride, offset)))
+                                  np.asarray(bt.scatter(b, w, size, stride, offset)))
 
 
 DEVICE_VIEWS = {
@@ -242,7 +242,7 @@ def test_linear_weight_reads_as_a_transpose_under_jit():
   w = bridge.jax_view(lin.weight.detach())
   size, stride = (6, 3), (1, 6)
   assert tuple(lin.weight.t().stride()) == stride
-  hlo = jax.jit(bt._gather, static_argnums=(1, 2, 3)).lower(w, size, stride, 0).as_text()
+  hlo = jax.jit(bt.gather, static_argnums=(1, 2, 3)).lower(w, size, stride, 0).as_text()
   assert "stablehlo.transpose" in hlo and not _GATHER_OR_SCATTER.search(hlo)
   torch.testing.assert_close(lin(x).cpu(), torch.nn.functional.linear(
       x.cpu(), lin.weight.detach().cpu(), lin.bias.detach().cpu()))

@@ -41,6 +41,7 @@ from bridge._src.tensor import Tensor, make, make_view, value
 aten = torch.ops.aten
 _tree_flatten = jax.tree_util.tree_flatten
 _config_var = config_lib._CURRENT
+_scope_var = scope._ACTIVE
 _CONTAINERS = (list, tuple, dict)
 try:
   from jax._src.array import ArrayImpl as _ArrayImpl
@@ -443,17 +444,17 @@ class _FunctionalPlan:
       _debug_print(self.func, dyn)
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
     # building a context manager per op).
-    narrow = scope.narrow()
-    prev = _x64_state.swap_local(not narrow)
-    quiet = _quiet_narrowing() if narrow else None
+    where = _scope_var.get()
+    prev = _x64_state.swap_local(not where.narrow)
+    quiet = _quiet_narrowing() if where.narrow else None
     try:
       if not exe.keyed:
-        out = exe.call(*dyn)
-      elif exe.decomposed and scope.is_staged():
+        out = exe.run(*dyn) if where.staged else exe.call(*dyn)
+      elif exe.decomposed and (where.staged or scope.is_staged()):
         out = exe.inline(*dyn)
       else:
         dyn.append(rng.next_key(self.func) if exe.draws is not False else _NO_KEY)
-        out = exe.call(*dyn)
+        out = exe.run(*dyn) if where.staged else exe.call(*dyn)
     except jax.errors.UnexpectedTracerError as e:
       raise scope.leaked_tracer_error(e) from e
     finally:

@@ -27,13 +27,13 @@ from jax._src import core as _jax_core
 from bridge._src.errors import BridgeError
 
 class _Scope:
-  __slots__ = ("api", "narrow")
+  __slots__ = ("api", "narrow", "staged")
 
-  def __init__(self, api: str, narrow: bool):
-    self.api, self.narrow = api, narrow
+  def __init__(self, api: str, narrow: bool, staged: bool):
+    self.api, self.narrow, self.staged = api, narrow, staged
 
 
-_NONE = _Scope("", False)
+_NONE = _Scope("", False, False)
 _ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
                                                                  default=_NONE)
 
@@ -59,6 +59,12 @@ def narrow() -> bool:
   warning, once). Everywhere else the bridge keeps 64-bit types exact.
   """
   return _ACTIVE.get().narrow
+
+
+def staged() -> bool:
+  """Whether the current trace scope stages torch code into a JAX program (so each op can run
+  straight into it: jitting ops one by one would only add nested programs to compile)."""
+  return _ACTIVE.get().staged
 
 
 def is_staged() -> bool:
@@ -100,7 +106,8 @@ class trace_scope:  # noqa: N801
 
   def __enter__(self) -> None:
     from bridge._src import dtypes
-    self._token = _ACTIVE.set(_Scope(self.api, not dtypes.x64_enabled() and is_staged()))
+    staged = is_staged()
+    self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged))
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:

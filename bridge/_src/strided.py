@@ -1,0 +1,220 @@
+"""Reading and writing a torch view of a storage's JAX array, with structured ops.
+
+A `bridge.Tensor` view is torch's (size, stride, storage offset) over its storage's
+array (the base, contiguous in its own shape). `gather` reads it and `scatter`
+writes into it; both are jitted with the view's metadata static, and work on
+tracers (under `jax.jit`, `jax.grad`, `jax.vmap`) as on arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """torch's strides of a contiguous tensor of `shape`."""
+  strides, acc = [], 1
+  for n in reversed(shape):
+    strides.append(acc)
+    acc *= max(n, 1)
+  return tuple(reversed(strides))
+
+
+# --- reading and writing a view --------------------------------------------------
+#
+# A view is (size, stride, offset) over the storage's elements, which the storage array
+# holds contiguously in its own shape. Most views are a strided slice of that array (or
+# of a reshape of it), permuted and broadcast: `t()`, `permute`, `select`, `x[1:, ::2]`,
+# `expand`, `unsqueeze`, `view`. Those lower to slice/transpose/broadcast (and to
+# dynamic_update_slice or pad+select for a write), which XLA fuses and differentiates
+# cheaply; only the rest (overlapping `as_strided`, a stride that fits no factorization)
+# takes a gather/scatter over flat indices.
+
+
+class _Contiguous(NamedTuple):
+  """The view is the flat elements [offset, offset + numel) reshaped to its size."""
+  offset: int
+  numel: int
+
+
+class _Strided(NamedTuple):
+  """The view is a strided slice of (part of) the base reshaped to `shape`, permuted, broadcast.
+
+  Reading: take the flat elements [window[0], window[0] + window[1]) of the base (all of
+  them where `window` is None), reshape to `shape`, `lax.slice(start, limit, step)`, reshape
+  to `kept` (drops the dims selected at one index), transpose by `perm` (into the view's
+  order of its dims of size > 1 and stride > 0), reshape to `expanded` (1 at the view's new
+  axes and broadcast dims) and broadcast to the view's size.
+  """
+  window: tuple | None
+  shape: tuple
+  start: tuple
+  limit: tuple
+  step: tuple
+  kept: tuple
+  perm: tuple
+  expanded: tuple
+
+
+def _match(shape: tuple, strides: tuple, start: tuple, dims: list, used: list) -> list | None:
+  """Assigns each (size, stride) in `dims` a distinct base dim it is a strided slice of."""
+  if not dims:
+    return []
+  n, s = dims[0]
+  for d in sorted(range(len(shape)), key=lambda d: -strides[d]):
+    if d in used or shape[d] <= 1 or s % strides[d]:
+      continue
+    if start[d] + (n - 1) * (s // strides[d]) >= shape[d]:
+      continue
+    rest = _match(shape, strides, start, dims[1:], used + [d])
+    if rest is not None:
+      return [d] + rest
+  return None
+
+
+def _strided_plan(shape: tuple, size: tuple, stride: tuple, offset: int,
+                  window: tuple | None) -> _Strided | None:
+  """The view as a strided slice of a contiguous array of `shape`, or None where it is not."""
+  strides = contiguous_strides(shape)
+  start = tuple((offset // b) % n if d else offset // b
+                for d, (n, b) in enumerate(zip(shape, strides)))
+  if not shape or start[0] >= shape[0]:
+    return None
+  view_dims = [i for i, (n, s) in enumerate(zip(size, stride)) if n > 1 and s > 0]
+  base_dims = _match(shape, strides, start, [(size[i], stride[i]) for i in view_dims], [])
+  if base_dims is None:
+    return None
+  step, count = [1] * len(shape), [1] * len(shape)
+  for i, d in zip(view_dims, base_dims):
+    step[d], count[d] = stride[i] // strides[d], size[i]
+  limit = tuple(b + (c - 1) * k + 1 for b, c, k in zip(start, count, step))
+  order = sorted(range(len(view_dims)), key=lambda j: base_dims[j])  # view dims in base order
+  perm = tuple(order.index(j) for j in range(len(view_dims)))
+  expanded = tuple(n if (n > 1 and s > 0) else 1 for n, s in zip(size, stride))
+  kept = tuple(size[view_dims[j]] for j in order)
+  return _Strided(window, shape, start, limit, tuple(step), kept, perm, expanded)
+
+
+def _factorizations(shape: tuple, size: tuple, stride: tuple, offset: int) -> list[tuple]:
+  """(shape, offset, window) to try the base as: its own shape, split by the view's strides, 1-D.
+
+  Split by the view's strides (when each divides the next larger), each dim of the view is
+  one dim of the split base; where the base's size is no multiple of the largest stride, the
+  split is of a window of the flat base that holds the view.
+  """
+  numel = math.prod(shape)
+  tries = [(tuple(shape), offset, None)]
+  cuts = sorted({1} | {s for n, s in zip(size, stride) if n > 1 and s > 0}, reverse=True)
+  if all(a % b == 0 for a, b in zip(cuts, cuts[1:])):
+    inner = tuple(a // b for a, b in zip(cuts, cuts[1:]))
+    if numel % cuts[0] == 0:
+      tries.append(((numel // cuts[0],) + inner, offset, None))
+    else:
+      span = sum((n - 1) * s for n, s in zip(size, stride))
+      length = -(-(span + 1) // cuts[0]) * cuts[0]
+      first = min(offset, numel - length)
+      if first >= 0:
+        tries.append(((length // cuts[0],) + inner, offset - first, (first, length)))
+  tries.append(((numel,), offset, None))
+  return list(dict.fromkeys(tries))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(shape: tuple, size: tuple, stride: tuple, offset: int) -> _Contiguous | _Strided | None:
+  """How to read/write the view (size, stride, offset) of a contiguous array of `shape`.
+
+  Pure Python on static metadata, so it runs once per view layout; None means the flat-index
+  fallback.
+  """
+  if all(n == 1 or s == c for n, s, c in zip(size, stride, contiguous_strides(size))):
+    return _Contiguous(offset, math.prod(size))
+  for factored, start, window in _factorizations(shape, size, stride, offset):
+    plan = _strided_plan(factored, size, stride, start, window)
+    if plan is not None:
+      return plan
+  return None
+
+
+def _flat_index(size: tuple, stride: tuple, offset: int) -> np.ndarray:
+  index = np.full(size, offset, dtype=np.int64)
+  for dim, (n, s) in enumerate(zip(size, stride)):
+    shape = [1] * len(size)
+    shape[dim] = n
+    index = index + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+  return index
+
+
+def _window(flat: Any, window: tuple | None) -> Any:
+  """The flat elements [window[0], window[0] + window[1]) (all of them where None)."""
+  if window is None or window[1] == flat.shape[0]:
+    return flat
+  return lax.slice(flat, (window[0],), (window[0] + window[1],))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  """The view (size, stride, offset) of the contiguous storage array `base`."""
+  if math.prod(size) == 0:
+    return jnp.zeros(size, base.dtype)
+  plan = _plan(tuple(base.shape), size, stride, offset)
+  flat = base.reshape(-1)
+  if plan is None:
+    return flat[_flat_index(size, stride, offset)]
+  if type(plan) is _Contiguous:
+    return _window(flat, (plan.offset, plan.numel)).reshape(size)
+  x = _window(flat, plan.window).reshape(plan.shape)
+  x = lax.slice(x, plan.start, plan.limit, plan.step).reshape(plan.kept)
+  if plan.perm != tuple(range(len(plan.perm))):
+    x = lax.transpose(x, plan.perm)
+  return jnp.broadcast_to(x.reshape(plan.expanded), size)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  """`base` with the view (size, stride, offset) set to `new` (broadcast, cast to base's dtype)."""
+  if math.prod(size) == 0:
+    return base
+  new = jnp.broadcast_to(new, size).astype(base.dtype)
+  plan = _plan(tuple(base.shape), size, stride, offset)
+  flat = base.reshape(-1)
+  if plan is None or (type(plan) is _Strided and plan.expanded != size):
+    # The fallback, also for a broadcast dim (several elements at one address).
+    flat = flat.at[_flat_index(size, stride, offset).reshape(-1)].set(new.reshape(-1))
+  elif type(plan) is _Contiguous:
+    flat = _set_window(flat, (plan.offset, plan.numel), new.reshape(-1))
+  else:
+    part = _set_strided(_window(flat, plan.window).reshape(plan.shape), new, plan)
+    flat = _set_window(flat, plan.window, part.reshape(-1))
+  return flat.reshape(base.shape)
+
+
+def _set_window(flat: Any, window: tuple | None, part: Any) -> Any:
+  """`flat` with its elements [window[0], window[0] + window[1]) set to `part`."""
+  if window is None or window[1] == flat.shape[0]:
+    return part
+  return lax.dynamic_update_slice(flat, part, (window[0],))
+
+
+def _set_strided(base: Any, new: Any, plan: _Strided) -> Any:
+  """`base` (shaped `plan.shape`) with its strided slice `plan` set to `new` (the view's value)."""
+  x = new.reshape(tuple(plan.kept[p] for p in plan.perm))
+  if plan.perm != tuple(range(len(plan.perm))):
+    x = lax.transpose(x, tuple(np.argsort(plan.perm).tolist()))
+  counts = tuple((b - a - 1) // k + 1 for a, b, k in zip(plan.start, plan.limit, plan.step))
+  x = x.reshape(counts)
+  if all(k == 1 for k in plan.step):
+    return lax.dynamic_update_slice(base, x, plan.start)
+  # A strided write without a scatter: spread `x` over the base's shape with interior
+  # padding, and select it where the view's elements are.
+  config = tuple((a, n - b, k - 1)
+                 for a, b, k, n in zip(plan.start, plan.limit, plan.step, plan.shape))
+  spread = lax.pad(x, jnp.zeros((), base.dtype), config)
+  mask = lax.pad(jnp.ones(counts, bool), False, config)
+  return jnp.where(mask, spread, base)
