@@ -147,6 +147,8 @@ def test_user_changes_to_parameters_are_seen():
   torch.testing.assert_close(compiled(x), model(x))
   model.load_state_dict({"weight": torch.zeros(2, 3), "bias": torch.zeros(2)})
   torch.testing.assert_close(compiled(x), torch.zeros(4, 2))
+  model.weight.data = torch.ones(2, 3)  # new data, same Parameter object and version
+  torch.testing.assert_close(compiled(x), model(x))
 
 
 class Scaled(torch.nn.Module):

@@ -111,6 +111,7 @@ class Compiled:
     self.dynamic_argnums = frozenset(dynamic_argnums)
     self.dynamic_argnames = frozenset(dynamic_argnames)
     self._programs: dict[tuple, _Program] = {}
+    self._imported: list[tuple[torch.Tensor, tuple, Any] | None] = []  # see _state_arrays
     self._slots: list[tuple[dict, str]] | None = None
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
@@ -154,6 +155,28 @@ class Compiled:
       self._build_slots()
       state = [table[attr] for table, attr in self._slots]
     return state
+
+  def _state_arrays(self, state: list) -> list:
+    """The state's JAX arrays. A CPU tensor's zero-copy array is kept until the tensor is
+    replaced or changed in place (torch bumps its version), so parameters are not imported
+    again on every call."""
+    cache = self._imported
+    if len(cache) != len(state):
+      cache[:] = [None] * len(state)
+    arrays = []
+    for i, t in enumerate(state):
+      if type(t) is tensor_lib.Tensor:
+        arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
+        continue
+      hit = cache[i]
+      version = (t._version, t.data_ptr())  # `t.data = ...` keeps the version, not the pointer
+      if hit is not None and hit[0] is t and hit[1] == version:
+        arrays.append(hit[2])
+        continue
+      a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: "a parameter or buffer")
+      cache[i] = (t, version, a)
+      arrays.append(a)
+    return arrays
 
   # --- arguments -------------------------------------------------------------------------
 
@@ -217,8 +240,9 @@ class Compiled:
     n = len(state)
     prev = _x64_state.swap_local(True)
     try:
-      arrays = [_array(t) for t in tensors]
-      arrays.insert(n, rng.current_key())
+      arrays = self._state_arrays(state)
+      arrays.append(rng.current_key())
+      arrays += [_array(t) for t in dyn]
       if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         outs, updates, new_key = self._call_with_grad(program, arrays, tensors, n, device)
       else:
