@@ -13,9 +13,18 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Transfer sizes (bytes of float32 data); workloads are named e.g. "to_jax_1GiB".
 SIZES = {"1KiB": KiB, "1MiB": MiB, "64MiB": 64 * MiB, "1GiB": GiB}
 QUICK_MAX_BYTES = 64 * MiB  # --quick skips bigger transfers
+# The module workloads of issue 4 (models in benchmarks/models.py).
+MODULE_WORKLOADS = (
+    "compiled_linear",
+    "mlp_train_step",
+    "transformer_block",
+    "transformer_block_composite",
+    "transformer_first_call",
+    "transformer_first_call_composite",
+)
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-)
+) + MODULE_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +56,17 @@ class System:
     eager(x, y) -> (run, to_cpu): places CPU tensors x, y on the system's device;
                      run() computes x + y there as one eager op, to_cpu(out)
                      brings a result back for checking.
+    forward(module, x) -> (run, to_cpu): places a CPU module and CPU input where the
+                     system runs them and wraps the module (compiling lazily: the
+                     first run() traces and compiles); run() calls it once,
+                     to_cpu(out) gives a CPU tensor for checking. run() returns only
+                     once its output is computed: systems whose outputs are tensors
+                     of a jax torch device wait for the JAX array inside run(); JAX
+                     array outputs are waited for by the workload (`blocking`).
+    train_step(module, x, y) -> (run, read): one SGD step (`models.LR`) of
+                     cross-entropy on logits module(x) and int labels y; the
+                     system's copy of the parameters is updated in place or carried
+                     between calls; read(run()) -> (loss, {state-dict name: ndarray}).
     """
 
     name: str
@@ -57,7 +77,11 @@ class System:
     to_jax: Callable[[Any], Any] | None = None
     to_torch: Callable[[Any], Any] | None = None
     eager: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    forward: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    train_step: Callable[[Any, Any, Any], tuple[Callable[[], Any], Callable[[Any], tuple]]] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    # Reasons, by workload or capability name; a workload listed here is skipped
+    # even when the capability it uses exists.
     unsupported: dict[str, str] = dataclasses.field(default_factory=dict)
 
 

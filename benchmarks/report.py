@@ -7,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-from .common import SIZES
+from .common import MODULE_WORKLOADS, SIZES
 from .systems import ALL, BASELINE
 
 CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
@@ -16,7 +16,25 @@ GROUPS = {
     "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
     "to_jax: float32 torch CPU tensor -> JAX array": tuple(f"to_jax_{s}" for s in SIZES),
     "to_torch: float32 JAX CPU array -> torch tensor": tuple(f"to_torch_{s}" for s in SIZES),
+    "Compiled module call: nn.Linear(16, 16) on (8, 16) float32, torch.no_grad()": ("compiled_linear",),
+    "MLP training step: 784-256-256-10, batch 64, cross-entropy, SGD": ("mlp_train_step",),
+    "Transformer block: TransformerEncoderLayer(128, 4 heads, ff 256), (4, 32, 128), eval, "
+    "torch.no_grad()": tuple(w for w in MODULE_WORKLOADS if w.startswith("transformer")),
 }
+# Issue 4's targets: (workload, bridge system, other system, goal for bridge/other median).
+GOALS = (
+    ("compiled_linear", "bridge", "plain_jax", 1.5),
+    ("compiled_linear", "bridge_jax", "plain_jax", 1.5),
+    ("mlp_train_step", "bridge", "plain_jax", 1.05),
+    ("transformer_block", "bridge", "torchax", 1.0),
+    ("transformer_block", "bridge_jax", "torchax", 1.0),
+    ("transformer_block_composite", "bridge", "torchax", 1.0),
+    ("transformer_block_composite", "bridge_jax", "torchax", 1.0),
+    ("transformer_first_call", "bridge", "torchax", 0.5),
+    ("transformer_first_call", "bridge_jax", "torchax", 0.5),
+    ("transformer_first_call_composite", "bridge", "torchax", 0.5),
+    ("transformer_first_call_composite", "bridge_jax", "torchax", 0.5),
+)
 
 
 def _color(system: str) -> str:
@@ -103,7 +121,12 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
         f"jaxlib {v.get('jaxlib', '?')}, numpy {v.get('numpy', '?')}",
         f"- OMP_WAIT_POLICY={', '.join(omp) or '?'} (set before torch is imported in every worker)",
         "- times are per call, in microseconds; each worker process runs one system; warm-up "
-        "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed region",
+        "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed "
+        "region, in the module workloads also the JAX array inside a jax-device tensor output "
+        "(bridge_jax, torchax; eager_add does not wait for those); CPU torch tensor outputs "
+        "are complete when returned",
+        "- transformer_first_call*: one first call (trace + compile + run) per fresh process; "
+        "median/min/max over the processes (n)",
         f"- ratio = other / {BASELINE} (median): above 1 means {BASELINE} is faster",
         "- every output is checked against a reference before timing; a transfer whose output "
         "does not alias its input is flagged as a copy in the notes",
@@ -115,6 +138,34 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
 def _summary(reports: list[dict], workloads: list[str]) -> list[str]:
     rows = [[r["system"]] + [_us(_median(reports, r["system"], w)) for w in workloads] for r in reports]
     return ["## Summary: median us per call", ""] + _table(["system"] + workloads, rows) + [""]
+
+
+def _skip_reason(reports: list[dict], system: str, workload: str) -> str | None:
+    for r in reports:
+        if r["system"] == system:
+            return r["skipped"].get(workload) or r["skipped"].get("all")
+    return None
+
+
+def _goals(reports: list[dict]) -> list[str]:
+    """Issue 4's ratio targets, for the (workload, pair)s this run covered."""
+    rows = []
+    for workload, mine, other, goal in GOALS:
+        if not _present(reports, (workload,)):
+            continue
+        a, b = _median(reports, mine, workload), _median(reports, other, workload)
+        if a is not None and b:
+            ratio, verdict = f"{a / b:.2f}", "met" if a / b <= goal else "not met"
+        else:
+            missing = mine if a is None else other
+            why = _skip_reason(reports, missing, workload) or "not run"
+            ratio, verdict = "n/a", f"{missing} skipped: {why[:160]}"
+        rows.append([workload, f"{mine} / {other}", ratio, f"<= {goal}", verdict])
+    if not rows:
+        return []
+    header = ["workload", "ratio (median)", "value", "goal", "status"]
+    return ["## Goals (issue 4)", "",
+            "Ratios here are bridge / other (below 1: bridge is faster).", ""] + _table(header, rows) + [""]
 
 
 def _systems_section(reports: list[dict]) -> list[str]:
@@ -134,6 +185,7 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
     lines = _header(reports, meta)
     workloads = [w for ws in GROUPS.values() for w in _present(reports, ws)]
     lines += _summary(reports, workloads)
+    lines += _goals(reports)
     for title, group in GROUPS.items():
         present = _present(reports, group)
         if not present:
@@ -166,6 +218,14 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
             _bars(ax, reports, w)
         fig.tight_layout()
         written.append(_save(fig, out_dir / "call_overhead.png"))
+
+    modules = [w for w in MODULE_WORKLOADS if has(w)]
+    if modules:
+        fig, axes = plt.subplots(1, len(modules), figsize=(4 * len(modules), 4.5), squeeze=False)
+        for ax, w in zip(axes[0], modules):
+            _bars(ax, reports, w)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "modules.png"))
 
     directions = ("to_jax", "to_torch")
     if any(has(f"{d}_{s}") for d in directions for s in SIZES):

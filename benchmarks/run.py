@@ -1,6 +1,6 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
-    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...]
+    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules]
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 
 from . import report, systems
-from .common import WORKLOADS
+from .common import MODULE_WORKLOADS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
+# Names that --workloads expands to several workloads.
+WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -51,8 +53,8 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     if workloads:
         cmd += ["--only", ",".join(workloads)]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    if name != "bridge":
-        # Only the bridge's worker loads the bridge (torch autoloads it otherwise), and
+    if name not in systems.BRIDGE:
+        # Only the bridge workers load the bridge (torch autoloads it otherwise), and
         # torchax needs the PrivateUse1 backend for itself.
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions, sizes <= 64MiB")
     parser.add_argument("--only", help=f"comma-separated systems (default: all of {','.join(systems.ALL)})")
-    parser.add_argument("--workloads", help="comma-separated workload names (default: all)")
+    parser.add_argument("--workloads", help="comma-separated workload names, or 'modules' for "
+                        "the module workloads (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     args = parser.parse_args(argv)
 
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(systems.ALL))
     if unknown:
         parser.error(f"unknown systems: {', '.join(unknown)}")
-    workloads = args.workloads.split(",") if args.workloads else None
+    workloads = [w for name in args.workloads.split(",") for w in WORKLOAD_GROUPS.get(name, (name,))
+                 ] if args.workloads else None
     unknown = sorted(set(workloads or ()) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")

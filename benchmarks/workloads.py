@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import models
 from .common import (
     FULL,
     FULL_BIG,
@@ -38,9 +45,9 @@ def _as_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def _check(actual, expected, what: str) -> None:
+def _check(actual, expected, what: str, rtol: float = 1e-6, atol: float = 0.0) -> None:
     try:
-        np.testing.assert_allclose(_as_numpy(actual), _as_numpy(expected), rtol=1e-6, atol=0)
+        np.testing.assert_allclose(_as_numpy(actual), _as_numpy(expected), rtol=rtol, atol=atol)
     except AssertionError as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         keep = [line for line in lines if line.startswith(("Mismatched", "Max abs"))] or lines[:1]
@@ -73,6 +80,8 @@ def _input(system: System, t: torch.Tensor):
 
 def _need(system: System, attr: str, workload: str):
     impl = getattr(system, attr)
+    if workload in system.unsupported:
+        raise Skip(system.unsupported[workload])
     if impl is None:
         raise Skip(system.unsupported.get(workload) or system.unsupported.get(attr) or "not supported")
     return impl
@@ -135,6 +144,90 @@ def _transfer(system: System, quick: bool, size: str, direction: str) -> dict:
     return time_calls(timed, settings)
 
 
+# --- module workloads (issue 4); the models are in benchmarks/models.py -------------------
+
+# XLA and torch sum the matmuls in different orders; outputs agree to ~1e-6.
+MODEL_RTOL, MODEL_ATOL = 1e-4, 1e-5
+ROOT = Path(__file__).resolve().parent.parent
+FIRST_CALL_PROCESSES = {True: 2, False: 5}  # by quick
+FIRST_CALL_TIMEOUT_S = 300
+
+
+def _forward(system: System, quick: bool, workload: str, build: Callable, fastpath: bool = True) -> dict:
+    """Steady-state cost of one forward call of a wrapped module, under ``torch.no_grad()``."""
+    module, x = build()
+    with torch.no_grad(), models.mha_fastpath(fastpath):
+        expected = module(x)
+        run, to_cpu = _need(system, "forward", workload)(module, x)
+        out = run()  # traces and compiles; untimed, like the warm-up calls
+        _check(to_cpu(out), expected, "output", MODEL_RTOL, MODEL_ATOL)
+        return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
+def compiled_linear(system: System, quick: bool) -> dict:
+    """``nn.Linear(16, 16)`` on an (8, 16) float32 input, no grad."""
+    return _forward(system, quick, "compiled_linear", models.linear)
+
+
+def transformer_block(system: System, quick: bool) -> dict:
+    """`models.transformer()` forward with torch's defaults: eval + no_grad take the MHA fast path."""
+    return _forward(system, quick, "transformer_block", models.transformer, fastpath=True)
+
+
+def transformer_block_composite(system: System, quick: bool) -> dict:
+    """The same layer with ``torch.backends.mha.set_fastpath_enabled(False)``: op-by-op attention."""
+    return _forward(system, quick, "transformer_block_composite", models.transformer, fastpath=False)
+
+
+def mlp_train_step(system: System, quick: bool) -> dict:
+    """One SGD step (forward, backward, update) of the 784-256-256-10 MLP on a batch of 64."""
+    module, x, y = models.mlp()
+    loss_ref, params_ref = models.torch_sgd_reference(module, x, y)
+    run, read = _need(system, "train_step", "mlp_train_step")(module, x, y)
+    out = run()
+    loss, params = read(out)
+    _check(loss, loss_ref, "loss", MODEL_RTOL, MODEL_ATOL)
+    missing = sorted(set(params_ref) - set(params))
+    if missing:
+        raise Skip(f"wrong output: no {', '.join(missing)} among the updated parameters {sorted(params)}")
+    for name, ref in params_ref.items():
+        _check(params[name], ref, f"{name} after one step", MODEL_RTOL, MODEL_ATOL)
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
+def _first_call(system: System, quick: bool, workload: str) -> dict:
+    """The first call (trace + compile + run) of the transformer block, one fresh process each.
+
+    Each sample is a new ``python -m benchmarks.first_call SYSTEM WORKLOAD`` process
+    (JAX's persistent compilation cache off), so no trace, lowering or compilation
+    cache of any library is warm; see benchmarks/first_call.py for what is timed.
+    """
+    _need(system, "forward", workload)
+    env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false")
+    cmd = [sys.executable, "-m", "benchmarks.first_call", system.name, workload]
+    firsts, setups, warmups = [], [], []
+    for _ in range(FIRST_CALL_PROCESSES[quick]):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=FIRST_CALL_TIMEOUT_S)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise Skip(f"error: first-call process failed (rc={proc.returncode}): {tail}")
+        result = json.loads(lines[-1])
+        if "skip" in result:
+            raise Skip(result["skip"])
+        firsts.append(result["first_call_us"])
+        setups.append(result["setup_us"])
+        warmups.append(result["warmup_us"])
+    ms = lambda samples: f"{statistics.median(samples) / 1e3:,.1f} ms"  # noqa: E731
+    system.notes.append(
+        f"{system.name}: {workload}: {len(firsts)} fresh processes; not included (medians): "
+        f"warm-up on a tiny nn.Linear (library start-up) {ms(warmups)}, placing the layer "
+        f"and input and building the wrapper {ms(setups)}.")
+    return {"median_us": statistics.median(firsts), "min_us": min(firsts), "max_us": max(firsts),
+            "n": len(firsts)}
+
+
 def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     """Workload name -> runner, in report order (quick mode drops the biggest sizes)."""
     table: dict[str, Callable[[System, bool], dict]] = {
@@ -149,4 +242,13 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
             table[f"{direction}_{size}"] = (
                 lambda system, q, s=size, d=direction: _transfer(system, q, s, d)
             )
+    table.update({
+        "compiled_linear": compiled_linear,
+        "mlp_train_step": mlp_train_step,
+        "transformer_block": transformer_block,
+        "transformer_block_composite": transformer_block_composite,
+        "transformer_first_call": lambda system, q: _first_call(system, q, "transformer_first_call"),
+        "transformer_first_call_composite": (
+            lambda system, q: _first_call(system, q, "transformer_first_call_composite")),
+    })
     return table

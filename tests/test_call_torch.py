@@ -449,3 +449,37 @@ def test_views_cancel():
 def test_functools_partial_and_kwargs():
   f = functools.partial(lambda x, k: x * k, k=3.0)
   np.testing.assert_array_equal(bridge.call_torch(f, jnp.ones(2)), [3.0, 3.0])
+
+
+def test_module_per_example_gradients_and_scan():
+  torch.manual_seed(0)
+  net = Net()
+  params, fn = bridge.extract_jax(net)
+  xs = _np((6, 4))
+  per_example = jax.jit(jax.vmap(jax.grad(lambda p, x: fn(p, x[None]).sum()),
+                                 in_axes=(None, 0)))(params, xs)
+  for i in (0, 5):
+    net.zero_grad()
+    net(torch.tensor(xs[i : i + 1])).sum().backward()
+    _assert_close(per_example["fc1.weight"][i], net.fc1.weight.grad, rtol=1e-5, atol=1e-6)
+
+  class Cell(torch.nn.Module):  # an Elman cell (torch's fused GRU/LSTM cells: tests/ops)
+    def __init__(self):
+      super().__init__()
+      self.ih, self.hh = torch.nn.Linear(4, 3), torch.nn.Linear(3, 3, bias=False)
+    def forward(self, x, h):
+      return torch.tanh(self.ih(x) + self.hh(h))
+  cell = Cell()
+  cell_params, cell_fn = bridge.extract_jax(cell)
+  seq = _np((5, 2, 4))
+  def run(p):
+    h, _ = jax.lax.scan(lambda h, x: (jax.checkpoint(cell_fn)(p, x, h), None),
+                        jnp.zeros((2, 3)), seq)
+    return h.sum()
+  value, grads = jax.jit(jax.value_and_grad(run))(cell_params)
+  h = torch.zeros(2, 3)
+  for x in seq:
+    h = cell(torch.tensor(x), h)
+  h.sum().backward()
+  _assert_close(value, h.sum().detach(), rtol=1e-5, atol=1e-6)
+  _assert_close(grads["hh.weight"], cell.hh.weight.grad, rtol=1e-4, atol=1e-5)

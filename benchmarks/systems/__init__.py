@@ -7,14 +7,18 @@ imports (and import shims) never leak into another's measurements.
 # Report order; `bridge` is the baseline that ratios are computed against.
 ALL = (
     "bridge",
+    "bridge_jax",
     "dlpack_manual",
     "plain_jax",
     "torch_eager",
+    "torch_compile",
     "torchax",
     "torch_jax_interop",
     "jax2torch",
 )
 BASELINE = "bridge"
+# Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
+BRIDGE = frozenset({"bridge", "bridge_jax"})
 
 # Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
 PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch"})
@@ -22,6 +26,7 @@ PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch"})
 # Distributions whose versions are reported (also when the system fails to load).
 PACKAGES = {
     "bridge": ("bridge",),
+    "bridge_jax": ("bridge",),
     "torchax": ("torchax",),
     "torch_jax_interop": ("torch-jax-interop", "chex"),
     "jax2torch": ("jax2torch",),

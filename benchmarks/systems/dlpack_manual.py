@@ -8,6 +8,11 @@ from ..common import System, torch_fwd_bwd
 to_jax = jax.dlpack.from_dlpack
 to_torch = torch.from_dlpack
 
+MODULES = (
+    "not applicable: hand-written DLPack calls of jitted JAX functions; nothing runs a torch "
+    "module as a JAX program"
+)
+
 
 def _call(f):
     jf = jax.jit(f)
@@ -45,4 +50,5 @@ def make() -> System:
             "fwd_bwd uses a torch.autograd.Function whose forward is jit(vjp) and whose "
             "backward is a jitted call of the returned vjp function."
         ],
+        unsupported=dict.fromkeys(("forward", "train_step"), MODULES),
     )

@@ -16,6 +16,8 @@ import torch
 
 from ..common import System, torch_fwd_bwd
 
+MODULES = "not applicable: it wraps JAX functions for torch, not torch modules for JAX"
+
 
 def _shim_dlpack():
     import jax2torch  # noqa: F401  (the package re-exports the function under the module's name)
@@ -48,4 +50,5 @@ def make() -> System:
             "runs jax.vjp (re-traced every call) even without grad; converters are its "
             "module-level t2j / j2t (t2j calls .contiguous()).",
         ],
+        unsupported=dict.fromkeys(("forward", "train_step"), MODULES),
     )

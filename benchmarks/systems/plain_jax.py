@@ -2,8 +2,12 @@
 
 import jax
 import jax.numpy as jnp
+import torch
 
+from .. import models
 from ..common import System
+
+NO_BLOCK = "no hand-written JAX transformer block (issue 4 compares it across torch front ends)"
 
 
 def _call(f):
@@ -26,6 +30,38 @@ def _eager(x, y):
     return (lambda: jnp.add(xj, yj)), (lambda out: out)
 
 
+def _array(t: torch.Tensor) -> jax.Array:
+    return jnp.asarray(t.detach().numpy())
+
+
+@jax.jit
+def _linear(w, b, x):
+    return x @ w.T + b
+
+
+def _forward(module, x):
+    """`nn.Linear` only: the same ``x @ W.T + b``, jitted, with the parameters as arguments."""
+    if type(module) is not torch.nn.Linear:
+        raise TypeError(f"plain_jax has a hand-written nn.Linear only, not {type(module).__name__}")
+    w, b, xj = _array(module.weight), _array(module.bias), _array(x)
+    return (lambda: _linear(w, b, xj)), (lambda out: out)
+
+
+def _mlp(params, x):
+    """The MLP of `models.mlp()` by hand: Linear, ReLU, Linear, ReLU, Linear."""
+    n = len(models.MLP_SIZES) - 1
+    for i in range(n):
+        x = x @ params[f"{2 * i}.weight"].T + params[f"{2 * i}.bias"]
+        if i < n - 1:
+            x = jax.nn.relu(x)
+    return x
+
+
+def _train_step(module, x, y):
+    params = {k: _array(v) for k, v in module.state_dict().items()}  # the same initial values
+    return models.jax_train_step(_mlp, params, x, y)
+
+
 def make() -> System:
     return System(
         name="plain_jax",
@@ -33,10 +69,17 @@ def make() -> System:
         call=_call,
         fwd_bwd=_fwd_bwd,
         eager=_eager,
+        forward=_forward,
+        train_step=_train_step,
         notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound); "
-               "eager_add: jnp.add, eager (not jitted)."],
+               "eager_add: jnp.add, eager (not jitted).",
+               "plain_jax: compiled_linear: jax.jit(lambda w, b, x: x @ w.T + b)(w, b, x) on JAX "
+               "arrays; mlp_train_step: the same MLP written in JAX (same initial values, same "
+               "loss and SGD update in one jax.jit)."],
         unsupported={
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",
+            **dict.fromkeys(("transformer_block", "transformer_block_composite",
+                             "transformer_first_call", "transformer_first_call_composite"), NO_BLOCK),
         },
     )

@@ -1,6 +1,25 @@
 """Reference point: the same math done by torch itself, eagerly, with torch autograd."""
 
+import torch
+
+from .. import models
 from ..common import System, torch_fwd_bwd
+
+
+def _train_step(module, x, y):
+    opt = torch.optim.SGD(module.parameters(), lr=models.LR)
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(module(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def read(loss):
+        return loss.item(), {k: v.detach().numpy() for k, v in module.state_dict().items()}
+
+    return run, read
 
 
 def make() -> System:
@@ -9,9 +28,15 @@ def make() -> System:
         call=lambda f: f,  # f uses plain operators, so it runs as torch ops on torch tensors
         fwd_bwd=lambda f: torch_fwd_bwd(f),
         eager=lambda x, y: ((lambda: x + y), (lambda out: out)),
-        notes=["torch_eager: the math runs as torch ops; no JAX involved."],
+        forward=lambda module, x: ((lambda: module(x)), (lambda out: out)),
+        train_step=_train_step,
+        notes=["torch_eager: the math runs as torch ops; no JAX involved.",
+               "torch_eager: mlp_train_step: zero_grad, cross_entropy, backward, "
+               "torch.optim.SGD(lr=0.01).step()."],
         unsupported={
             "to_jax": "not applicable (no JAX side)",
             "to_torch": "not applicable (no JAX side)",
+            **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite"),
+                            "not applicable (eager: nothing to trace or compile)"),
         },
     )

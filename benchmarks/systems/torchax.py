@@ -13,6 +13,7 @@ import jax
 import torch
 import torch._ops
 
+from .. import models
 from ..common import System
 
 
@@ -95,8 +96,31 @@ def make() -> System:
 
         return run, (lambda out: out.torch())
 
+    def forward(module, x):
+        import torchax
+
+        with env:
+            module.to("jax")
+        xj = env.to_xla(x)
+        compiled = torchax.compile(module)  # interop.JittableModule, forward jitted
+
+        def run():
+            out = compiled(xj)
+            jax.block_until_ready(out.jax())
+            return out
+
+        return run, (lambda out: out.torch())
+
+    def train_step(module, x, y):
+        import torchax
+
+        states, fn = torchax.extract_jax(module)
+        return models.jax_train_step(lambda p, xs: fn(p, (xs,)), states, x, y)
+
     return System(
         name="torchax",
+        forward=forward,
+        train_step=train_step,
         eager=eager,
         packages=("torchax",),
         call=call,
@@ -115,5 +139,13 @@ def make() -> System:
             "call). torchax's CPU->jax move is not differentiable, so the step "
             "converts x to a torchax leaf that requires grad and returns "
             "y and the grad converted back to CPU torch tensors.",
+            "torchax: forward workloads: torchax.compile(module) (a JittableModule) on the "
+            "module moved to torchax's jax device (`with env: module.to('jax')`) and "
+            "env.to_xla(x); the output's JAX array (out.jax()) is waited for in the timed "
+            "call. It traces under its torch-function mode, which fails torch's MHA "
+            "fast-path check (has_torch_function): transformer_block runs the op-by-op "
+            "layer, as transformer_block_composite does.",
+            "torchax: mlp_train_step: states, fn = torchax.extract_jax(mlp), then the same "
+            "jitted value_and_grad + SGD step as bridge and plain_jax.",
         ],
     )

@@ -1,0 +1,91 @@
+"""Time one first call of a wrapped transformer block in this (fresh) process; print one JSON object.
+
+    python -m benchmarks.first_call SYSTEM WORKLOAD
+
+Run by the `transformer_first_call` / `transformer_first_call_composite` workloads,
+once per sample. Untimed: loading the system (imports, torchax's environment),
+one tiny jitted JAX call so that the backend is up, and a warm-up: the system's
+`forward` on a tiny `nn.Linear(2, 3)`, placed, compiled and called once, so that
+each library's one-time start-up (its device's first tensor, op tables, first
+dispatch: about a second for bridge and for torchax) is paid before, and
+reported as ``warmup_us``. Then the layer is built (`models.transformer()`) and
+the system's `forward(module, x)` places module and input and builds the
+wrapper (``setup_us``). Timed (``first_call_us``): the first call of the
+wrapper, i.e. tracing the module, lowering, XLA compilation and one run, until
+the output is ready; nothing of the layer has been traced or compiled before.
+Everything runs under ``torch.no_grad()``, with torch's MHA fast path allowed
+(`transformer_first_call`, as `transformer_block`) or off
+(`transformer_first_call_composite`, as `transformer_block_composite`). The
+output is checked against torch eager afterwards.
+
+Output: {"first_call_us", "setup_us", "warmup_us"}, or {"skip": reason}.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+
+FASTPATH = {"transformer_first_call": True, "transformer_first_call_composite": False}
+
+
+def measure(name: str, workload: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from . import models, workloads
+    from .common import _contains_jax_array
+
+    system = importlib.import_module(f"benchmarks.systems.{name}").make()
+    jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.zeros(())))
+    forward = workloads._need(system, "forward", workload)
+    clock = time.perf_counter
+
+    def first_call(module: torch.nn.Module, x: torch.Tensor) -> tuple:
+        t0 = clock()
+        run, to_cpu = forward(module, x)
+        t1 = clock()
+        out = run()
+        if _contains_jax_array(out):
+            jax.block_until_ready(out)
+        t2 = clock()
+        return to_cpu(out), t1 - t0, t2 - t1
+
+    with torch.no_grad(), models.mha_fastpath(FASTPATH[workload]):
+        with models.seeded(0):
+            tiny = torch.nn.Linear(2, 3)
+        _, warm_setup, warm_call = first_call(tiny, torch.ones(1, 2))
+        module, x = models.transformer()
+        out, setup, first = first_call(module, x)
+        reference, x_ref = models.transformer()
+        workloads._check(out, reference(x_ref), "output", workloads.MODEL_RTOL, workloads.MODEL_ATOL)
+    return {"first_call_us": first * 1e6, "setup_us": setup * 1e6,
+            "warmup_us": (warm_setup + warm_call) * 1e6}
+
+
+def main() -> None:
+    from . import workloads
+    from .worker import _short
+
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # keep stdout for the one JSON line
+    try:
+        result = measure(sys.argv[1], sys.argv[2])
+    except workloads.Skip as skip:
+        result = {"skip": str(skip)}
+    except Exception as err:
+        result = {"skip": f"error: {_short(err)}"}
+        if os.environ.get("BENCH_DEBUG"):
+            traceback.print_exc(file=sys.stderr)
+    finally:
+        sys.stdout = real_stdout
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The models of the module workloads (issue 4), their inputs, and the shared JAX training step.
+
+Every system builds its copy of a model from the same constructor and seed, so
+all of them start from identical weights and get identical inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+LINEAR_IN, LINEAR_BATCH = 16, 8
+MLP_SIZES, MLP_BATCH = (784, 256, 256, 10), 64
+TRANSFORMER = dict(d_model=128, nhead=4, dim_feedforward=256, batch_first=True, dropout=0.0)
+TRANSFORMER_INPUT = (4, 32, 128)
+LR = 0.01  # plain SGD, no momentum
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed torch's global generator (which nn.Module initializers use) inside, restore it after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def linear() -> tuple[torch.nn.Module, torch.Tensor]:
+    """`nn.Linear(16, 16)` and an (8, 16) float32 input."""
+    with seeded(10):
+        module = torch.nn.Linear(LINEAR_IN, LINEAR_IN)
+    return module, torch.randn(LINEAR_BATCH, LINEAR_IN, generator=_gen(11))
+
+
+def mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """784-256-256-10 ReLU MLP, a (64, 784) float32 batch and int64 labels."""
+    layers: list[torch.nn.Module] = []
+    with seeded(20):
+        for i, (n_in, n_out) in enumerate(zip(MLP_SIZES, MLP_SIZES[1:])):
+            layers += [torch.nn.Linear(n_in, n_out)] + ([torch.nn.ReLU()] if i < len(MLP_SIZES) - 2 else [])
+    g = _gen(21)
+    x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=g)
+    y = torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=g)
+    return torch.nn.Sequential(*layers), x, y
+
+
+def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
+    """`nn.TransformerEncoderLayer(128, 4, 256, batch_first, dropout=0)` in eval mode, (4, 32, 128) input."""
+    with seeded(30):
+        layer = torch.nn.TransformerEncoderLayer(**TRANSFORMER).eval()
+    return layer, torch.randn(*TRANSFORMER_INPUT, generator=_gen(31))
+
+
+@contextlib.contextmanager
+def mha_fastpath(enabled: bool) -> Iterator[None]:
+    """Allow or forbid torch's fused inference kernel for the attention layers, then restore."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+def torch_sgd_reference(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict]:
+    """One torch eager SGD step on a copy of `module`: (loss, updated state dict as numpy)."""
+    m = copy.deepcopy(module)
+    loss = torch.nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= LR * p.grad
+    return loss.item(), {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def jax_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor, y: torch.Tensor
+                   ) -> tuple[Callable[[], Any], Callable[[Any], tuple[float, dict]]]:
+    """A `train_step` capability built on a pure JAX `forward(params, x) -> logits`.
+
+    The step is ``jax.jit(jax.value_and_grad(loss))`` followed by the SGD update,
+    all in one jitted function; `params` (a dict by state-dict name) is carried
+    from call to call. run() returns ``(loss, params)`` as JAX arrays.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(p, xs, ys):
+        logp = jax.nn.log_softmax(forward(p, xs))
+        return -jnp.mean(jnp.take_along_axis(logp, ys[:, None], axis=1))
+
+    @jax.jit
+    def step(p, xs, ys):
+        loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
+        return loss, jax.tree_util.tree_map(lambda w, g: w - LR * g, p, grads)
+
+    xs, ys = jnp.asarray(x.numpy()), jnp.asarray(y.numpy().astype("int32"))
+    state = {"params": params}
+
+    def run():
+        loss, state["params"] = step(state["params"], xs, ys)
+        return loss, state["params"]
+
+    def read(out):
+        loss, p = out
+        return float(loss), {k: jax.device_get(v) for k, v in p.items()}
+
+    return run, read

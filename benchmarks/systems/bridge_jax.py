@@ -1,0 +1,47 @@
+"""bridge with the module and its input on the `jax` torch device: `bridge.compile(module.to("jax"))`.
+
+Only the module workloads; the bridge system covers the rest (its eager_add
+already runs on the jax device).
+"""
+
+import jax
+
+from ..common import System
+
+NOT_HERE = "bridge_jax runs only the module workloads (see bridge)"
+
+
+def _forward(module, x):
+    import bridge
+    from bridge._src import tensor as tensor_lib
+
+    compiled = bridge.compile(module.to("jax"))
+    xj = x.to("jax")
+
+    def run():
+        out = compiled(xj)
+        # Wait for the output's JAX array. bridge.to_jax would also hand it over,
+        # but costs ~50 us on a jax-device tensor (2 CPUs, 2026-11), which would
+        # swamp a small call.
+        jax.block_until_ready(tensor_lib.value(out))
+        return out
+
+    return run, (lambda out: out.cpu())
+
+
+def make() -> System:
+    import bridge  # noqa: F401  (registers the jax device)
+
+    return System(
+        name="bridge_jax",
+        packages=("bridge",),
+        forward=_forward,
+        notes=["bridge_jax: bridge.compile(module.to('jax'))(x.to('jax')): module and input "
+               "on the jax torch device, output a jax-device tensor whose JAX array is "
+               "waited for (read with bridge._src.tensor.value) inside the timed call."],
+        unsupported={
+            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager")},
+            "mlp_train_step": "same as bridge: bridge.extract_jax returns JAX arrays wherever "
+                              "the module lives",
+        },
+    )

@@ -1,0 +1,28 @@
+"""torch.compile (inductor, CPU): torch's own compiler, on the forward workloads only."""
+
+import torch
+
+from ..common import System
+
+NOT_HERE = "torch_compile runs only the forward workloads (compiled_linear, transformer_block*)"
+
+
+def _forward(module, x):
+    compiled = torch.compile(module)
+    return (lambda: compiled(x)), (lambda out: out)
+
+
+def make() -> System:
+    return System(
+        name="torch_compile",
+        forward=_forward,
+        notes=["torch_compile: torch.compile(module) with the default (inductor) backend, "
+               "CPU tensors; compiled on the first (untimed) call under torch.no_grad()."],
+        unsupported={
+            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager")},
+            "mlp_train_step": NOT_HERE,
+            **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite"),
+                            "not measured: issue 4 compares the first calls of bridge.compile "
+                            "and torchax.compile"),
+        },
+    )
