@@ -279,3 +279,23 @@ def test_an_op_failing_in_backward_raises_instead_of_aborting():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "raised: boom in backward"
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_linear_and_matmul_run_whole_unless_autograd_records_them(requires_grad):
+  torch.manual_seed(0)
+  x = torch.randn(5, 4, 6).transpose(0, 1)  # non-contiguous 3-D: torch's matmul would expand
+  w, b = torch.randn(3, 6, requires_grad=requires_grad), torch.randn(3)
+  m = torch.randn(6, 2)
+  xj, wj, bj, mj = (t.detach().to("jax").requires_grad_(t.requires_grad) for t in (x, w, b, m))
+  out = torch.nn.functional.linear(xj, wj, bj)
+  torch.testing.assert_close(out.cpu(), torch.nn.functional.linear(x, w, b))
+  torch.testing.assert_close(torch.matmul(xj, mj).cpu(), torch.matmul(x, m))
+  torch.testing.assert_close((xj @ mj[:, 0]).cpu(), x @ m[:, 0])
+  assert out.requires_grad == requires_grad
+  if requires_grad:
+    out.sum().backward()
+    torch.nn.functional.linear(x, w, b).sum().backward()
+    torch.testing.assert_close(wj.grad.cpu(), w.grad)
+  with pytest.raises(RuntimeError, match="dtype"):
+    torch.nn.functional.linear(xj, wj.detach().double())

@@ -240,6 +240,27 @@ def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
   return None
 
 
+# Composite ops that torch would decompose before they reach the jax device, but that run
+# better whole (`linear` is one matmul, not `t` + `addmm`; `matmul` of a non-contiguous 3-D
+# tensor would expand a weight to every batch element for `bmm`): when autograd is not
+# recording them and a lowering exists, they run as one op.
+_WHOLE_WHEN_NOT_RECORDING = ("linear", "matmul")
+
+
+def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
+  op = packet.default
+  from bridge._src import dispatch, tensor
+  tensors = [a for a in args if isinstance(a, torch.Tensor)]
+  whole = (all(type(t) is tensor.Tensor for t in tensors)
+           and len({t.dtype for t in tensors}) == 1
+           and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+           and dispatch.REGISTRY.lookup(op) is not None)
+  if whole:
+    with torch._C._AutoDispatchBelowAutograd():
+      return dispatch.get_plan(op)(args, kwargs)
+  return op.decompose(*args, **kwargs)
+
+
 def register() -> None:
   """Make `jax` a torch device (idempotent; safe to call from several threads)."""
   global _registered, _library
@@ -270,7 +291,10 @@ def register() -> None:
     torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
     _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
     _quantized_library.impl("empty_quantized", _no_quantized)
-    _library = (_library, _quantized_library)
+    _autograd_library = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+    for name in _WHOLE_WHEN_NOT_RECORDING:
+      _autograd_library.impl(name, functools.partial(_composite, getattr(torch.ops.aten, name)))
+    _library = (_library, _quantized_library, _autograd_library)
     _registered = True
 
 

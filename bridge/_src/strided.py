@@ -158,8 +158,7 @@ def _window(flat: Any, window: tuple | None) -> Any:
   return lax.slice(flat, (window[0],), (window[0] + window[1],))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
+def read(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   """The view (size, stride, offset) of the contiguous storage array `base`."""
   if math.prod(size) == 0:
     return jnp.zeros(size, base.dtype)
@@ -176,8 +175,7 @@ def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   return jnp.broadcast_to(x.reshape(plan.expanded), size)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
+def write(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
   """`base` with the view (size, stride, offset) set to `new` (broadcast, cast to base's dtype)."""
   if math.prod(size) == 0:
     return base
@@ -218,3 +216,9 @@ def _set_strided(base: Any, new: Any, plan: _Strided) -> Any:
   spread = lax.pad(x, jnp.zeros((), base.dtype), config)
   mask = lax.pad(jnp.ones(counts, bool), False, config)
   return jnp.where(mask, spread, base)
+
+
+# Jitted forms for concrete arrays; a tracer (JAX is already building a program) calls
+# `read`/`write` directly, so the ops land in that program instead of nested programs.
+gather = jax.jit(read, static_argnums=(1, 2, 3))
+scatter = jax.jit(write, static_argnums=(2, 3, 4))

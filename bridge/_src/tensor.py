@@ -217,7 +217,9 @@ def value(t: Tensor) -> Any:
   cache = t._cache
   if cache is not None and cache[0] == storage.version:
     return cache[1]
-  v = strided.gather(storage.array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+  array = storage.array
+  v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
+      array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
   t._cache = (storage.version, v)
   return v
 
@@ -233,6 +235,8 @@ def write(t: Tensor, new: Any) -> None:
       raise RuntimeError(
           "unsupported operation: more than one element of the written-to tensor refers to a "
           "single memory location. Please clone() the tensor before performing the operation.")
-    storage.array = strided.scatter(storage.array, new, size, stride, t.storage_offset())
+    array = storage.array
+    storage.array = (strided.write if isinstance(array, jax.core.Tracer) else strided.scatter)(
+        array, new, size, stride, t.storage_offset())
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)

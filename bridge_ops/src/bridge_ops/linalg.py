@@ -30,8 +30,22 @@ def _acc(dtype):
   return jnp.dtype(jnp.float32) if np.dtype(dtype) in _LOW_FLOATS else jnp.dtype(dtype)
 
 
+def _same_dtype(a, b):
+  # torch's matrix products refuse mixed dtypes (its meta kernels do not check this)
+  if a.dtype != b.dtype:
+    raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: "
+                       f"{_torch_name(a.dtype)} != {_torch_name(b.dtype)}")
+
+
+def _torch_name(dtype):
+  return {"float32": "float", "float64": "double", "float16": "c10::Half",
+          "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int"}.get(
+              np.dtype(dtype).name, np.dtype(dtype).name)
+
+
 def _product(subscripts, a, b):
   """einsum at full precision, in the accumulation dtype (float32 for 16-bit floats)."""
+  _same_dtype(a, b)
   return jnp.einsum(subscripts, a, b, precision=_HIGHEST, preferred_element_type=_acc(a.dtype))
 
 
@@ -55,6 +69,23 @@ def mm(self, mat2):
 @lowering(aten.bmm.default)
 def bmm(self, mat2):
   return _product("bij,bjk->bik", self, mat2).astype(self.dtype)
+
+
+@lowering(aten.linear.default)
+def linear(input, weight, bias=None):
+  # torch decomposes `linear` (`t` + `addmm`, or an expanded `bmm` for a non-contiguous 3-D
+  # input); the core runs this instead when autograd is not recording.
+  _same_dtype(input, weight)
+  out = jnp.matmul(input, weight.T, precision=_HIGHEST, preferred_element_type=_acc(input.dtype))
+  return (out if bias is None else out + bias).astype(input.dtype)
+
+
+@lowering(aten.matmul.default)
+def matmul(self, other):
+  # torch's `matmul` broadcasts by expanding to `bmm`; XLA contracts the batch dims directly.
+  _same_dtype(self, other)
+  return jnp.matmul(self, other, precision=_HIGHEST,
+                    preferred_element_type=_acc(self.dtype)).astype(self.dtype)
 
 
 @lowering(aten.mv.default)
