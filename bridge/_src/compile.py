@@ -41,11 +41,13 @@ _SCALARS = (bool, int, float)
 class _Info:
   """What tracing one program found out: its output structure, updates and randomness."""
 
-  __slots__ = ("out_spec", "out_statics", "mutated", "draws")
+  __slots__ = ("out_spec", "out_statics", "mutated", "draws", "out_plain")
 
   def __init__(self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool):
     self.out_spec, self.out_statics = out_spec, out_statics
     self.mutated, self.draws = mutated, draws
+    # every output leaf a tensor and no dataclass: the treedef alone rebuilds the output
+    self.out_plain = not out_spec.nodes and all(s is _DYN for s in out_statics)
 
 
 class _Program:
@@ -156,15 +158,21 @@ class Compiled:
       state = [table[attr] for table, attr in self._slots]
     return state
 
-  def _state_arrays(self, state: list) -> list:
-    """The state's JAX arrays. A CPU tensor's zero-copy array is kept until the tensor is
-    replaced or changed in place (torch bumps its version), so parameters are not imported
-    again on every call."""
+  def _state_arrays(self, state: list) -> tuple[list, Any]:
+    """The state's JAX arrays and device (None: the CPU). A CPU tensor's zero-copy array is
+    kept until the tensor is replaced or changed in place (torch bumps its version), so
+    parameters are not imported again on every call."""
     cache = self._imported
     if len(cache) != len(state):
       cache[:] = [None] * len(state)
     arrays = []
+    device: Any = _NO_DEVICE
     for i, t in enumerate(state):
+      d = t._storage.device if type(t) is tensor_lib.Tensor else None if t.is_cpu else t.device
+      if device is _NO_DEVICE:
+        device = d
+      elif d is not device and d != device:
+        raise _device_error(self.name, device, d)
       if type(t) is tensor_lib.Tensor:
         arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
         continue
@@ -176,7 +184,7 @@ class Compiled:
       a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: "a parameter or buffer")
       cache[i] = (t, version, a)
       arrays.append(a)
-    return arrays
+    return arrays, device
 
   # --- arguments -------------------------------------------------------------------------
 
@@ -220,34 +228,46 @@ class Compiled:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     state = self._state()
-    for a in args:  # the common case, tensors only, skips the pytree machinery
-      if not isinstance(a, torch.Tensor):
-        spec, statics, dyn, sig = self._split(args, kwargs)
-        break
+    fast = not kwargs
+    if fast:  # the common case, tensors only, skips the pytree machinery
+      for a in args:
+        if not isinstance(a, torch.Tensor):
+          fast = False
+          break
+    if fast:
+      spec, statics, dyn = len(args), (_DYN,) * len(args), args
+      sig = tuple([(a.shape, a.dtype) for a in args])
     else:
-      if kwargs:
-        spec, statics, dyn, sig = self._split(args, kwargs)
-      else:
-        spec, statics, dyn = len(args), (_DYN,) * len(args), list(args)
-        sig = tuple((a.shape, a.dtype) for a in args)
-    flags = tuple(m.training for m in self._submodules)
-    key = (spec, statics, flags, sig)
+      spec, statics, dyn, sig = self._split(args, kwargs)
+    key = (spec, statics, tuple([m.training for m in self._submodules]), sig)
     program = self._programs.get(key)
     if program is None:
       program = self._programs[key] = _Program(self, spec, statics, self._names)
-    tensors = state + dyn
-    device = _common_device(tensors, self.name)
-    n = len(state)
     prev = _x64_state.swap_local(True)
     try:
-      arrays = self._state_arrays(state)
+      arrays, device = self._state_arrays(state)
       arrays.append(rng.current_key())
-      arrays += [_array(t) for t in dyn]
-      if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        outs, updates, new_key = self._call_with_grad(program, arrays, tensors, n, device)
+      for t in dyn:
+        if type(t) is tensor_lib.Tensor:
+          arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
+          d = t._storage.device
+        else:
+          arrays.append(_array(t))
+          d = None if t.is_cpu else t.device
+        if device is _NO_DEVICE:
+          device = d
+        elif d is not device and d != device:
+          raise _device_error(self.name, device, d)
+      if torch.is_grad_enabled() and (any([t.requires_grad for t in state])
+                                      or any([t.requires_grad for t in dyn])):
+        outs, updates, new_key = self._call_with_grad(program, arrays, state + list(dyn),
+                                                      len(state), device)
       else:
         outs, updates, new_key = program.forward(*arrays)
-        outs = [_to_torch(o, device) for o in outs]
+        if type(device) is torch.device and device.type == "jax":
+          outs = [tensor_lib.make_result(o, device) for o in outs]
+        else:
+          outs = [_to_torch(o, None) for o in outs]
     finally:
       _x64_state.set_local(prev)
     info = program.info
@@ -255,6 +275,8 @@ class Compiled:
       rng.set_key(new_key)
     if updates:
       self._write_back(info.mutated, updates, state)
+    if info.out_plain:
+      return info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
     leaves = [next(it) if s is _DYN else s for s in info.out_statics]
     return tree_lib.unflatten(info.out_spec, leaves)
@@ -263,6 +285,8 @@ class Compiled:
                       device: torch.device | None) -> tuple:
     positions = [i if i < n else i + 1 for i in range(len(tensors))]  # the key sits at n
     entries = [(pos, pos, t) for pos, t in zip(positions, tensors)]
+    if not (type(device) is torch.device and device.type == "jax"):
+      device = None  # the CPU (or a CUDA device): outputs cross by transfer
     to_torch = functools.partial(_outputs_to_torch, device)
     flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
     outs, updates, new_key = out_def.unflatten(flat)
@@ -301,22 +325,15 @@ def _array(t: torch.Tensor) -> Any:
   return a
 
 
-def _common_device(tensors: list, name: str) -> torch.device | None:
-  """The `jax` device when the tensors live there, None for the CPU; mixing is refused."""
-  device: torch.device | None = None
-  first = None
-  for t in tensors:
-    d = t._storage.device if type(t) is tensor_lib.Tensor else t.device
-    if first is None:
-      first = d
-    elif d != first:
-      raise TransferError(
-          f"`{API}`: {name} got tensors on two devices, {first} and {d} (parameters, "
-          f"buffers and arguments together). Move them to one device first, e.g. "
-          f"`module.to('{first}')` and `x.to('{first}')`.")
-  if first is not None and first.type == "jax":
-    device = tensor_lib.jax_device(first.index or 0)
-  return device
+_NO_DEVICE = object()  # no tensor seen yet
+
+
+def _device_error(name: str, first: Any, other: Any) -> TransferError:
+  first, other = first or torch.device("cpu"), other or torch.device("cpu")
+  return TransferError(
+      f"`{API}`: {name} got tensors on two devices, {first} and {other} (parameters, "
+      f"buffers and arguments together). Move them to one device first, e.g. "
+      f"`module.to('{first}')` and `x.to('{first}')`.")
 
 
 def _to_torch(a: Any, device: torch.device | None) -> torch.Tensor:
