@@ -110,3 +110,25 @@ def test_views_report_torch_metadata():
   assert x[1].storage_offset() == 4
   assert x[:, 1:].stride() == (4, 1)
   assert v._base is x
+
+
+@pytest.mark.parametrize("name,op", [
+    ("transpose_", lambda t: t.transpose_(0, 2)),
+    ("t_", lambda t: t[0].t_()),
+    ("squeeze_", lambda t: t.squeeze_()),
+    ("squeeze_dim", lambda t: t.squeeze_(0)),
+    ("unsqueeze_", lambda t: t.unsqueeze_(1)),
+    ("swapaxes_", lambda t: t.swapaxes_(1, 2)),
+    ("as_strided_", lambda t: t.as_strided_((3, 2), (1, 3))),
+])
+def test_in_place_metadata_ops(name, op):
+  cpu = torch.arange(6.0).reshape(1, 2, 3)
+  dev = cpu.to("jax")
+  cpu_view, dev_view = cpu[0], dev[0]  # a view taken before: still shares the storage
+  out_cpu, out_dev = op(cpu), op(dev)
+  assert tuple(out_dev.shape) == tuple(out_cpu.shape) and out_dev.stride() == out_cpu.stride()
+  torch.testing.assert_close(out_dev.cpu(), out_cpu)
+  out_cpu.mul_(10)
+  out_dev.mul_(10)
+  torch.testing.assert_close(dev.cpu(), cpu)
+  torch.testing.assert_close(dev_view.cpu(), cpu_view)

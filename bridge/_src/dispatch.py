@@ -549,7 +549,8 @@ def get_plan(func: Any) -> Callable:
     elif _is_view(func):
       plan = _ViewPlan(func)
     elif _mutated(func):
-      plan = mutation.MutatingPlan(func)
+      view = mutation.restride_twin(func)
+      plan = mutation.RestridePlan(func, view) if view is not None else mutation.MutatingPlan(func)
     else:
       plan = _FunctionalPlan(func)
     with _plans_lock:

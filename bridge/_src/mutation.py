@@ -136,6 +136,39 @@ class MutatingPlan:
     return targets[0] if len(returns) == 1 else tuple(targets)
 
 
+class RestridePlan:
+  """In-place ops that change only a tensor's metadata (`transpose_`, `t_`, `squeeze_`,
+  `unsqueeze_`, `as_strided_`...): the tensor becomes its own view, with the same storage."""
+
+  def __init__(self, func: Any, view: Any):
+    self.func, self.view = func, view
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    target = args[0]
+    view = get_plan(self.view)(args, kwargs)
+    with torch.no_grad():
+      target.data = view  # torch copies the view's sizes, strides and offset
+    target._storage, target._whole, target._cache = view._storage, view._whole, None
+    return target
+
+
+def restride_twin(func: Any) -> Any:
+  """The view op whose metadata an in-place metadata op gives its input, or None."""
+  from bridge._src.dispatch import _is_view
+  name = func._schema.name.split("::")[-1]
+  if not name.endswith("_") or _mutated(func) != [func._schema.arguments[0].name]:
+    return None
+  packet = getattr(aten, name[:-1], None)
+  if packet is None:
+    return None
+  names = [a.name for a in func._schema.arguments]
+  for overload in packet.overloads():  # `transpose_.default` is `transpose.int` in place
+    twin = getattr(packet, overload)
+    if _is_view(twin) and [a.name for a in twin._schema.arguments] == names:
+      return twin
+  return None
+
+
 def _store(target: Any, new: Any, resize: bool = False) -> None:
   """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics: `new`
   broadcasts to `target`'s shape). `resize=True` is for `out=` tensors, which torch gives the
