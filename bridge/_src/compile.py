@@ -41,13 +41,14 @@ _SCALARS = (bool, int, float)
 class _Info:
   """What tracing one program found out: its output structure, updates and randomness."""
 
-  __slots__ = ("out_spec", "out_statics", "mutated", "draws", "out_plain")
+  __slots__ = ("out_spec", "out_statics", "mutated", "draws", "out_plain", "out_single")
 
   def __init__(self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool):
     self.out_spec, self.out_statics = out_spec, out_statics
     self.mutated, self.draws = mutated, draws
     # every output leaf a tensor and no dataclass: the treedef alone rebuilds the output
     self.out_plain = not out_spec.nodes and all(s is _DYN for s in out_statics)
+    self.out_single = self.out_plain and out_spec.treedef.num_nodes == 1  # one bare tensor
 
 
 class _Program:
@@ -246,7 +247,7 @@ class Compiled:
     prev = _x64_state.swap_local(True)
     try:
       arrays, device = self._state_arrays(state)
-      arrays.append(rng.current_key())
+      arrays.append(rng._key if rng._key is not None else rng.current_key())
       for t in dyn:
         if type(t) is tensor_lib.Tensor:
           arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
@@ -276,7 +277,7 @@ class Compiled:
     if updates:
       self._write_back(info.mutated, updates, state)
     if info.out_plain:
-      return info.out_spec.treedef.unflatten(outs)
+      return outs[0] if info.out_single else info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
     leaves = [next(it) if s is _DYN else s for s in info.out_statics]
     return tree_lib.unflatten(info.out_spec, leaves)
