@@ -120,6 +120,10 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
         f"- python {v.get('python', '?')}, torch {v.get('torch', '?')}, jax {v.get('jax', '?')}, "
         f"jaxlib {v.get('jaxlib', '?')}, numpy {v.get('numpy', '?')}",
         f"- OMP_WAIT_POLICY={', '.join(omp) or '?'} (set before torch is imported in every worker)",
+        "- JAX CPU dispatch: " + ("synchronous (`--sync-cpu-dispatch`: "
+                                  "jax_cpu_enable_async_dispatch=False in every worker)"
+                                  if any(r.get("env", {}).get("sync_cpu_dispatch") for r in reports)
+                                  else "asynchronous (JAX's default)"),
         "- times are per call, in microseconds; each worker process runs one system; warm-up "
         "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed "
         "region, in the module workloads also the JAX array inside a jax-device tensor output "

@@ -42,6 +42,9 @@ def _unavailable(name: str, reason: str, workloads: list[str] | None) -> dict:
     }
 
 
+SYNC_CPU_DISPATCH = False  # set by --sync-cpu-dispatch
+
+
 def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     """Run one worker subprocess and return its parsed JSON report."""
     python = _interpreter(name)
@@ -53,6 +56,8 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     if workloads:
         cmd += ["--only", ",".join(workloads)]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    if SYNC_CPU_DISPATCH:
+        env["BENCH_SYNC_CPU_DISPATCH"] = "1"
     if name not in systems.BRIDGE:
         # Only the bridge workers load the bridge (torch autoloads it otherwise), and
         # torchax needs the PrivateUse1 backend for itself.
@@ -77,7 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", help="comma-separated workload names, or 'modules' for "
                         "the module workloads (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
+    parser.add_argument("--sync-cpu-dispatch", action="store_true",
+                        help="run JAX CPU computations on the calling thread in every worker "
+                        "(jax_cpu_enable_async_dispatch=False)")
     args = parser.parse_args(argv)
+    global SYNC_CPU_DISPATCH
+    SYNC_CPU_DISPATCH = args.sync_cpu_dispatch
 
     names = args.only.split(",") if args.only else list(systems.ALL)
     unknown = sorted(set(names) - set(systems.ALL))

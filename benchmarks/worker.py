@@ -43,7 +43,8 @@ def run(name: str, quick: bool, only: list[str] | None) -> dict:
     report = {
         "system": name,
         "versions": {"python": platform.python_version()},
-        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")},
+        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
+                "sync_cpu_dispatch": os.environ.get("BENCH_SYNC_CPU_DISPATCH") == "1"},
         "executable": sys.executable,
         "results": {},
         "skipped": {},
