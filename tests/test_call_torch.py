@@ -26,7 +26,7 @@ def _np(shape, dtype=np.float32):
 
 
 def _assert_close(actual, expected, **kw):
-  torch.testing.assert_close(torch.from_numpy(np.asarray(actual)), expected, **kw)
+  torch.testing.assert_close(torch.from_numpy(np.array(actual)), expected, **kw)
 
 
 # --- functions: value and gradients under every transformation ------------------------------
