@@ -217,6 +217,21 @@ def test_output_pytrees_come_back_as_arrays():
   assert isinstance(values, jax.Array) and out.extra["n"] == 3 and out.extra["none"] is None
 
 
+@dataclasses.dataclass
+class MappingOut(dict):
+  """Like transformers' `ModelOutput`: a dataclass that is also a dict of its fields."""
+  logits: torch.Tensor = None
+
+  def __post_init__(self):
+    self["logits"] = self.logits
+
+
+def test_mapping_dataclass_outputs_agree():
+  out = bridge.call_torch(lambda x: MappingOut(logits=x * 2), jnp.ones(2))
+  assert isinstance(out, MappingOut) and isinstance(out.logits, jax.Array)
+  assert out["logits"] is out.logits
+
+
 def test_model_output_mapping():
   transformers = pytest.importorskip("transformers")
   ModelOutput = transformers.utils.ModelOutput
