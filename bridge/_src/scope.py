@@ -26,7 +26,10 @@ from jax._src import core as _jax_core
 
 from bridge._src.errors import BridgeError
 
+
 class _Scope:
+  """What the current trace scope is: for which API, and how values are staged."""
+
   __slots__ = ("api", "narrow", "staged")
 
   def __init__(self, api: str, narrow: bool, staged: bool):
@@ -102,12 +105,14 @@ class trace_scope:  # noqa: N801
   def __init__(self, api: str):
     self.api = api
     self._token: Any = None
-    self._threads = torch.autograd.set_multithreading_enabled(False)
+    self._threads: Any = None
 
   def __enter__(self) -> None:
     from bridge._src import dtypes
     staged = is_staged()
     self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged))
+    # (torch's context manager switches the mode when it is constructed)
+    self._threads = torch.autograd.set_multithreading_enabled(False)
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:
