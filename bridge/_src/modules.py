@@ -171,13 +171,12 @@ def call_module(module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kw
   params = state_to_jax(module_state(module), copy=None, api=api)
   targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), api)
   out, mutated = apply(module, fn, params, targs, tkwargs, api)
+  check_no_leak(module, api)
   if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
-    check_no_leak(module, api)
     warn_dropped_updates(module, list(mutated), api,
                          "To keep them, train through `bridge.extract_jax(module, "
                          "return_state=True)` or use `bridge.compile`.")
-  else:
-    check_no_leak(module, api)
+  else:  # concrete values (an eager call): as torch would, the module's buffers change
     write_back(module, mutated)
   return call_torch_lib.outputs_to_jax(out, api)
 
