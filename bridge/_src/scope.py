@@ -108,7 +108,8 @@ class trace_scope:  # noqa: N801
     self._threads: Any = None
 
   def __enter__(self) -> None:
-    from bridge._src import dtypes
+    from bridge._src import compat, dtypes
+    compat.tell_libraries()
     staged = is_staged()
     self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged))
     # (torch's context manager switches the mode when it is constructed)
