@@ -123,6 +123,22 @@ def test_optax_training_matches_torch_adamw(name):
   with torch.no_grad():
     predictions = model(x_t)
   torch.testing.assert_close(predictions, bridge.to_torch(fn(params, x)))
+  _check_saved_for_torch_users(model, task, x_t, predictions)
+
+
+def _check_saved_for_torch_users(model, task, x_t, predictions):
+  """The trained module saves with torch.save and safetensors and loads into a fresh one."""
+  import io
+  safetensors_torch = pytest.importorskip("safetensors.torch")
+  buffer = io.BytesIO()
+  torch.save(model.state_dict(), buffer)
+  blob = safetensors_torch.save(model.state_dict())
+  for state in (torch.load(io.BytesIO(buffer.getvalue()), weights_only=True),
+                safetensors_torch.load(blob)):
+    fresh = _mlp(task.out_features)
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+      torch.testing.assert_close(fresh(x_t), predictions, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", list(TASKS))
