@@ -15,6 +15,7 @@ hold exactly inside it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Iterable
 
@@ -54,11 +55,13 @@ class _Info:
 class _Program:
   """One argument structure, static values and train/eval setting: a jitted forward."""
 
-  def __init__(self, owner: "Compiled", spec: Any, statics: tuple, names: tuple):
+  def __init__(self, owner: "Compiled", spec: Any, statics: tuple, names: tuple,
+               amp: torch.dtype | None = None):
     if isinstance(spec, int):  # the fast path's spelling of `spec` tensors as positional args
       spec = tree_lib.flatten((tuple(range(spec)), {}))[1]
     self.owner, self.spec, self.statics, self.names = owner, spec, statics, names
     self.n_state = len(names)
+    self.amp = amp  # the autocast dtype the caller had on (for the inputs' device), or None
     self.name = owner.name
     self.info: _Info | None = None
     self.forward = jax.jit(self.apply)
@@ -78,7 +81,9 @@ class _Program:
       leaves.append(call_torch_lib.array_to_tensor(a, lambda: "an argument", API))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
-    with rng.rng_key(key) as box:
+    amp = (torch.autocast("jax", dtype=self.amp) if self.amp is not None
+           else contextlib.nullcontext())
+    with rng.rng_key(key) as box, amp:
       if module is not None:
         out, mutated = modules_lib.apply(module, self.owner.call, dict(zip(self.names, state)),
                                          args, kwargs, API)
@@ -240,10 +245,13 @@ class Compiled:
       sig = tuple([(a.shape, a.dtype) for a in args])
     else:
       spec, statics, dyn, sig = self._split(args, kwargs)
-    key = (spec, statics, tuple([m.training for m in self._submodules]), sig)
+    first = dyn[0] if dyn else state[0] if state else None
+    amp_device = "jax" if type(first) is tensor_lib.Tensor else "cpu"
+    amp = torch.get_autocast_dtype(amp_device) if torch.is_autocast_enabled(amp_device) else None
+    key = (spec, statics, tuple([m.training for m in self._submodules]), sig, amp)
     program = self._programs.get(key)
     if program is None:
-      program = self._programs[key] = _Program(self, spec, statics, self._names)
+      program = self._programs[key] = _Program(self, spec, statics, self._names, amp)
     prev = _x64_state.swap_local(True)
     try:
       arrays, device = self._state_arrays(state)
@@ -367,6 +375,10 @@ def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (), 
   back after it, and random ops (dropout in train mode) draw from the `jax`
   device's generator, whose key goes in and comes out of the program, so each call
   draws fresh numbers and `torch.manual_seed` makes runs reproducible.
+
+  Under `torch.autocast` (for the inputs' device, `"cpu"` or `"jax"`), the program
+  is traced with the same mixed-precision policy, and kept apart from the
+  full-precision one.
 
   Python `bool`/`int`/`float` arguments are static (a new value compiles a new
   program) unless named in `dynamic_argnums` / `dynamic_argnames`, which pass them

@@ -295,6 +295,8 @@ def register() -> None:
     for name in _WHOLE_WHEN_NOT_RECORDING:
       _autograd_library.impl(name, functools.partial(_composite, getattr(torch.ops.aten, name)))
     _library = (_library, _quantized_library, _autograd_library)
+    from bridge._src import autocast
+    autocast.register()
     _registered = True
 
 
