@@ -22,12 +22,12 @@ import torch.nn.functional as F
 
 import bridge
 
-LR, WEIGHT_DECAY, STEPS = 1e-2, 1e-2, 50
+LR, WEIGHT_DECAY, STEPS = 1e-2, 1e-2, 300
 
-# Per-step loss tolerance, relative. XLA and torch's CPU kernels sum matmuls in different
-# orders, so the two runs start ~1e-7 apart and Adam carries the gap forward: over 50 steps
-# the worst relative gap measured on these tasks (and 5 other seeds) was under 3e-5; 2e-4
-# leaves ~7x headroom. A real mismatch is far larger: optax's default weight_decay (1e-4
+# Per-step loss tolerance, relative, while the loss is above 1e-2. XLA and torch's CPU kernels
+# sum matmuls in different orders, so the two runs start ~1e-7 apart and Adam carries the gap
+# forward: the worst relative gap measured in that phase on these tasks (over 300 steps, and 5
+# other seeds over 50) was under 3e-5; 2e-4 leaves ~7x headroom. A real mismatch is far larger: optax's default weight_decay (1e-4
 # instead of torch's 1e-2) gives 5e-3 to 1.7e-2, a 10% learning-rate change 0.16 to 0.35.
 LOSS_RTOL = 2e-4
 
@@ -110,8 +110,14 @@ def test_optax_training_matches_torch_adamw(name):
   jax_losses, params, fn = _optax_train(task, model, x, y)
   torch_losses = _torch_train(task, torch_model, x_t, y_t)
 
-  np.testing.assert_allclose(jax_losses, torch_losses, rtol=LOSS_RTOL)
-  assert jax_losses[-1] < jax_losses[0] / 5, jax_losses  # it learns (13x and 57x here)
+  jl, tl = np.array(jax_losses), np.array(torch_losses)
+  learning = tl > 1e-2  # while the loss is large the curves agree step by step ...
+  assert learning.sum() >= 20, tl
+  np.testing.assert_allclose(jl[learning], tl[learning], rtol=LOSS_RTOL)
+  # ... and both converge to the same small loss (a relative gap of tiny losses is noise:
+  # regression ends at 3.6e-5 against 1.7e-5 after 300 steps).
+  assert jl[-1] < jl[0] / 1000 and tl[-1] < tl[0] / 1000, (jl[-1], tl[-1])
+  np.testing.assert_allclose(jl[-1], tl[-1], atol=1e-4)
 
   # Training through fn left the module untouched; loading the params brings them back.
   torch.manual_seed(0)
