@@ -22,9 +22,18 @@ MODULE_WORKLOADS = (
     "transformer_first_call",
     "transformer_first_call_composite",
 )
+# The Hugging Face workloads of issue 7 (configs with random weights, built offline).
+HF_WORKLOADS = (
+    "gpt2_forward_s64",
+    "gpt2_forward_s256",
+    "bert_forward_s64",
+    "bert_forward_s256",
+    "gpt2_train_step_s64",
+    "gpt2_first_call_s64",
+)
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-) + MODULE_WORKLOADS
+) + MODULE_WORKLOADS + HF_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)

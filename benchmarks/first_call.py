@@ -1,22 +1,23 @@
-"""Time one first call of a wrapped transformer block in this (fresh) process; print one JSON object.
+"""Time one first call of a wrapped model in this (fresh) process; print one JSON object.
 
     python -m benchmarks.first_call SYSTEM WORKLOAD
 
-Run by the `transformer_first_call` / `transformer_first_call_composite` workloads,
-once per sample. Untimed: loading the system (imports, torchax's environment),
+Run by the `transformer_first_call` / `transformer_first_call_composite` /
+`gpt2_first_call_s64` workloads, once per sample. Untimed: loading the system (imports, torchax's environment),
 one tiny jitted JAX call so that the backend is up, and a warm-up: the system's
 `forward` on a tiny `nn.Linear(2, 3)`, placed, compiled and called once, so that
 each library's one-time start-up (its device's first tensor, op tables, first
 dispatch: about a second for bridge and for torchax) is paid before, and
-reported as ``warmup_us``. Then the layer is built (`models.transformer()`) and
+reported as ``warmup_us``. Then the model is built (`models.transformer()`, or
+`models.gpt2(64)`: a 2-layer GPT-2-shaped `GPT2LMHeadModel` from its config) and
 the system's `forward(module, x)` places module and input and builds the
 wrapper (``setup_us``). Timed (``first_call_us``): the first call of the
 wrapper, i.e. tracing the module, lowering, XLA compilation and one run, until
 the output is ready; nothing of the layer has been traced or compiled before.
 Everything runs under ``torch.no_grad()``, with torch's MHA fast path allowed
 (`transformer_first_call`, as `transformer_block`) or off
-(`transformer_first_call_composite`, as `transformer_block_composite`). The
-output is checked against torch eager afterwards.
+(`transformer_first_call_composite`, as `transformer_block_composite`; the
+GPT-2 model has no such fast path). The output is checked against torch eager afterwards.
 
 Output: {"first_call_us", "setup_us", "warmup_us"}, or {"skip": reason}.
 """
@@ -31,7 +32,12 @@ import time
 import traceback
 
 
-FASTPATH = {"transformer_first_call": True, "transformer_first_call_composite": False}
+# Workload -> (model builder name in benchmarks.models and its arguments, MHA fast path allowed).
+MODELS = {
+    "transformer_first_call": (("transformer",), True),
+    "transformer_first_call_composite": (("transformer",), False),
+    "gpt2_first_call_s64": (("gpt2", 64), True),
+}
 
 
 def measure(name: str, workload: str) -> dict:
@@ -57,13 +63,15 @@ def measure(name: str, workload: str) -> dict:
         t2 = clock()
         return to_cpu(out), t1 - t0, t2 - t1
 
-    with torch.no_grad(), models.mha_fastpath(FASTPATH[workload]):
+    (builder, *args), fastpath = MODELS[workload]
+    build = lambda: getattr(models, builder)(*args)  # noqa: E731
+    with torch.no_grad(), models.mha_fastpath(fastpath):
         with models.seeded(0):
             tiny = torch.nn.Linear(2, 3)
         _, warm_setup, warm_call = first_call(tiny, torch.ones(1, 2))
-        module, x = models.transformer()
+        module, x = build()
         out, setup, first = first_call(module, x)
-        reference, x_ref = models.transformer()
+        reference, x_ref = build()
         workloads._check(out, reference(x_ref), "output", workloads.MODEL_RTOL, workloads.MODEL_ATOL)
     return {"first_call_us": first * 1e6, "setup_us": setup * 1e6,
             "warmup_us": (warm_setup + warm_call) * 1e6}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,15 @@ MLP_SIZES, MLP_BATCH = (784, 256, 256, 10), 64
 TRANSFORMER = dict(d_model=128, nhead=4, dim_feedforward=256, batch_first=True, dropout=0.0)
 TRANSFORMER_INPUT = (4, 32, 128)
 LR = 0.01  # plain SGD, no momentum
+# Hugging Face models of issue 7, built offline from configs with random weights.
+# GPT-2-small-shaped layers (768 wide, 12 heads) but 2 of them and an 8192-token
+# vocabulary (GPT-2 has 12 layers and 50257 tokens), to keep runs short on small CPUs.
+HF_GPT2 = dict(n_embd=768, n_head=12, n_layer=2, vocab_size=8192, n_positions=1024,
+               bos_token_id=0, eos_token_id=0)
+# BERT-small-shaped: 4 layers, hidden 512, 8 heads, intermediate 2048 (BERT's vocabulary).
+HF_BERT = dict(hidden_size=512, num_attention_heads=8, num_hidden_layers=4, intermediate_size=2048,
+               vocab_size=30522)
+HF_BATCH = 1
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -56,6 +66,61 @@ def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
     with seeded(30):
         layer = torch.nn.TransformerEncoderLayer(**TRANSFORMER).eval()
     return layer, torch.randn(*TRANSFORMER_INPUT, generator=_gen(31))
+
+
+def _transformers():
+    """Import transformers offline (nothing is downloaded: configs only, random weights)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+class HFOutput(torch.nn.Module):
+    """A Hugging Face model called on ``input_ids`` alone, returning one output field as a tensor.
+
+    The field (``logits`` for GPT-2, ``last_hidden_state`` for BERT) is flattened
+    to ``(batch * seq, features)``, so that every system's forward returns one
+    tensor and the shared cross-entropy training step applies unchanged.
+    """
+
+    def __init__(self, model: torch.nn.Module, field: str):
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(input_ids=input_ids), self.field).flatten(0, 1)
+
+
+def _ids(seq: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (HF_BATCH, seq), generator=_gen(seed))
+
+
+def gpt2(seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """`GPT2LMHeadModel(HF_GPT2)`, eval, no dropout, logits of a (1, seq) int64 input."""
+    tf = _transformers()
+    config = tf.GPT2Config(**HF_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                           use_cache=False)
+    with seeded(40):
+        model = tf.GPT2LMHeadModel(config).eval()
+    return HFOutput(model, "logits").eval(), _ids(seq, HF_GPT2["vocab_size"], 41)
+
+
+def gpt2_train(seq: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """`gpt2(seq)` and (seq,) int64 next-token labels (the input shifted by one)."""
+    module, x = gpt2(seq)
+    y = torch.cat([x[0, 1:], torch.randint(0, HF_GPT2["vocab_size"], (1,), generator=_gen(42))])
+    return module, x, y
+
+
+def bert(seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """`BertModel(HF_BERT)`, eval, no dropout, last_hidden_state of a (1, seq) int64 input."""
+    tf = _transformers()
+    config = tf.BertConfig(**HF_BERT, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    with seeded(50):
+        model = tf.BertModel(config, add_pooling_layer=False).eval()
+    return HFOutput(model, "last_hidden_state").eval(), _ids(seq, HF_BERT["vocab_size"], 51)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-from .common import MODULE_WORKLOADS, SIZES
+from .common import HF_WORKLOADS, MODULE_WORKLOADS, SIZES
 from .systems import ALL, BASELINE
 
 CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
@@ -20,8 +20,14 @@ GROUPS = {
     "MLP training step: 784-256-256-10, batch 64, cross-entropy, SGD": ("mlp_train_step",),
     "Transformer block: TransformerEncoderLayer(128, 4 heads, ff 256), (4, 32, 128), eval, "
     "torch.no_grad()": tuple(w for w in MODULE_WORKLOADS if w.startswith("transformer")),
+    "Hugging Face GPT2LMHeadModel (768 wide, 12 heads, 2 layers, vocab 8192), batch 1, eval, "
+    "torch.no_grad(), logits": ("gpt2_forward_s64", "gpt2_forward_s256", "gpt2_first_call_s64"),
+    "Hugging Face BertModel (hidden 512, 8 heads, 4 layers, intermediate 2048), batch 1, eval, "
+    "torch.no_grad(), last_hidden_state": ("bert_forward_s64", "bert_forward_s256"),
+    "Hugging Face GPT-2 training step: the same model, sequence 64, next-token cross-entropy, "
+    "SGD": ("gpt2_train_step_s64",),
 }
-# Issue 4's targets: (workload, bridge system, other system, goal for bridge/other median).
+# Issue 4's and issue 7's targets: (workload, bridge system, other system, goal for bridge/other median).
 GOALS = (
     ("compiled_linear", "bridge", "plain_jax", 1.5),
     ("compiled_linear", "bridge_jax", "plain_jax", 1.5),
@@ -34,6 +40,10 @@ GOALS = (
     ("transformer_first_call", "bridge_jax", "torchax", 0.5),
     ("transformer_first_call_composite", "bridge", "torchax", 0.5),
     ("transformer_first_call_composite", "bridge_jax", "torchax", 0.5),
+    # Issue 7: bridge faster than torch eager and torchax on every Hugging Face row.
+    *((w, "bridge", other, 1.0) for w in HF_WORKLOADS if "first_call" not in w
+      for other in ("torch_eager", "torchax")),
+    ("gpt2_first_call_s64", "bridge", "torchax", 0.5),
 )
 
 
@@ -126,10 +136,12 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
                                   else "asynchronous (JAX's default)"),
         "- times are per call, in microseconds; each worker process runs one system; warm-up "
         "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed "
-        "region, in the module workloads also the JAX array inside a jax-device tensor output "
+        "region, in the module and Hugging Face workloads also the JAX array inside a jax-device "
+        "tensor output "
         "(bridge_jax, torchax; eager_add does not wait for those); CPU torch tensor outputs "
         "are complete when returned",
-        "- transformer_first_call*: one first call (trace + compile + run) per fresh process; "
+        "- transformer_first_call*, gpt2_first_call_s64: one first call (trace + compile + run) "
+        "per fresh process; "
         "median/min/max over the processes (n)",
         f"- ratio = other / {BASELINE} (median): above 1 means {BASELINE} is faster",
         "- every output is checked against a reference before timing; a transfer whose output "
@@ -152,7 +164,7 @@ def _skip_reason(reports: list[dict], system: str, workload: str) -> str | None:
 
 
 def _goals(reports: list[dict]) -> list[str]:
-    """Issue 4's ratio targets, for the (workload, pair)s this run covered."""
+    """Issue 4's and 7's ratio targets, for the (workload, pair)s this run covered."""
     rows = []
     for workload, mine, other, goal in GOALS:
         if not _present(reports, (workload,)):
@@ -168,7 +180,7 @@ def _goals(reports: list[dict]) -> list[str]:
     if not rows:
         return []
     header = ["workload", "ratio (median)", "value", "goal", "status"]
-    return ["## Goals (issue 4)", "",
+    return ["## Goals (issues 4 and 7)", "",
             "Ratios here are bridge / other (below 1: bridge is faster).", ""] + _table(header, rows) + [""]
 
 
@@ -230,6 +242,14 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
             _bars(ax, reports, w)
         fig.tight_layout()
         written.append(_save(fig, out_dir / "modules.png"))
+
+    hf = [w for w in HF_WORKLOADS if has(w)]
+    if hf:
+        fig, axes = plt.subplots(1, len(hf), figsize=(4 * len(hf), 4.5), squeeze=False)
+        for ax, w in zip(axes[0], hf):
+            _bars(ax, reports, w)
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "huggingface.png"))
 
     directions = ("to_jax", "to_torch")
     if any(has(f"{d}_{s}") for d in directions for s in SIZES):

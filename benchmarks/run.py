@@ -1,6 +1,6 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
-    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules]
+    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules|hf]
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 from . import report, systems
-from .common import MODULE_WORKLOADS, WORKLOADS
+from .common import HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
 # Names that --workloads expands to several workloads.
-WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS}
+WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions, sizes <= 64MiB")
     parser.add_argument("--only", help=f"comma-separated systems (default: all of {','.join(systems.ALL)})")
-    parser.add_argument("--workloads", help="comma-separated workload names, or 'modules' for "
-                        "the module workloads (default: all)")
+    parser.add_argument("--workloads", help="comma-separated workload names, 'modules' for "
+                        "the module workloads, 'hf' for the Hugging Face ones (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "

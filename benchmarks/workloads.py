@@ -179,24 +179,48 @@ def transformer_block_composite(system: System, quick: bool) -> dict:
     return _forward(system, quick, "transformer_block_composite", models.transformer, fastpath=False)
 
 
-def mlp_train_step(system: System, quick: bool) -> dict:
-    """One SGD step (forward, backward, update) of the 784-256-256-10 MLP on a batch of 64."""
-    module, x, y = models.mlp()
+def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
+    """State-dict name -> the first name of the same tensor (tied weights, e.g. GPT-2's lm_head)."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        key = (t.data_ptr(), tuple(t.shape), t.stride())
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
+def _train_step(system: System, quick: bool, workload: str, build: Callable) -> dict:
+    """One SGD step of cross-entropy on ``module(x)`` and labels y; loss and parameters are checked.
+
+    A tied parameter (one tensor under two state-dict names) may be returned under
+    its first name only; it is checked there.
+    """
+    module, x, y = build()
+    aliases = _tied_aliases(module)
     loss_ref, params_ref = models.torch_sgd_reference(module, x, y)
-    run, read = _need(system, "train_step", "mlp_train_step")(module, x, y)
+    run, read = _need(system, "train_step", workload)(module, x, y)
     out = run()
     loss, params = read(out)
     _check(loss, loss_ref, "loss", MODEL_RTOL, MODEL_ATOL)
-    missing = sorted(set(params_ref) - set(params))
+    found = {name: name if name in params else aliases.get(name) for name in params_ref}
+    missing = sorted(name for name, got in found.items() if got not in params)
     if missing:
         raise Skip(f"wrong output: no {', '.join(missing)} among the updated parameters {sorted(params)}")
     for name, ref in params_ref.items():
-        _check(params[name], ref, f"{name} after one step", MODEL_RTOL, MODEL_ATOL)
+        _check(params[found[name]], ref, f"{name} after one step", MODEL_RTOL, MODEL_ATOL)
     return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 
+def mlp_train_step(system: System, quick: bool) -> dict:
+    """One SGD step (forward, backward, update) of the 784-256-256-10 MLP on a batch of 64."""
+    return _train_step(system, quick, "mlp_train_step", models.mlp)
+
+
 def _first_call(system: System, quick: bool, workload: str) -> dict:
-    """The first call (trace + compile + run) of the transformer block, one fresh process each.
+    """The first call (trace + compile + run) of a model, one fresh process each.
 
     Each sample is a new ``python -m benchmarks.first_call SYSTEM WORKLOAD`` process
     (JAX's persistent compilation cache off), so no trace, lowering or compilation
@@ -222,10 +246,25 @@ def _first_call(system: System, quick: bool, workload: str) -> dict:
     ms = lambda samples: f"{statistics.median(samples) / 1e3:,.1f} ms"  # noqa: E731
     system.notes.append(
         f"{system.name}: {workload}: {len(firsts)} fresh processes; not included (medians): "
-        f"warm-up on a tiny nn.Linear (library start-up) {ms(warmups)}, placing the layer "
+        f"warm-up on a tiny nn.Linear (library start-up) {ms(warmups)}, placing the model "
         f"and input and building the wrapper {ms(setups)}.")
     return {"median_us": statistics.median(firsts), "min_us": min(firsts), "max_us": max(firsts),
             "n": len(firsts)}
+
+
+# --- Hugging Face workloads (issue 7); configs with random weights, built offline -----------
+
+
+def hf_workloads() -> dict[str, Callable[[System, bool], dict]]:
+    table: dict[str, Callable[[System, bool], dict]] = {}
+    for model, build in (("gpt2", models.gpt2), ("bert", models.bert)):
+        for seq in (64, 256):
+            name = f"{model}_forward_s{seq}"
+            table[name] = lambda system, q, n=name, b=build, s=seq: _forward(system, q, n, lambda: b(s))
+    table["gpt2_train_step_s64"] = (
+        lambda system, q: _train_step(system, q, "gpt2_train_step_s64", lambda: models.gpt2_train(64)))
+    table["gpt2_first_call_s64"] = lambda system, q: _first_call(system, q, "gpt2_first_call_s64")
+    return table
 
 
 def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
@@ -251,4 +290,5 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
         "transformer_first_call_composite": (
             lambda system, q: _first_call(system, q, "transformer_first_call_composite")),
     })
+    table.update(hf_workloads())
     return table

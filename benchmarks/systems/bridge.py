@@ -45,5 +45,6 @@ def make() -> System:
                "bridge: module workloads: bridge.compile(module)(x) on CPU module and tensors "
                "(CPU tensors out; see bridge_jax for the jax device); mlp_train_step: "
                "params, fn = bridge.extract_jax(mlp), then jax.jit of jax.value_and_grad of "
-               "the cross-entropy of fn(params, x) plus the SGD update (benchmarks/models.py)."],
+               "the cross-entropy of fn(params, x) plus the SGD update (benchmarks/models.py); "
+               "gpt2_train_step_s64 likewise (the tied lm_head/wte weight is one parameter)."],
     )

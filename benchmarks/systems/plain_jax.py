@@ -8,6 +8,7 @@ from .. import models
 from ..common import System
 
 NO_BLOCK = "no hand-written JAX transformer block (issue 4 compares it across torch front ends)"
+NO_HF = "no hand-written JAX GPT-2 / BERT (issue 7 compares Hugging Face models across torch front ends)"
 
 
 def _call(f):
@@ -81,5 +82,7 @@ def make() -> System:
             "to_torch": "not applicable (no torch side)",
             **dict.fromkeys(("transformer_block", "transformer_block_composite",
                              "transformer_first_call", "transformer_first_call_composite"), NO_BLOCK),
+            **dict.fromkeys(("gpt2_forward_s64", "gpt2_forward_s256", "bert_forward_s64",
+                             "bert_forward_s256", "gpt2_train_step_s64", "gpt2_first_call_s64"), NO_HF),
         },
     )

@@ -32,11 +32,12 @@ def make() -> System:
         train_step=_train_step,
         notes=["torch_eager: the math runs as torch ops; no JAX involved.",
                "torch_eager: mlp_train_step: zero_grad, cross_entropy, backward, "
-               "torch.optim.SGD(lr=0.01).step()."],
+               "torch.optim.SGD(lr=0.01).step(); gpt2_train_step_s64 likewise."],
         unsupported={
             "to_jax": "not applicable (no JAX side)",
             "to_torch": "not applicable (no JAX side)",
-            **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite"),
+            **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite",
+                             "gpt2_first_call_s64"),
                             "not applicable (eager: nothing to trace or compile)"),
         },
     )

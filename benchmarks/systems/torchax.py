@@ -146,6 +146,7 @@ def make() -> System:
             "fast-path check (has_torch_function): transformer_block runs the op-by-op "
             "layer, as transformer_block_composite does.",
             "torchax: mlp_train_step: states, fn = torchax.extract_jax(mlp), then the same "
-            "jitted value_and_grad + SGD step as bridge and plain_jax.",
+            "jitted value_and_grad + SGD step as bridge and plain_jax (gpt2_train_step_s64 "
+            "likewise).",
         ],
     )
