@@ -31,7 +31,6 @@ from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.errors import BridgeTypeError, TransferError
-from bridge._src.mutation import _store
 
 API = "bridge.compile"
 _DYN = object()
@@ -90,11 +89,12 @@ class _Program:
         modules_lib.check_no_leak(module, API)
       else:
         out, mutated = call_torch_lib.run_traced(self.owner.call, args, kwargs, API), {}
-    out_leaves, out_spec = tree_lib.flatten(tree_lib.tree_map(_plain_tuples, out))
+    # tensors become arrays (torch's named tuples plain tuples); the rest stays static
+    out_leaves, out_spec = tree_lib.flatten(call_torch_lib.outputs_to_jax(out, API))
     arrays, statics = [], []
     for leaf in out_leaves:
-      if isinstance(leaf, torch.Tensor):
-        arrays.append(call_torch_lib.outputs_to_jax(leaf, API))
+      if isinstance(leaf, jax.Array):
+        arrays.append(leaf)
         statics.append(_DYN)
       else:
         statics.append(leaf)
@@ -283,7 +283,7 @@ class Compiled:
     if new_key is not None:
       rng.set_key(new_key)
     if updates:
-      self._write_back(info.mutated, updates, state)
+      modules_lib.write_back(self.module, dict(zip(info.mutated, updates)))
     if info.out_plain:
       return outs[0] if info.out_single else info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
@@ -299,31 +299,13 @@ class Compiled:
     to_torch = functools.partial(_outputs_to_torch, device)
     flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
     outs, updates, new_key = out_def.unflatten(flat)
-    updates = [u.detach() for u in updates]
+    updates = [tensor_lib.value(u) if type(u) is tensor_lib.Tensor else
+               transfer.tensor_to_jax(u.detach(), api=API, where=lambda: "a buffer update")
+               for u in updates]
     if new_key is not None:
       new_key = (tensor_lib.value(new_key) if isinstance(new_key, tensor_lib.Tensor)
                  else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key"))
     return list(outs), updates, new_key
-
-  def _write_back(self, names: tuple, updates: Any, state: list) -> None:
-    by_name = dict(zip(self._names, state))
-    for name, new in zip(names, updates):
-      target = by_name.get(name)
-      if target is None:  # not part of the module's state (e.g. a plain attribute)
-        continue
-      if isinstance(target, tensor_lib.Tensor):
-        _store(target, new)  # a jax array, or a jax tensor from the autograd path
-        continue
-      if not isinstance(new, torch.Tensor):
-        new = transfer.array_to_torch(new, api=API, where=lambda: f"buffer {name!r}")
-      with torch.no_grad():
-        target.copy_(new)
-
-
-def _plain_tuples(x: Any, where: Any) -> Any:
-  """torch's named tuples (`values, indices`) as tuples, so their tensors are outputs too."""
-  return tuple(x) if type(x).__module__ == "torch.return_types" else x
-
 
 def _array(t: torch.Tensor) -> Any:
   if type(t) is tensor_lib.Tensor:

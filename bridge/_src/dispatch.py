@@ -74,10 +74,6 @@ def _x64() -> Any:
   return jax.enable_x64(True)
 
 
-_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32,
-           torch.complex128: torch.complex64, torch.uint64: torch.uint32}
-
-
 def _quiet_narrowing() -> Any:
   """JAX's warnings about unavailable 64-bit dtypes, silenced (the bridge warns once itself)."""
   ctx = warnings.catch_warnings()
@@ -122,9 +118,7 @@ def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
   t = t.detach()
-  if scope.narrow() and t.dtype in _NARROW:
-    scope.warn_narrowed(f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
-    t = t.to(_NARROW[t.dtype])
+  t = t.to(scope.narrow_dtype(t.dtype, f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})"))
   with _x64():
     return transfer.tensor_to_jax(t.contiguous(), api="the jax device",
                                   where=lambda: "a CPU tensor")
@@ -149,9 +143,7 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   REGISTRY.require_plugins()
   dtype = dtype or torch.get_default_dtype()
   index = device_lib.device_index(device)
-  if scope.narrow() and dtype in _NARROW:
-    scope.warn_narrowed(f"a new {dtype} tensor")
-    dtype = _NARROW[dtype]
+  dtype = scope.narrow_dtype(dtype, f"a new {dtype} tensor")
   with _x64():
     array = _zeros(size, dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype"))
     array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array

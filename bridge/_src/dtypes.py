@@ -40,8 +40,9 @@ JAX_TO_TORCH_BY_ID: dict[int, torch.dtype] = {id(j): t for j, t in JAX_TO_TORCH.
 # Dtypes that JAX silently narrows to 32 bits while `jax_enable_x64` is off.
 TORCH_X64 = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})
 
-_NARROWED = {torch.int64: "int32", torch.uint64: "uint32", torch.float64: "float32",
-             torch.complex128: "complex64"}
+# ... and what they become (also what the bridge computes them as in a 32-bit program).
+NARROWED = {torch.int64: torch.int32, torch.uint64: torch.uint32, torch.float64: torch.float32,
+            torch.complex128: torch.complex64}
 
 
 def x64_enabled() -> bool:
@@ -75,12 +76,13 @@ def check_x64(dtype: torch.dtype, *, api: str, where: str) -> None:
   """Refuse a 64-bit torch dtype while JAX would silently narrow it to 32 bits."""
   if dtype in TORCH_X64 and not x64_enabled():
     short = str(dtype).removeprefix("torch.")
+    narrow = str(NARROWED[dtype]).removeprefix("torch.")
     raise BridgeTypeError(
         f"`{api}`: {where} is {short}, but JAX's 64-bit types are disabled, so JAX "
-        f"would silently turn it into {_NARROWED[dtype]}. Either enable them, globally "
+        f"would silently turn it into {narrow}. Either enable them, globally "
         "with `jax.config.update('jax_enable_x64', True)` or for this call with "
         "`with jax.enable_x64(True): ...`, or narrow the tensor yourself, e.g. "
-        f"`t.to(torch.{_NARROWED[dtype]})`."
+        f"`t.to(torch.{narrow})`."
     )
 
 

@@ -93,11 +93,10 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
   missing = {name: t for name, t in module_state(module).items() if name not in tensors}
   if missing:  # the module's own values, as copies: an in-place update must not reach them
     if not dtypes.x64_enabled() and scope.is_staged():  # a 32-bit program (`scope.narrow`)
-      from bridge._src.dispatch import _NARROW
-      wide = [n for n, t in missing.items() if t.dtype in _NARROW]
+      wide = [n for n, t in missing.items() if t.dtype in dtypes.NARROWED]
       if wide:
         scope.warn_narrowed(f"the module's {wide[0]!r}")
-      missing = {n: t.to(_NARROW.get(t.dtype, t.dtype)) for n, t in missing.items()}
+      missing = {n: t.to(dtypes.NARROWED.get(t.dtype, t.dtype)) for n, t in missing.items()}
     for name, a in state_to_jax(missing, copy=True, api=api).items():
       tensors[name] = call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
   made = dict(tensors)

@@ -99,6 +99,16 @@ def warn_narrowed(what: str) -> None:
       "`bridge.compile` always does.", stacklevel=3)
 
 
+def narrow_dtype(dtype: torch.dtype, what: str) -> torch.dtype:
+  """`dtype`, or its 32-bit counterpart (with the warning) inside a 32-bit program."""
+  from bridge._src import dtypes
+  narrowed = dtypes.NARROWED.get(dtype)
+  if narrowed is None or not narrow():
+    return dtype
+  warn_narrowed(what)
+  return narrowed
+
+
 class trace_scope:  # noqa: N801
   """Enter the trace scope for `api` (see the module docstring)."""
 

@@ -16,7 +16,7 @@ from bridge._src import device as device_lib
 from bridge._src import dtypes
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
-from bridge._src.dispatch import _NARROW, _x64, aten, get_plan
+from bridge._src.dispatch import _x64, aten, get_plan
 from bridge._src.mutation import _cast, _store
 from bridge._src.tensor import Tensor, make, value
 
@@ -43,9 +43,7 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
     return out.to(dtype=dtype, device=device)
   target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
                    else src.device)
-  if dtype in _NARROW and scope.narrow():
-    scope.warn_narrowed(f"a conversion to {dtype}")
-    dtype = _NARROW[dtype]
+  dtype = scope.narrow_dtype(dtype, f"a conversion to {dtype}")
   with _x64():
     want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
     # Same dtype: the copy shares the immutable array in a storage box of its own, so an
