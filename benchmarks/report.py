@@ -235,21 +235,15 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
         fig.tight_layout()
         written.append(_save(fig, out_dir / "call_overhead.png"))
 
-    modules = [w for w in MODULE_WORKLOADS if has(w)]
-    if modules:
-        fig, axes = plt.subplots(1, len(modules), figsize=(4 * len(modules), 4.5), squeeze=False)
-        for ax, w in zip(axes[0], modules):
-            _bars(ax, reports, w)
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / "modules.png"))
-
-    hf = [w for w in HF_WORKLOADS if has(w)]
-    if hf:
-        fig, axes = plt.subplots(1, len(hf), figsize=(4 * len(hf), 4.5), squeeze=False)
-        for ax, w in zip(axes[0], hf):
-            _bars(ax, reports, w)
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / "huggingface.png"))
+    for group, name in ((MODULE_WORKLOADS, "modules.png"), (HF_WORKLOADS, "huggingface.png")):
+        present = [w for w in group if has(w)]
+        if present:
+            fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 4.5),
+                                     squeeze=False)
+            for ax, w in zip(axes[0], present):
+                _bars(ax, reports, w)
+            fig.tight_layout()
+            written.append(_save(fig, out_dir / name))
 
     directions = ("to_jax", "to_torch")
     if any(has(f"{d}_{s}") for d in directions for s in SIZES):
