@@ -125,22 +125,25 @@ def next_key(op: Any = None) -> Any:
   return _next_global_key()
 
 
+def _key_locked() -> Any:
+  """The generator's key, made from torch's initial seed on first use (hold `_lock`)."""
+  global _key
+  if _key is None:
+    _key = _make_key(torch.initial_seed())
+  return _key
+
+
 def _next_global_key() -> Any:
   global _key
   with _lock:
-    if _key is None:
-      _key = _make_key(torch.initial_seed())
-    _key, sub = _split(_key)
+    _key, sub = _split(_key_locked())
     return sub
 
 
 def current_key() -> Any:
   """The generator's key (not advanced): what `bridge.compile` feeds into a program."""
-  global _key
   with _lock:
-    if _key is None:
-      _key = _make_key(torch.initial_seed())
-    return _key
+    return _key_locked()
 
 
 def set_key(key: Any) -> None:
