@@ -86,7 +86,12 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
           "`masked_select`, `x[mask]`, `unique`", tb=e.__traceback__) from e
 
 
-def call_torch(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+MODES = ("trace", "callback")
+
+
+def call_torch(fn: Callable[..., Any], /, *args: Any, mode: str = "trace",
+               vmap_method: str | None = None, result_shape_dtypes: Any = None,
+               **kwargs: Any) -> Any:
   """Calls the torch function or module `fn` on JAX arrays; returns JAX arrays.
 
   As `fn(*args, **kwargs)` with `bridge.Tensor`s (torch tensors on the `jax`
@@ -111,9 +116,30 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   Random ops (`dropout`...) draw from the `jax` device's generator; inside
   `jax.jit` make a key current with `bridge.rng_key(key)`.
 
+  With `mode="callback"`, `fn` is not traced: it runs for real, in eager torch
+  on CPU tensors that share memory with the program's buffers, through a host
+  call staged into the JAX program. Any torch code works that way (ops with no
+  lowering, custom ops, extensions), at the price of a call out of the compiled
+  program. The outputs' shapes are found by running `fn` once on fake tensors
+  (cached per input shapes), or given as `result_shape_dtypes`. `jax.grad` runs
+  torch autograd in a second host call (reverse-mode only: `jax.jvp`/`jacfwd`
+  are refused); `jax.vmap` calls torch once per example (`vmap_method=
+  "sequential"`) or once on the whole batch for functions that treat a leading
+  dimension as a batch (`vmap_method="broadcast_all"` or `"expand_dims"`). A
+  module runs with its own live parameters and buffers (its state is not a JAX
+  input; use `extract_jax(module, mode="callback")` to differentiate it).
+
+  `mode`, `vmap_method` and `result_shape_dtypes` are this function's own
+  keywords; to pass a keyword of that name to `fn`, bind it first
+  (`functools.partial(fn, mode=...)`).
+
   Args:
     fn: a torch callable: function, `nn.Module`, bound method.
     *args: positional arguments: pytrees of JAX arrays and other values.
+    mode: "trace" (the default) or "callback".
+    vmap_method: callback mode under `jax.vmap` (see above); default "sequential".
+    result_shape_dtypes: callback mode: the outputs as a pytree of
+      `jax.ShapeDtypeStruct`s, instead of finding them with fake tensors.
     **kwargs: keyword arguments, likewise.
 
   Returns:
@@ -131,12 +157,30 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     >>> jax.grad(lambda x: bridge.call_torch(f, x))(jnp.zeros(2))
     Array([0.5, 0.5], dtype=float32)
   """
+  if mode == "callback":
+    from bridge._src import callback  # it builds on this module
+    return callback.call(fn, args, kwargs, vmap_method=vmap_method,
+                         result_shape_dtypes=result_shape_dtypes)
+  check_mode(mode, vmap_method, result_shape_dtypes)
   module = _module_of(fn)
   if module is not None:
     from bridge._src import modules  # it builds on this module
     return modules.call_module(module, fn, args, kwargs, api=API)
   targs, tkwargs = inputs_to_torch((args, kwargs))
   return outputs_to_jax(run_traced(fn, targs, tkwargs))
+
+
+def check_mode(mode: Any, vmap_method: Any, result_shape_dtypes: Any, api: str = API) -> None:
+  """Refuse a mode that is not one, and callback options given to trace mode."""
+  if mode not in MODES:
+    raise BridgeTypeError(
+        f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
+        "argument; to pass `mode=` to the torch function, bind it first: "
+        "`functools.partial(fn, mode=...)`.)")
+  if mode == "trace" and (vmap_method is not None or result_shape_dtypes is not None):
+    raise BridgeTypeError(
+        f"`{api}`: `vmap_method` and `result_shape_dtypes` are options of "
+        "mode='callback'; in trace mode JAX batches and shapes the torch code itself.")
 
 
 def _module_of(fn: Any) -> torch.nn.Module | None:
@@ -146,14 +190,27 @@ def _module_of(fn: Any) -> torch.nn.Module | None:
   return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def jax_view(fn: F) -> F:
+def jax_view(fn: F, *, mode: str = "trace", vmap_method: str | None = None,
+             result_shape_dtypes: Any = None) -> F:
   """Wraps the torch callable `fn` as a JAX callable: `call_torch(fn, ...)` on each call.
 
-  Usable as a decorator. The wrapper keeps `fn`'s name and docstring, and
+  Usable as a decorator (`@bridge.jax_view`, or `@functools.partial(bridge.jax_view,
+  mode="callback")`); `mode`, `vmap_method` and `result_shape_dtypes` are those of
+  `call_torch`. The wrapper keeps `fn`'s name and docstring, and
   `wrapper.__wrapped__` is `fn`; `jax_view(torch_view(jax_fn))` gives back `jax_fn`.
   """
   if not callable(fn):
     raise BridgeTypeError(f"`bridge.jax_view`: expected a callable, got a {type(fn).__name__}.")
+  check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
+  if mode == "callback":
+    wrapped_cb = fn.forward if isinstance(fn, torch.nn.Module) else fn
+
+    @functools.wraps(wrapped_cb)
+    def callback_wrapper(*args: Any, **kwargs: Any) -> Any:
+      return call_torch(fn, *args, mode="callback", vmap_method=vmap_method,
+                        result_shape_dtypes=result_shape_dtypes, **kwargs)
+    callback_wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]
+    return callback_wrapper  # type: ignore[return-value]
   inner = getattr(fn, "__bridge_jax_fn__", None)
   if inner is not None:  # a torch view of a JAX function: views of views cancel
     return inner

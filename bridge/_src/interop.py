@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import torch
 
+from bridge._src import dtypes
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
@@ -154,6 +155,8 @@ class _Leaves:
         if len(tensors) > 1 and tensors[0][2].device != leaf.device:
           self.slow = True  # convert_slow() names the two devices
       elif isinstance(leaf, torch.Tensor):
+        if type(leaf) is not torch.Tensor and isinstance(leaf, _fake_tensor_type()):
+          raise _HasFake
         tensors.append((len(arrays), i, leaf))
         if leaf.requires_grad:
           self.needs_grad = True
@@ -201,6 +204,45 @@ class _Leaves:
 
 class _HasDataclass(Exception):
   """Raised by `_Leaves` on a dataclass leaf: flatten again, field by field."""
+
+
+class _HasFake(Exception):
+  """Raised by `_Leaves` on a fake tensor: `call_jax` answers with shapes only."""
+
+
+@functools.cache
+def _fake_tensor_type() -> type:
+  from torch._subclasses.fake_tensor import FakeTensor
+  return FakeTensor
+
+
+def _call_jax_fake(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+  """`call_jax` on torch's fake tensors (shape propagation, e.g. `torch.compile` tracing or
+  `call_torch(..., mode="callback")` finding output shapes): fake outputs from `jax.eval_shape`."""
+  leaves, spec = tree_lib.flatten((args, kwargs))
+  fake = _fake_tensor_type()
+  positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+  mode = next(leaves[i].fake_mode for i in positions if isinstance(leaves[i], fake))
+  device = next(leaves[i].device for i in positions if isinstance(leaves[i], fake))
+  specs = []
+  with jax.enable_x64(True):
+    for i in positions:
+      t = leaves[i]
+      specs.append(jax.ShapeDtypeStruct(tuple(t.shape), dtypes.jax_dtype(
+          t.dtype, api=API, where=_Args(args, kwargs).describe(i))))
+
+    def run(*arrays: Any) -> Any:
+      filled = list(leaves)
+      for i, a in zip(positions, arrays):
+        filled[i] = a
+      a, k = tree_lib.unflatten(spec, filled)
+      return fn(*a, **k)
+    out = jax.eval_shape(run, *specs)
+  with mode:
+    return jax.tree_util.tree_map(
+        lambda s: torch.empty(s.shape, dtype=dtypes.torch_dtype(s.dtype, api=API,
+                                                                  where="an output"),
+                              device=device), out)
 
 
 def _no_fast_path(t: torch.Tensor) -> None:
@@ -284,7 +326,10 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     >>> y.backward()
     >>> torch.testing.assert_close(x.grad, torch.sin(2 * x.detach()))
   """
-  split = _leaves(args, kwargs)
+  try:
+    split = _leaves(args, kwargs)
+  except _HasFake:
+    return _call_jax_fake(fn, args, kwargs)
   key = (fn, split.spec, tuple(split.key_statics))
   entry = _cache_entries.get(key)
   if entry is None:

@@ -49,14 +49,20 @@ def torch_view(x: Any) -> Any:
   return tree_lib.tree_map(leaf, x)
 
 
-def jax_view(x: Any) -> Any:
+_NOTHING = object()
+
+
+def jax_view(x: Any = _NOTHING, *, mode: str = "trace", vmap_method: str | None = None,
+             result_shape_dtypes: Any = None) -> Any:
   """JAX's view of `jax`-device tensors: the JAX arrays inside them, without copying.
 
   Args:
     x: a torch callable (function, `nn.Module`, bound method: returns a JAX-callable
       wrapper, as `call_torch`), or a pytree whose `bridge.Tensor` leaves become their
       JAX arrays. A torch tensor on another device is refused (use `bridge.to_jax`,
-      which transfers).
+      which transfers). Without `x`, a decorator:
+      `@bridge.jax_view(mode="callback", vmap_method="broadcast_all")`.
+    mode, vmap_method, result_shape_dtypes: for a callable, as in `call_torch`.
 
   Example:
     >>> import torch, bridge
@@ -64,8 +70,16 @@ def jax_view(x: Any) -> Any:
     >>> type(a).__name__, a.dtype
     ('ArrayImpl', dtype('float32'))
   """
+  if x is _NOTHING:
+    return lambda fn: jax_view(fn, mode=mode, vmap_method=vmap_method,
+                               result_shape_dtypes=result_shape_dtypes)
   if callable(x) and not isinstance(x, torch.Tensor):
-    return call_torch_lib.jax_view(x)
+    return call_torch_lib.jax_view(x, mode=mode, vmap_method=vmap_method,
+                                   result_shape_dtypes=result_shape_dtypes)
+  call_torch_lib.check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
+  if mode != "trace":
+    raise BridgeTypeError("`bridge.jax_view`: `mode` applies to a torch callable, not to "
+                          f"a {type(x).__name__}.")
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, tensor_lib.Tensor):

@@ -1,0 +1,411 @@
+"""Callback mode: torch code run for real, in eager torch, from inside a JAX program.
+
+`call_torch(fn, *args, mode="callback")` stages one host call (`bridge._src.ffi`)
+into the program instead of tracing `fn` op by op, so any torch code works: ops
+with no lowering, custom ops, third-party extensions.
+
+* Shapes: the program must know the outputs' shapes and dtypes before it runs, so
+  `fn` first runs once on torch's fake tensors (no data, no compute); the result
+  is cached per input shapes and dtypes. `result_shape_dtypes=` gives them instead.
+* The fake run also says whether `fn` writes to its inputs in place (those are
+  then copied first: the caller's JAX arrays are immutable and stay unchanged) and
+  whether it draws random numbers (then each call draws a seed, and a backward
+  pass replays the same randomness).
+* Gradients: a `jax.custom_vjp` whose backward is another host call that runs
+  `fn` again under torch autograd and returns `torch.autograd.grad` of it. That
+  backward is itself a callback-mode function, so it can be differentiated again
+  (reverse over reverse, through torch's double backward).
+* `jax.vmap`: `vmap_method` as in `jax.pure_callback` ("sequential": one torch
+  call per example; "broadcast_all" / "expand_dims": one call on the whole batch,
+  for functions that treat a leading dimension as a batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge._src import dtypes
+from bridge._src import ffi
+from bridge._src import scope
+from bridge._src import tree as tree_lib
+from bridge._src.errors import BridgeError, BridgeTypeError
+
+API = "bridge.call_torch"
+VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims", "broadcast_all")
+
+_DYN = object()  # marks where a dynamic (array) leaf goes among the static leaves
+
+
+class _Identity:
+  """An unhashable static argument, compared by identity."""
+
+  __slots__ = ("value",)
+
+  def __init__(self, value: Any):
+    self.value = value
+
+  def __hash__(self) -> int:
+    return id(self.value)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, _Identity) and other.value is self.value
+
+
+def _hashable(x: Any) -> Any:
+  if isinstance(x, torch.Tensor):
+    return _Identity(x)
+  try:
+    hash(x)
+    return x
+  except TypeError:
+    return _Identity(x)
+
+
+def _unbox(x: Any) -> Any:
+  return x.value if type(x) is _Identity else x
+
+
+def _is_float(dtype: Any) -> bool:
+  return jnp.issubdtype(dtype, jnp.inexact)
+
+
+# --- the fake run ----------------------------------------------------------------------------
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+  """Notes whether any op that draws random numbers runs."""
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.random = False
+
+  def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+                         ) -> Any:
+    if torch.Tag.nondeterministic_seeded in func.tags:
+      self.random = True
+    return func(*args, **(kwargs or {}))
+
+
+class _FakeResult:
+  """What the fake run learnt: the outputs' structure and specs, mutations, randomness."""
+
+  def __init__(self, out: Any, mutated: tuple[bool, ...], random: bool):
+    self.out, self.mutated, self.random = out, mutated, random
+
+
+def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str) -> _FakeResult:
+  from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                             DynamicOutputShapeException, FakeTensorMode,
+                                             UnsupportedOperatorException)
+  mode = FakeTensorMode(allow_non_fake_inputs=True)
+  recorder = _Recorder()
+  with mode:
+    fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in in_specs]
+    versions = [t._version for t in fakes]
+    try:
+      with recorder:
+        out = call(fakes)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+      raise scope.TracedValueError(
+          f"`{API}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
+          f"before it runs: it {_data_dependence(e)}, at\n  {scope.user_line(e.__traceback__)}\n"
+          "A JAX program needs every output's shape and dtype when it is built. If they are "
+          "in fact fixed, pass them: `result_shape_dtypes=jax.ShapeDtypeStruct(shape, dtype)` "
+          "(a pytree of them, like the outputs); otherwise return fixed-size results (pad, or "
+          "return a mask instead of selecting).") from e
+    except UnsupportedOperatorException as e:
+      if not isinstance(getattr(e, "func", None), torch._ops.OpOverload):
+        raise
+      raise BridgeError(
+          f"`{API}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
+          "implementation, so its outputs' shapes cannot be found without running it. Give "
+          "the op one (`torch.library.register_fake`), or pass the outputs' shapes with "
+          "`result_shape_dtypes=`.") from e
+    except Exception as e:
+      e.add_note(
+          f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
+          "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
+          "shapes before the JAX program runs. If the function needs real data for that, "
+          "pass the outputs' shapes with `result_shape_dtypes=`.)")
+      raise
+  mutated = tuple(t._version != v for t, v in zip(fakes, versions))
+  return _FakeResult(out, mutated, recorder.random)
+
+
+def _data_dependence(e: BaseException) -> str:
+  func = getattr(e, "func", None)
+  if func is not None and "_local_scalar_dense" in str(func):
+    return "reads a tensor's value in Python (`.item()`, `if t:`, `int(t)`)"
+  return (f"calls {func}, whose output shape depends on the data" if func is not None
+          else "has an output shape that depends on the data")
+
+
+# --- programs: one per function, input structure and input specs ---------------------------
+
+
+class _Program:
+  """A flat torch function of tensors as a differentiable, batchable JAX function.
+
+  `flat_fn(inputs) -> outputs` takes and returns lists of torch tensors. `ins` and
+  `outs` are the JAX specs of both sides; `random` programs take a uint32 seed as
+  their first input.
+  """
+
+  def __init__(self, flat_fn: Callable[[list], list], ins: Sequence[jax.ShapeDtypeStruct],
+               outs: Sequence[jax.ShapeDtypeStruct], *, name: str, vmap_method: str,
+               random: bool, restore: Callable[[], Any] | None = None):
+    self.flat_fn, self.ins, self.outs, self.name = flat_fn, list(ins), list(outs), name
+    self.vmap_method, self.random, self.restore = vmap_method, random, restore
+    self.diff_in = [i for i, s in enumerate(self.ins) if _is_float(s.dtype)]
+    self.diff_out = [i for i, s in enumerate(self.outs) if _is_float(s.dtype)]
+    self.key = ffi.register(self._host if random else flat_fn, name)
+    self._vjp: _Program | None = None
+    self.apply = self._differentiable() if self.diff_in and self.diff_out else self._emit
+
+  def _host(self, inputs: list) -> list:
+    if not self.random:
+      return self.flat_fn(inputs)
+    with torch.random.fork_rng(devices=[]):
+      torch.manual_seed(int(inputs[0].reshape(-1)[0]))
+      return self.flat_fn(inputs)
+
+  def _emit(self, *dyn: Any) -> tuple:
+    return tuple(ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method))
+
+  def _differentiable(self) -> Callable[..., tuple]:
+    @jax.custom_vjp
+    def f(*dyn: Any) -> tuple:
+      return self._emit(*dyn)
+
+    def fwd(*dyn: Any) -> tuple:
+      return f(*dyn), dyn  # (f, not the bare call: reverse over reverse differentiates it)
+
+    def bwd(dyn: tuple, cts: tuple) -> tuple:
+      grads = self.vjp()(*dyn, *(cts[i] for i in self.diff_out))
+      out: list[Any] = [None] * len(dyn)
+      for j, i in enumerate(self.diff_in):
+        out[i] = grads[j]
+      return tuple(out)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+  def vjp(self) -> Callable[..., tuple]:
+    """The backward as a program of (inputs..., output cotangents...) -> input cotangents."""
+    if self._vjp is None:
+      n, diff_in, diff_out = len(self.ins), self.diff_in, self.diff_out
+      forward, restore = self.flat_fn, self.restore
+
+      def vjp_fn(inputs: list) -> list:
+        primals, cts = inputs[:n], inputs[n:]
+        create = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        leaves = list(primals)
+        for i in diff_in:
+          if not leaves[i].requires_grad:
+            leaves[i] = leaves[i].detach().requires_grad_()
+        with torch.enable_grad(), (restore() if restore else contextlib.nullcontext()):
+          outs = forward(leaves)
+          ys, gs = [], []
+          for j, i in enumerate(diff_out):
+            y = outs[i]
+            if y.requires_grad:
+              ys.append(y)
+              # JAX's cotangent of a complex value is the conjugate of torch's grad_output
+              gs.append(cts[j].conj() if cts[j].is_complex() else cts[j])
+          xs = [leaves[i] for i in diff_in]
+          grads = (torch.autograd.grad(ys, xs, gs, allow_unused=True, create_graph=create)
+                   if ys else [None] * len(xs))
+        result = []
+        for x, g in zip(xs, grads):
+          g = torch.zeros_like(x) if g is None else g
+          result.append(g.conj() if g.is_complex() else g)
+        return result
+
+      ins = self.ins + [self.outs[i] for i in diff_out]
+      outs = [self.ins[i] for i in diff_in]
+      self._vjp = _Program(vjp_fn, ins, outs, name=f"the backward of {self.name}",
+                           vmap_method=self.vmap_method, random=False, restore=None)
+    return self._vjp.apply
+
+
+# --- call_torch(..., mode="callback") -------------------------------------------------------
+
+
+def _seed() -> Any:
+  """A fresh uint32 seed drawn, when the program runs, from torch's default generator."""
+  return ffi.emit(_SEED_KEY, (), [jax.ShapeDtypeStruct((), np.uint32)],
+                  vmap_method="sequential", side_effect=True)[0]
+
+
+_SEED_KEY = ffi.register(
+    lambda inputs: [torch.randint(0, 2**31 - 1, (), dtype=torch.int64).to(torch.uint32)],
+    "the seed of a random torch function")
+
+
+_programs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_programs_strong: dict[Any, dict] = {}
+
+
+def _cache_for(fn: Any) -> dict:
+  owner = getattr(fn, "__self__", None)
+  anchor, sub = (owner, getattr(fn, "__func__", fn)) if owner is not None else (fn, None)
+  try:
+    table = _programs.setdefault(anchor, {})
+  except TypeError:  # not weak-referenceable
+    table = _programs_strong.setdefault(id(anchor), {})
+  return table.setdefault(sub, {}) if sub is not None else table
+
+
+def _module_of(fn: Any) -> torch.nn.Module | None:
+  if isinstance(fn, torch.nn.Module):
+    return fn
+  owner = getattr(fn, "__self__", None)
+  return owner if isinstance(owner, torch.nn.Module) else None
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: torch.nn.Module) -> Any:
+  """Run a recomputation without letting it update `module`'s buffers a second time."""
+  saved = [(b, b._version, b.detach().clone()) for b in module.buffers()]
+  try:
+    yield
+  finally:
+    with torch.no_grad():
+      for b, version, value in saved:
+        if b._version != version:
+          b.copy_(value)
+
+
+def _to_array(x: Any) -> Any:
+  if isinstance(x, np.ndarray):
+    with jax.enable_x64(True):  # exact dtypes: a float64 array stays float64
+      return jnp.asarray(x)
+  return x
+
+
+def _where(i: int) -> str:
+  return f"argument leaf {i}"
+
+
+def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str | None = None,
+         result_shape_dtypes: Any = None, name: str | None = None) -> Any:
+  """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring)."""
+  vmap_method = vmap_method or "sequential"
+  if vmap_method not in VMAP_METHODS:
+    raise BridgeTypeError(
+        f"`{API}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
+  name = name or f"`{getattr(fn, '__qualname__', None) or type(fn).__name__}`"
+  if not ffi.supported():
+    raise BridgeError(
+        f"`{API}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
+        "into Python from a program. Use the default trace mode, or run on CPU or GPU.")
+  leaves, spec = tree_lib.flatten((args, kwargs))
+  dyn: list[Any] = []
+  statics: list[Any] = []
+  for leaf in leaves:
+    leaf = _to_array(leaf)
+    if isinstance(leaf, jax.Array):
+      dyn.append(leaf)
+      statics.append(_DYN)
+    else:
+      statics.append(_hashable(leaf))
+  narrow = scope.is_staged() and not dtypes.x64_enabled()
+  avals = tuple((tuple(np.shape(d)), np.dtype(d.dtype)) for d in dyn)
+  cache_key = (spec, tuple(statics), avals, vmap_method, narrow,
+               None if result_shape_dtypes is None else id(result_shape_dtypes))
+  table = _cache_for(fn)
+  entry = table.get(cache_key)
+  if entry is None:
+    entry = table[cache_key] = _build(fn, spec, tuple(statics), avals, vmap_method,
+                                      result_shape_dtypes, name, narrow)
+  program, out_spec, out_statics = entry
+  if program.random:
+    dyn.insert(0, _seed())
+  concrete = not any(isinstance(d, jax.core.Tracer) for d in dyn)
+  try:
+    outs = program.apply(*dyn)
+    if concrete:
+      jax.block_until_ready(outs)
+  except jax.errors.JaxRuntimeError as e:
+    ffi.reraise(e)  # an eager call: torch's own exception, as torch raised it
+    raise
+  it = iter(outs)
+  return tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
+
+
+def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap_method: str,
+           result_shape_dtypes: Any, name: str, narrow: bool) -> tuple:
+  in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
+              for i, (shape, dt) in enumerate(avals)]
+  module = _module_of(fn)
+  state = {"mutated": (False,) * len(avals), "random": False}
+
+  # the common case, `fn(x, y)` with arrays only, skips the rebuilding of the arguments' tree
+  positional = (not spec.nodes and all(s is _DYN for s in statics)
+                and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef)
+
+  def run(inputs: list) -> Any:
+    if state["random"]:
+      inputs = inputs[1:]
+    if any(state["mutated"]):
+      inputs = [t.clone() if m else t for t, m in zip(inputs, state["mutated"])]
+    if positional:
+      out = fn(*inputs)
+    else:
+      it = iter(inputs)
+      args, kwargs = tree_lib.unflatten(spec, [next(it) if s is _DYN else _unbox(s)
+                                               for s in statics])
+      out = fn(*args, **kwargs)
+    if type(out).__module__ == "torch.return_types":
+      out = tuple(out)
+    return out
+
+  if result_shape_dtypes is None:
+    fake = _fake_run(run, in_torch, name)
+    state["mutated"], state["random"] = fake.mutated, fake.random
+    out_leaves, out_spec = tree_lib.flatten(fake.out)
+    outs = []
+    out_statics = []
+    for i, leaf in enumerate(out_leaves):
+      if isinstance(leaf, torch.Tensor):
+        dt = leaf.dtype
+        if narrow and dt in dtypes.NARROWED:
+          scope.warn_narrowed(f"the {dt} output {i} of {name}")
+          dt = dtypes.NARROWED[dt]
+        outs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtypes.jax_dtype(
+            dt, api=API, where=f"output leaf {i} of {name}")))
+        out_statics.append(_DYN)
+      else:
+        out_statics.append(leaf)
+  else:
+    state["mutated"] = (True,) * len(avals)  # unknown: the caller's arrays are kept safe
+    out_leaves, out_spec = tree_lib.flatten(result_shape_dtypes)
+    outs = [jax.ShapeDtypeStruct(tuple(s.shape), np.dtype(s.dtype)) for s in out_leaves]
+    out_statics = [_DYN] * len(outs)
+  tensor_positions = [i for i, s in enumerate(out_statics) if s is _DYN]
+
+  def flat_fn(inputs: list) -> list:
+    out = run(inputs)
+    if isinstance(out, torch.Tensor) and len(tensor_positions) == 1:
+      return [out]
+    leaves, _ = tree_lib.flatten(out)
+    if len(leaves) != len(out_statics):
+      raise BridgeError(
+          f"{name} returned {len(leaves)} output leaves, but {len(out_statics)} were expected "
+          "(from its fake run or `result_shape_dtypes`).")
+    return [leaves[i] for i in tensor_positions]
+
+  ins = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in avals]
+  if state["random"]:
+    ins.insert(0, jax.ShapeDtypeStruct((), np.dtype(np.uint32)))
+  restore = (lambda: _buffers_kept(module)) if module is not None else None
+  program = _Program(flat_fn, ins, outs, name=name, vmap_method=vmap_method,
+                     random=state["random"], restore=restore)
+  return program, out_spec, out_statics

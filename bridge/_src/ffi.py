@@ -1,0 +1,255 @@
+"""Host calls: a Python function on torch tensors, called from inside a running XLA program.
+
+`emit(key, args, results, ...)` stages a call of the host function registered
+under `key` (`register`) into the JAX program being built. When the program runs,
+the function gets the input buffers as torch tensors and returns torch tensors,
+which are copied into the program's output buffers.
+
+On the CPU the call is an XLA FFI custom call whose handler is written with
+`ctypes` (no compiled extension): XLA calls it on the thread running the program,
+the input tensors are views of XLA's own buffers (zero-copy) and the results are
+copied straight into XLA's output buffers. Elsewhere (GPU) it is
+`jax.pure_callback`, which moves the data through host memory.
+
+An exception in the host function does not cross into XLA: the handler returns
+an XLA error carrying the torch traceback, and keeps the exception so that a
+caller who runs the program eagerly can raise it again as it was (`reraise`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+import torch
+
+from bridge._src import dtypes
+from bridge._src.errors import BridgeError
+
+TARGET = "bridge_torch_host_call"
+
+HostFn = Callable[[list], Sequence[torch.Tensor]]
+
+# XLA's primitive types (xla_data.proto; `XLA_FFI_DataType` in XLA's FFI C API).
+_XLA_TYPES = {
+    1: torch.bool, 2: torch.int8, 3: torch.int16, 4: torch.int32, 5: torch.int64,
+    6: torch.uint8, 7: torch.uint16, 8: torch.uint32, 9: torch.uint64,
+    10: torch.float16, 11: torch.float32, 12: torch.float64, 16: torch.bfloat16,
+    15: torch.complex64, 18: torch.complex128,
+    19: getattr(torch, "float8_e5m2", None), 20: getattr(torch, "float8_e4m3fn", None),
+    24: getattr(torch, "float8_e5m2fnuz", None), 25: getattr(torch, "float8_e4m3fnuz", None),
+}
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HOST: dict[int, tuple[HostFn, str]] = {}
+_KEYS = itertools.count(1)
+_ERRORS: dict[int, BaseException] = {}
+_ERROR_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+_local = threading.local()
+
+
+def register(fn: HostFn, name: str) -> int:
+  """Keep `fn` callable from programs; returns the key to `emit` it with."""
+  key = next(_KEYS)
+  _HOST[key] = (fn, name)
+  return key
+
+
+def in_host_call() -> bool:
+  """Whether this thread is running a host function called from an XLA program."""
+  return getattr(_local, "depth", 0) > 0
+
+
+# --- the CPU handler (XLA FFI C API, read with ctypes) ------------------------------------
+
+_I64 = ctypes.c_int64
+_FRAME = _I64 * 22  # XLA_FFI_CallFrame: 22 machine words on a 64-bit platform
+_BUFFER = _I64 * 6  # XLA_FFI_Buffer
+_PAIR = _I64 * 2
+_STAGE_EXECUTE = 3
+_API_MAJOR, _API_MINOR = 0, 1
+_ERROR_UNKNOWN = 2
+_views: dict[tuple, torch.Tensor] = {}  # (address, dtype, dims) -> a tensor over that memory
+
+
+def _view(ptr: int) -> torch.Tensor:
+  """A torch tensor over the XLA buffer described at `ptr` (an `XLA_FFI_Buffer*`)."""
+  b = _BUFFER.from_address(ptr)
+  data, code, rank = b[3], b[2] & 0xFFFFFFFF, b[4]
+  dims = tuple((_I64 * rank).from_address(b[5])) if rank else ()
+  key = (data, code, dims)
+  t = _views.get(key)
+  if t is None:
+    dtype = _XLA_TYPES.get(code)
+    if dtype is None:
+      raise BridgeError(f"bridge: a host call got a buffer of XLA type {code}, which torch "
+                        "has no equivalent for.")
+    n = int(np.prod(dims, dtype=np.int64))
+    if n == 0:
+      return torch.empty(dims, dtype=dtype)
+    raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(data)
+    t = torch.frombuffer(raw, dtype=dtype).view(dims)
+    if len(_views) > 512:  # buffers come and go; keep the recent ones
+      _views.clear()
+    _views[key] = t
+  return t
+
+
+_ARRAYS = [_I64 * n for n in range(16)]
+
+
+def _pointers(address: int, n: int) -> Any:
+  """The `n` pointers stored at `address`, as ints."""
+  return (_ARRAYS[n] if n < 16 else _I64 * n).from_address(address) if n else ()
+
+
+def _fill_metadata(ext: int) -> None:
+  """Answer XLA's metadata query (the API version this handler speaks)."""
+  if ctypes.c_int.from_address(ext + 8).value != 1:  # XLA_FFI_Extension_Metadata
+    return
+  meta = ctypes.c_void_p.from_address(ext + 24).value
+  ctypes.c_int.from_address(meta + 24).value = _API_MAJOR
+  ctypes.c_int.from_address(meta + 28).value = _API_MINOR
+  ctypes.c_uint32.from_address(meta + 32).value = 0  # traits
+
+
+_ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+
+
+def _xla_error(api: int, message: str) -> int:
+  """An `XLA_FFI_Error*` carrying `message` (XLA takes ownership)."""
+  create = _ERROR_CREATE(ctypes.c_void_p.from_address(api + 48).value)
+  text = ctypes.create_string_buffer(message.encode("utf-8", "replace"))
+  args = _I64 * 4
+  a = args(28, 0, ctypes.cast(text, ctypes.c_void_p).value, _ERROR_UNKNOWN)
+  return create(ctypes.addressof(a)) or 0
+
+
+def _handler(frame_ptr: int) -> int:
+  try:
+    f = _FRAME.from_address(frame_ptr)
+    if f[1]:  # an extension: XLA asks for metadata when the handler is registered
+      _fill_metadata(f[1])
+      return 0
+    if f[4] & 0xFFFFFFFF != _STAGE_EXECUTE:
+      return 0
+    scalar = ctypes.c_void_p.from_address(f[20]).value  # the one attribute, `key`
+    key = _I64.from_address(_PAIR.from_address(scalar)[1]).value
+    fn, name = _HOST[key]
+    inputs = [_view(p) for p in _pointers(f[9], f[7])]
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+      results = fn(inputs)
+    finally:
+      _local.depth -= 1
+    for i, p in enumerate(_pointers(f[14], f[12])):
+      copy_result(_view(p), results[i], i, name)
+    return 0
+  except BaseException as e:  # noqa: BLE001 - nothing may unwind into XLA
+    try:
+      return _xla_error(f[2], describe_error(e, locals().get("name", "a torch function")))
+    except BaseException:  # noqa: BLE001
+      return 0
+
+
+def copy_result(out: torch.Tensor, result: Any, i: int, name: str) -> None:
+  """Copy one result into its output buffer, after checking it is what the program expects."""
+  if not isinstance(result, torch.Tensor):
+    raise BridgeError(f"{name}: output {i} is a {type(result).__name__}, not a tensor.")
+  if result.dtype is out.dtype and result.shape == out.shape and result.device.type == "cpu":
+    out.copy_(result)
+    return
+  if result.shape != out.shape or (result.dtype != out.dtype and
+                                    dtypes.NARROWED.get(result.dtype) != out.dtype):
+    raise BridgeError(
+        f"{name}: output {i} came out as {str(result.dtype).removeprefix('torch.')}"
+        f"{list(result.shape)}, but the JAX program was built for "
+        f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}, the shape found before "
+        "running it (from fake tensors, or `result_shape_dtypes`). In callback mode an "
+        "output's shape and dtype must follow from the inputs' shapes and dtypes alone; "
+        "pass the true ones with `result_shape_dtypes=` if they are static.")
+  if result.device.type != "cpu":
+    result = result.cpu()
+  out.copy_(result)
+
+
+def describe_error(e: BaseException, name: str) -> str:
+  """The message of the XLA error for an exception raised by a host function (and keep `e`)."""
+  with _LOCK:
+    ident = next(_ERROR_IDS)
+    _ERRORS[ident] = e
+    while len(_ERRORS) > 32:
+      _ERRORS.pop(next(iter(_ERRORS)))
+  tb = e.__traceback__
+  while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
+    tb = tb.tb_next  # the frames of this module and of callback mode are not the user's
+  tb = "".join(traceback.format_exception(type(e), e, tb))
+  return (f"{name} raised {type(e).__name__}: {e} [bridge host error #{ident}]\n\n"
+          f"The torch traceback, from inside the JAX program:\n{tb}")
+
+
+def reraise(error: BaseException) -> None:
+  """If `error` (raised by running a program) carries a host function's exception, raise that."""
+  text = str(error)
+  start = text.find("[bridge host error #")
+  if start < 0:
+    return
+  ident = int(text[start + 20:text.index("]", start)])
+  original = _ERRORS.pop(ident, None)
+  if original is not None:
+    raise original.with_traceback(original.__traceback__)
+
+
+_HANDLER_TYPE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+_handler_c = _HANDLER_TYPE(_handler)
+_registered: set[str] = set()
+
+
+def _register_target(platform: str) -> None:
+  with _LOCK:
+    if platform in _registered:
+      return
+    capsule = jax.ffi.pycapsule(ctypes.cast(_handler_c, ctypes.c_void_p))
+    jax.ffi.register_ffi_target(TARGET, capsule, platform=platform, api_version=1)
+    _registered.add(platform)
+
+
+# --- emitting a call ---------------------------------------------------------------------------
+
+
+def platform() -> str:
+  """The platform host calls would run on: that of JAX's default backend."""
+  return jax.default_backend()
+
+
+def supported(platform_name: str | None = None) -> bool:
+  """Whether programs on this platform can call back into Python (CPU and GPU can)."""
+  return (platform_name or platform()) in ("cpu", "gpu", "cuda", "rocm")
+
+
+def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
+         vmap_method: str, side_effect: bool = False) -> list[Any]:
+  """Stage (or run, for concrete arguments) a call of host function `key`."""
+  if platform() == "cpu":
+    _register_target("cpu")
+    call = jax.ffi.ffi_call(TARGET, list(results), has_side_effect=side_effect,
+                            vmap_method=vmap_method)
+    return call(*args, key=np.int64(key))
+  fn, _ = _HOST[key]
+
+  def host(*arrays: Any) -> list[np.ndarray]:
+    inputs = [torch.from_numpy(np.array(a)) for a in arrays]
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+      outs = fn(inputs)
+    finally:
+      _local.depth -= 1
+    return [np.asarray(o.detach().cpu().resolve_conj().numpy()) for o in outs]
+  return list(jax.pure_callback(host, list(results), *args, vmap_method=vmap_method))
