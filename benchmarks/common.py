@@ -31,9 +31,12 @@ HF_WORKLOADS = (
     "gpt2_train_step_s64",
     "gpt2_first_call_s64",
 )
+# torch called from JAX (bridge.call_torch(..., mode="callback")): f(x) = x*2+1 on a (16, 16)
+# float32 JAX array under jax.jit, and a jitted jax.grad step through it.
+CALLBACK_WORKLOADS = ("torch_from_jax_call", "torch_from_jax_grad")
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-) + MODULE_WORKLOADS + HF_WORKLOADS
+) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +79,13 @@ class System:
                      cross-entropy on logits module(x) and int labels y; the
                      system's copy of the parameters is updated in place or carried
                      between calls; read(run()) -> (loss, {state-dict name: ndarray}).
+    torch_from_jax(f, x) -> (run, to_cpu): the other direction: f is a torch
+                     function, x a CPU tensor that the system places as its input
+                     (a JAX array; torch_eager keeps the tensor); run() calls f on it
+                     from JAX under `jax.jit` (a jitted JAX array -> JAX array
+                     function), to_cpu(out) gives an array for checking.
+    torch_from_jax_grad(f, x) -> (run, to_cpu): likewise, run() is one jitted
+                     ``jax.grad(lambda x: f(x).sum())`` step and returns the gradient.
     """
 
     name: str
@@ -88,6 +98,8 @@ class System:
     eager: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     forward: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     train_step: Callable[[Any, Any, Any], tuple[Callable[[], Any], Callable[[Any], tuple]]] | None = None
+    torch_from_jax: Callable[[Callable, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    torch_from_jax_grad: Callable[[Callable, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     # Reasons, by workload or capability name; a workload listed here is skipped
     # even when the capability it uses exists.

@@ -7,10 +7,11 @@ import os
 import platform
 from pathlib import Path
 
-from .common import HF_WORKLOADS, MODULE_WORKLOADS, SIZES
+from .common import CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, SIZES
 from .systems import ALL, BASELINE
 
 CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
+CALLBACK_TITLE = "torch called from JAX (callback mode)"
 GROUPS = {
     "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS[:2],
     "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
@@ -26,7 +27,23 @@ GROUPS = {
     "torch.no_grad(), last_hidden_state": ("bert_forward_s64", "bert_forward_s256"),
     "Hugging Face GPT-2 training step: the same model, sequence 64, next-token cross-entropy, "
     "SGD": ("gpt2_train_step_s64",),
+    CALLBACK_TITLE: CALLBACK_WORKLOADS,
 }
+# Groups whose tables give ratios against these systems (system / reference) instead of
+# against the baseline, with a paragraph saying what is timed.
+REFERENCES = {CALLBACK_TITLE: ("wrap_torch2jax", "torch_eager")}
+INTROS = {CALLBACK_TITLE: [
+    "A torch function, f(x) = x*2+1 on a (16, 16) float32 JAX array, called from JAX under "
+    "`jax.jit` (`torch_from_jax_call`), and one `jax.jit(jax.grad(lambda x: f(x).sum()))` step "
+    "through it (`torch_from_jax_grad`). bridge: `bridge.call_torch(f, x, mode=\"callback\")`; "
+    "wrap_torch2jax: `torch2jax(f, torch.ones(16, 16), output_shapes=...)`; pure_callback: "
+    "`jax.pure_callback` around `torch.from_numpy` -> f -> `.numpy()` (not differentiable); "
+    "torch_eager: f on a torch tensor, no JAX (the reference; its grad row is "
+    "`f(x).sum().backward()`); plain_jax: the same math as jitted JAX ops (context).",
+    "",
+    "Ratios are this system's median / the reference's median (below 1: faster than the "
+    "reference).",
+]}
 # Issue 4's and issue 7's targets: (workload, bridge system, other system, goal for bridge/other median).
 GOALS = (
     ("compiled_linear", "bridge", "plain_jax", 1.5),
@@ -44,13 +61,15 @@ GOALS = (
     *((w, "bridge", other, 1.0) for w in HF_WORKLOADS if "first_call" not in w
       for other in ("torch_eager", "torchax")),
     ("gpt2_first_call_s64", "bridge", "torchax", 0.5),
+    # Callback mode: torch called from JAX at most as costly as wrap-torch2jax's FFI call.
+    *((w, "bridge", "wrap_torch2jax", 1.0) for w in CALLBACK_WORKLOADS),
 )
 
 
 def _color(system: str) -> str:
     """One fixed colour per system (the baseline in red) across all plots."""
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
-               "tab:gray", "tab:olive", "tab:cyan"]
+               "tab:gray", "tab:olive", "tab:cyan", "gold", "navy"]
     others = [s for s in ALL if s != BASELINE]
     return "tab:red" if system == BASELINE else palette[others.index(system) % len(palette)]
 
@@ -101,15 +120,25 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _workload_table(reports: list[dict], workload: str) -> list[str]:
+def _ratio_to(reports: list[dict], system: str, reference: str, workload: str) -> str:
+    mine, ref = _median(reports, system, workload), _median(reports, reference, workload)
+    return f"{mine / ref:.2f}x" if mine is not None and ref else "n/a"
+
+
+def _workload_table(reports: list[dict], workload: str, references: tuple[str, ...] = ()) -> list[str]:
+    """One row per system; the ratio columns are other / baseline, or system / each reference."""
     rows = []
     for r in reports:
         res = r["results"].get(workload)
         if res is None:
             continue
+        ratios = ([_ratio_to(reports, r["system"], ref, workload) for ref in references]
+                  if references else [_ratio(reports, r["system"], workload)])
         rows.append([r["system"], _us(res["median_us"]), _us(res["min_us"]), _us(res["max_us"]),
-                     str(res["n"]), _ratio(reports, r["system"], workload)])
-    header = ["system", "median (us)", "min (us)", "max (us)", "n", f"ratio vs {BASELINE}"]
+                     str(res["n"])] + ratios)
+    ratio_header = ([f"vs {ref} (system / {ref})" for ref in references] if references
+                    else [f"ratio vs {BASELINE}"])
+    header = ["system", "median (us)", "min (us)", "max (us)", "n"] + ratio_header
     return _table(header, rows) if rows else ["(no system ran this workload)"]
 
 
@@ -147,8 +176,18 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
         "- every output is checked against a reference before timing; a transfer whose output "
         "does not alias its input is flagged as a copy in the notes",
         "- regenerate: `python -m benchmarks` (full) or `python -m benchmarks --quick`",
+        *(_merged_line(run) for run in meta.get("merged", [])),
         "",
     ]
+
+
+def _merged_line(run: dict) -> str:
+    """One header line for rows merged in by a later `--merge` run (see run.merge)."""
+    workloads = run["workloads"] if isinstance(run["workloads"], str) else ", ".join(run["workloads"])
+    return (f"- merged in (`--merge`): {workloads} for {', '.join(run['systems'])}, measured "
+            f"{run['date']} ({run['mode']} run, {run['seconds']:.0f} s, {run['nproc']} CPUs, "
+            f"{run['cpu']}), side by side in that run; rows not named in such a line are from "
+            f"the run dated above")
 
 
 def _summary(reports: list[dict], workloads: list[str]) -> list[str]:
@@ -180,7 +219,7 @@ def _goals(reports: list[dict]) -> list[str]:
     if not rows:
         return []
     header = ["workload", "ratio (median)", "value", "goal", "status"]
-    return ["## Goals (issues 4 and 7)", "",
+    return ["## Goals (issues 4 and 7, callback mode)", "",
             "Ratios here are bridge / other (below 1: bridge is faster).", ""] + _table(header, rows) + [""]
 
 
@@ -207,8 +246,9 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
         if not present:
             continue
         lines += [f"## {title}", ""]
+        lines += INTROS[title] + [""] if title in INTROS else []
         for w in present:
-            lines += [f"### {w}", ""] + _workload_table(reports, w) + [""]
+            lines += [f"### {w}", ""] + _workload_table(reports, w, REFERENCES.get(title, ())) + [""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
     lines += _systems_section(reports)
@@ -235,7 +275,8 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
         fig.tight_layout()
         written.append(_save(fig, out_dir / "call_overhead.png"))
 
-    for group, name in ((MODULE_WORKLOADS, "modules.png"), (HF_WORKLOADS, "huggingface.png")):
+    for group, name in ((MODULE_WORKLOADS, "modules.png"), (HF_WORKLOADS, "huggingface.png"),
+                        (CALLBACK_WORKLOADS, "callback.png")):
         present = [w for w in group if has(w)]
         if present:
             fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 4.5),

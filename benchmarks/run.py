@@ -1,6 +1,7 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
-    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules|hf]
+    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules|hf|callback]
+                         [--merge]
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import time
 from pathlib import Path
 
 from . import report, systems
-from .common import HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
+from .common import CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
 # Names that --workloads expands to several workloads.
-WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS}
+WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -75,16 +76,48 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     return json.loads(lines[-1])
 
 
+def merge(old: dict, reports: list[dict], run: dict) -> dict:
+    """`old` results.json with this run's `reports` merged in, system by system.
+
+    A (system, workload) that this run timed or skipped replaces the old entry; every
+    other old row stays. Notes are the union; systems new to the file are added in
+    report order. `run` (this run's date, mode, seconds, systems and workloads) is
+    appended to meta["merged"], which RESULTS.md lists under its header.
+    """
+    by_name = {r["system"]: r for r in old["reports"]}
+    for new in reports:
+        mine = by_name.get(new["system"])
+        if mine is None:
+            by_name[new["system"]] = new
+            continue
+        ran = set(new["results"]) | set(new["skipped"])
+        if "all" in new["skipped"]:  # the worker did not run: keep the old rows
+            ran = set()
+        mine["results"] = {w: r for w, r in mine["results"].items() if w not in ran}
+        mine["skipped"] = {w: r for w, r in mine["skipped"].items() if w not in ran}
+        mine["results"].update({w: r for w, r in new["results"].items() if w in ran})
+        mine["skipped"].update({w: r for w, r in new["skipped"].items() if w in ran})
+        mine["notes"] += [n for n in new["notes"] if n not in mine["notes"]]
+        mine["versions"].update(new["versions"])
+    order = {name: i for i, name in enumerate(systems.ALL)}
+    meta = dict(old["meta"], merged=old["meta"].get("merged", []) + [run])
+    return {"meta": meta, "reports": sorted(by_name.values(), key=lambda r: order.get(r["system"], len(order)))}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions, sizes <= 64MiB")
     parser.add_argument("--only", help=f"comma-separated systems (default: all of {','.join(systems.ALL)})")
     parser.add_argument("--workloads", help="comma-separated workload names, 'modules' for "
-                        "the module workloads, 'hf' for the Hugging Face ones (default: all)")
+                        "the module workloads, 'hf' for the Hugging Face ones, 'callback' for "
+                        "torch called from JAX (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "
                         "(jax_cpu_enable_async_dispatch=False)")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge this run's rows into the existing results.json (other rows "
+                        "kept) and rewrite RESULTS.md from the merged results")
     args = parser.parse_args(argv)
     global SYNC_CPU_DISPATCH
     SYNC_CPU_DISPATCH = args.sync_cpu_dispatch
@@ -99,6 +132,15 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
 
+    old = None
+    if args.merge and (args.out / "results.json").exists():
+        old = json.loads((args.out / "results.json").read_text())
+        old_sync = any(r.get("env", {}).get("sync_cpu_dispatch") for r in old["reports"])
+        if old_sync != SYNC_CPU_DISPATCH:
+            parser.error(f"--merge: {args.out / 'results.json'} was measured with "
+                         f"{'synchronous' if old_sync else 'asynchronous'} JAX CPU dispatch; "
+                         f"run {'with' if old_sync else 'without'} --sync-cpu-dispatch to merge")
+
     started = time.time()
     print(f"[benchmarks] OMP_WAIT_POLICY=PASSIVE for every worker; {'quick' if args.quick else 'full'} run")
     reports = []
@@ -111,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = report.machine_info(args.quick, time.time() - started)
-    (args.out / "results.json").write_text(json.dumps({"meta": meta, "reports": reports}, indent=1))
+    results = {"meta": meta, "reports": reports}
+    if old is not None:
+        results = merge(old, reports, dict(meta, systems=names, workloads=workloads or "all"))
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    reports, meta = results["reports"], results["meta"]
     markdown = report.markdown(reports, meta, plots=report.plots(reports, args.out / "plots"))
     (args.out / "RESULTS.md").write_text(markdown)
     print(f"[benchmarks] wrote {args.out / 'RESULTS.md'} in {time.time() - started:.0f}s")

@@ -252,6 +252,27 @@ def _first_call(system: System, quick: bool, workload: str) -> dict:
             "n": len(firsts)}
 
 
+# --- torch called from JAX (callback mode): the torch function runs for real, from jax.jit ---
+
+
+def torch_from_jax_call(system: System, quick: bool) -> dict:
+    """One jitted JAX call of the torch function f on a (16, 16) float32 JAX array."""
+    x_t = torch.randn(SMALL_SHAPE, generator=torch.Generator().manual_seed(3))
+    run, to_cpu = _need(system, "torch_from_jax", "torch_from_jax_call")(f, x_t)
+    out = run()  # traces and compiles (and builds any extension); untimed
+    _check(to_cpu(out), f(x_t), "y")
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
+def torch_from_jax_grad(system: System, quick: bool) -> dict:
+    """One ``jax.jit(jax.grad(lambda x: f(x).sum()))`` step through the torch function f."""
+    x_t = torch.randn(SMALL_SHAPE, generator=torch.Generator().manual_seed(4))
+    run, to_cpu = _need(system, "torch_from_jax_grad", "torch_from_jax_grad")(f, x_t)
+    out = run()
+    _check(to_cpu(out), torch.full(SMALL_SHAPE, 2.0), "grad")
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
 # --- Hugging Face workloads (issue 7); configs with random weights, built offline -----------
 
 
@@ -291,4 +312,5 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
             lambda system, q: _first_call(system, q, "transformer_first_call_composite")),
     })
     table.update(hf_workloads())
+    table.update({"torch_from_jax_call": torch_from_jax_call, "torch_from_jax_grad": torch_from_jax_grad})
     return table

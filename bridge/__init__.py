@@ -16,6 +16,8 @@ from bridge._src.errors import TransferError as TransferError
 from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.compile import Compiled as Compiled
 from bridge._src.compile import compile as compile  # noqa: A004
+from bridge._src.fallback import FallbackWarning as FallbackWarning
+from bridge._src.fallback import fallback_ops as fallback_ops
 from bridge._src.interop import call_jax as call_jax
 from bridge._src.modules import extract_jax as extract_jax
 from bridge._src.registry import RegistrationError as RegistrationError
@@ -38,6 +40,7 @@ __all__ = [
     "BridgeTypeError",
     "Compiled",
     "DeviceMismatchError",
+    "FallbackWarning",
     "LeakedTracerError",
     "OperatorNotFound",
     "PluginError",
@@ -51,6 +54,7 @@ __all__ = [
     "compile",
     "config",
     "extract_jax",
+    "fallback_ops",
     "get_config",
     "jax_view",
     "register_lowering",

@@ -9,19 +9,21 @@ ALL = (
     "bridge",
     "bridge_jax",
     "dlpack_manual",
+    "pure_callback",
     "plain_jax",
     "torch_eager",
     "torch_compile",
     "torchax",
     "torch_jax_interop",
     "jax2torch",
+    "wrap_torch2jax",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
 BRIDGE = frozenset({"bridge", "bridge_jax"})
 
 # Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
-PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch"})
+PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"})
 
 # Distributions whose versions are reported (also when the system fails to load).
 PACKAGES = {
@@ -30,4 +32,5 @@ PACKAGES = {
     "torchax": ("torchax",),
     "torch_jax_interop": ("torch-jax-interop", "chex"),
     "jax2torch": ("jax2torch",),
+    "wrap_torch2jax": ("wrap-torch2jax",),
 }

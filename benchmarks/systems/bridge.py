@@ -1,4 +1,8 @@
-"""bridge (this project): call_jax, to_jax, to_torch; compile and extract_jax on CPU modules."""
+"""bridge (this project): call_jax, to_jax, to_torch; compile and extract_jax on CPU modules;
+call_torch(..., mode="callback") for torch called from JAX."""
+
+import jax
+import jax.numpy as jnp
 
 from .. import models
 from ..common import System, torch_fwd_bwd
@@ -23,6 +27,26 @@ def _train_step(module, x, y):
     return models.jax_train_step(fn, params, x, y)
 
 
+def _jax_array(x):
+    return jnp.asarray(x.detach().numpy())
+
+
+def _torch_from_jax(f, x):
+    import bridge
+
+    g = jax.jit(lambda a: bridge.call_torch(f, a, mode="callback"))
+    xj = _jax_array(x)
+    return (lambda: g(xj)), (lambda out: out)
+
+
+def _torch_from_jax_grad(f, x):
+    import bridge
+
+    step = jax.jit(jax.grad(lambda a: bridge.call_torch(f, a, mode="callback").sum()))
+    xj = _jax_array(x)
+    return (lambda: step(xj)), (lambda out: out)
+
+
 def make() -> System:
     import bridge
 
@@ -40,11 +64,17 @@ def make() -> System:
         eager=_eager,
         forward=_forward,
         train_step=_train_step,
+        torch_from_jax=_torch_from_jax,
+        torch_from_jax_grad=_torch_from_jax_grad,
         notes=["bridge: bridge.call_jax(f, x) with the unjitted f; bridge.to_jax / bridge.to_torch; "
                "eager_add: x + y on tensors of the jax torch device.",
                "bridge: module workloads: bridge.compile(module)(x) on CPU module and tensors "
                "(CPU tensors out; see bridge_jax for the jax device); mlp_train_step: "
                "params, fn = bridge.extract_jax(mlp), then jax.jit of jax.value_and_grad of "
                "the cross-entropy of fn(params, x) plus the SGD update (benchmarks/models.py); "
-               "gpt2_train_step_s64 likewise (the tied lm_head/wte weight is one parameter)."],
+               "gpt2_train_step_s64 likewise (the tied lm_head/wte weight is one parameter).",
+               "bridge: torch_from_jax_call: jax.jit(lambda x: bridge.call_torch(f, x, "
+               "mode='callback')) on a JAX array (f runs in eager torch through an XLA FFI host "
+               "call); torch_from_jax_grad: jax.jit(jax.grad(lambda x: bridge.call_torch(f, x, "
+               "mode='callback').sum())) (the backward runs torch autograd in a second host call)."],
     )

@@ -40,7 +40,8 @@ def make() -> System:
                "on the jax torch device, output a jax-device tensor whose JAX array is "
                "waited for (read with bridge._src.tensor.value) inside the timed call."],
         unsupported={
-            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager")},
+            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
+                                          "torch_from_jax", "torch_from_jax_grad")},
             **dict.fromkeys(("mlp_train_step", "gpt2_train_step_s64"),
                             "same as bridge: bridge.extract_jax returns JAX arrays wherever "
                             "the module lives"),

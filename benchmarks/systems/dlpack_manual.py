@@ -50,5 +50,10 @@ def make() -> System:
             "fwd_bwd uses a torch.autograd.Function whose forward is jit(vjp) and whose "
             "backward is a jitted call of the returned vjp function."
         ],
-        unsupported=dict.fromkeys(("forward", "train_step"), MODULES),
+        unsupported={
+            **dict.fromkeys(("forward", "train_step"), MODULES),
+            **dict.fromkeys(("torch_from_jax", "torch_from_jax_grad"),
+                            "not applicable: hand-written calls of JAX from torch; the "
+                            "pure_callback system is the hand-written call of torch from JAX"),
+        },
     )

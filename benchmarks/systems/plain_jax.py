@@ -63,6 +63,17 @@ def _train_step(module, x, y):
     return models.jax_train_step(_mlp, params, x, y)
 
 
+def _torch_from_jax(f, x):
+    """Context for the callback rows: the same math as JAX ops, jitted (no torch)."""
+    g, xj = jax.jit(f), _array(x)
+    return (lambda: g(xj)), (lambda out: out)
+
+
+def _torch_from_jax_grad(f, x):
+    step, xj = jax.jit(jax.grad(lambda a: f(a).sum())), _array(x)
+    return (lambda: step(xj)), (lambda out: out)
+
+
 def make() -> System:
     return System(
         name="plain_jax",
@@ -72,11 +83,15 @@ def make() -> System:
         eager=_eager,
         forward=_forward,
         train_step=_train_step,
+        torch_from_jax=_torch_from_jax,
+        torch_from_jax_grad=_torch_from_jax_grad,
         notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound); "
                "eager_add: jnp.add, eager (not jitted).",
                "plain_jax: compiled_linear: jax.jit(lambda w, b, x: x @ w.T + b)(w, b, x) on JAX "
                "arrays; mlp_train_step: the same MLP written in JAX (same initial values, same "
-               "loss and SGD update in one jax.jit)."],
+               "loss and SGD update in one jax.jit).",
+               "plain_jax: torch_from_jax_call / torch_from_jax_grad: jax.jit(f) and "
+               "jax.jit(jax.grad(lambda x: f(x).sum())) with f = x*2+1 as JAX ops (no torch)."],
         unsupported={
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",

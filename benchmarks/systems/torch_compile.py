@@ -20,7 +20,8 @@ def make() -> System:
         notes=["torch_compile: torch.compile(module) with the default (inductor) backend, "
                "CPU tensors; compiled on the first (untimed) call under torch.no_grad()."],
         unsupported={
-            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager")},
+            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
+                                          "torch_from_jax", "torch_from_jax_grad")},
             **dict.fromkeys(("mlp_train_step", "gpt2_train_step_s64"), NOT_HERE),
             **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite",
                              "gpt2_first_call_s64"),

@@ -22,6 +22,18 @@ def _train_step(module, x, y):
     return run, read
 
 
+def _torch_from_jax_grad(f, x):
+    """The torch-only counterpart of the jitted grad step: f(x).sum().backward() on a leaf x."""
+    x = x.detach().requires_grad_(True)
+
+    def run():
+        x.grad = None
+        f(x).sum().backward()
+        return x.grad
+
+    return run, (lambda out: out)
+
+
 def make() -> System:
     return System(
         name="torch_eager",
@@ -30,9 +42,14 @@ def make() -> System:
         eager=lambda x, y: ((lambda: x + y), (lambda out: out)),
         forward=lambda module, x: ((lambda: module(x)), (lambda out: out)),
         train_step=_train_step,
+        # The reference for the callback rows: f on the torch tensor, no JAX around it.
+        torch_from_jax=lambda f, x: ((lambda: f(x)), (lambda out: out)),
+        torch_from_jax_grad=_torch_from_jax_grad,
         notes=["torch_eager: the math runs as torch ops; no JAX involved.",
                "torch_eager: mlp_train_step: zero_grad, cross_entropy, backward, "
-               "torch.optim.SGD(lr=0.01).step(); gpt2_train_step_s64 likewise."],
+               "torch.optim.SGD(lr=0.01).step(); gpt2_train_step_s64 likewise.",
+               "torch_eager: torch_from_jax_call / torch_from_jax_grad (the reference, no JAX): "
+               "f(x) on the CPU tensor, and x.grad = None; f(x).sum().backward() on a leaf x."],
         unsupported={
             "to_jax": "not applicable (no JAX side)",
             "to_torch": "not applicable (no JAX side)",

@@ -117,6 +117,8 @@ def make() -> System:
         states, fn = torchax.extract_jax(module)
         return models.jax_train_step(lambda p, xs: fn(p, (xs,)), states, x, y)
 
+    not_callback = ("not measured: torchax's interop.call_torch runs torch code as JAX ops "
+                    "through torchax tensors (traced, not a host call of eager torch)")
     return System(
         name="torchax",
         forward=forward,
@@ -127,6 +129,7 @@ def make() -> System:
         fwd_bwd=fwd_bwd,
         to_jax=env.t2j_copy,
         to_torch=env.j2t_copy,
+        unsupported=dict.fromkeys(("torch_from_jax", "torch_from_jax_grad"), not_callback),
         notes=[
             f"torchax: import shim: {len(missing)} aten named-tensor (Dimname) overloads "
             f"removed in torch {torch.__version__} resolve to inert placeholders while "

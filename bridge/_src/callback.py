@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.nn.utils.stateless import _reparametrize_module
 
 from bridge._src import dtypes
 from bridge._src import ffi
@@ -79,18 +80,55 @@ def _is_float(dtype: Any) -> bool:
 # --- the fake run ----------------------------------------------------------------------------
 
 
+# Ops that write to arguments their schema does not mark as written (nor bump the version
+# counter of): argument positions, when the `training` argument (position 5) is true.
+_UNMARKED_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4)}
+
+
+def _root(t: torch.Tensor) -> torch.Tensor:
+  while t._base is not None:
+    t = t._base
+  return t
+
+
 class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
-  """Notes whether any op that draws random numbers runs."""
+  """Notes whether any op draws random numbers, and which tensors ops write to."""
 
   def __init__(self) -> None:
     super().__init__()
     self.random = False
+    self.written: set[int] = set()  # ids of the (root) tensors written to
 
   def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
                          ) -> Any:
+    kwargs = kwargs or {}
     if torch.Tag.nondeterministic_seeded in func.tags:
       self.random = True
-    return func(*args, **(kwargs or {}))
+    positions = _written_args(func)
+    if positions:
+      for i, a in enumerate(func._schema.arguments):
+        if i in positions:
+          value = args[i] if i < len(args) else kwargs.get(a.name)
+          if isinstance(value, torch.Tensor):
+            self.written.add(id(_root(value)))
+    unmarked = _UNMARKED_WRITES.get(func)
+    if unmarked and len(args) > 5 and args[5]:
+      for i in unmarked:
+        if isinstance(args[i], torch.Tensor):
+          self.written.add(id(_root(args[i])))
+    return func(*args, **kwargs)
+
+
+_writes: dict[Any, frozenset[int]] = {}
+
+
+def _written_args(func: Any) -> frozenset[int]:
+  positions = _writes.get(func)
+  if positions is None:
+    positions = _writes[func] = frozenset(
+        i for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write)
+  return positions
 
 
 class _FakeResult:
@@ -100,13 +138,21 @@ class _FakeResult:
     self.out, self.mutated, self.random = out, mutated, random
 
 
-def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str) -> _FakeResult:
+def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
+              module: torch.nn.Module | None = None) -> _FakeResult:
   from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                              DynamicOutputShapeException, FakeTensorMode,
                                              UnsupportedOperatorException)
   mode = FakeTensorMode(allow_non_fake_inputs=True)
   recorder = _Recorder()
-  with mode:
+  # A module runs with fake copies of its state: fake mode would otherwise run in-place
+  # updates of small real buffers (a step counter) for real.
+  state = contextlib.nullcontext()
+  if module is not None:
+    from bridge._src.modules import module_state
+    fake_state = {n: mode.from_tensor(t) for n, t in module_state(module).items()}
+    state = _reparametrize_module(module, fake_state, tie_weights=True)
+  with mode, state:
     fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in in_specs]
     versions = [t._version for t in fakes]
     try:
@@ -135,7 +181,7 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str)
           "shapes before the JAX program runs. If the function needs real data for that, "
           "pass the outputs' shapes with `result_shape_dtypes=`.)")
       raise
-  mutated = tuple(t._version != v for t, v in zip(fakes, versions))
+  mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
   return _FakeResult(out, mutated, recorder.random)
 
 
@@ -166,7 +212,7 @@ class _Program:
     self.diff_in = [i for i, s in enumerate(self.ins) if _is_float(s.dtype)]
     self.diff_out = [i for i, s in enumerate(self.outs) if _is_float(s.dtype)]
     self.key = ffi.register(self._host if random else flat_fn, name)
-    self._vjp: _Program | None = None
+    self._vjps: dict[tuple, _Program] = {}
     self.apply = self._differentiable() if self.diff_in and self.diff_out else self._emit
 
   def _host(self, inputs: list) -> list:
@@ -184,30 +230,44 @@ class _Program:
     def f(*dyn: Any) -> tuple:
       return self._emit(*dyn)
 
-    def fwd(*dyn: Any) -> tuple:
-      return f(*dyn), dyn  # (f, not the bare call: reverse over reverse differentiates it)
+    def fwd(*primals: Any) -> tuple:
+      dyn = tuple(p.value for p in primals)
+      # Which inputs JAX differentiates: only those get torch gradients (a BatchNorm
+      # buffer, say, must not be made to require grad). The residuals' structure
+      # carries the choice to `bwd`: () for a perturbed input, None otherwise.
+      marks = tuple(() if p.perturbed else None for p in primals)
+      return f(*dyn), (dyn, marks)  # (f, not the bare call: reverse over reverse)
 
-    def bwd(dyn: tuple, cts: tuple) -> tuple:
-      grads = self.vjp()(*dyn, *(cts[i] for i in self.diff_out))
+    def bwd(res: tuple, cts: tuple) -> tuple:
+      dyn, marks = res
+      wrt = tuple(i for i in self.diff_in if marks[i] == ())
       out: list[Any] = [None] * len(dyn)
-      for j, i in enumerate(self.diff_in):
+      if not wrt:
+        return tuple(out)
+      zero = jax.custom_derivatives.SymbolicZero
+      given = [cts[i] if not isinstance(cts[i], zero) else
+               jnp.zeros(self.outs[i].shape, self.outs[i].dtype) for i in self.diff_out]
+      grads = self.vjp(wrt)(*dyn, *given)
+      for j, i in enumerate(wrt):
         out[i] = grads[j]
       return tuple(out)
 
-    f.defvjp(fwd, bwd)
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
     return f
 
-  def vjp(self) -> Callable[..., tuple]:
-    """The backward as a program of (inputs..., output cotangents...) -> input cotangents."""
-    if self._vjp is None:
-      n, diff_in, diff_out = len(self.ins), self.diff_in, self.diff_out
+  def vjp(self, wrt: tuple[int, ...]) -> Callable[..., tuple]:
+    """The backward with respect to inputs `wrt`, as a program of (inputs..., output
+    cotangents...) -> cotangents of the inputs `wrt`."""
+    program = self._vjps.get(wrt)
+    if program is None:
+      n, diff_out = len(self.ins), self.diff_out
       forward, restore = self.flat_fn, self.restore
 
       def vjp_fn(inputs: list) -> list:
         primals, cts = inputs[:n], inputs[n:]
         create = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         leaves = list(primals)
-        for i in diff_in:
+        for i in wrt:
           if not leaves[i].requires_grad:
             leaves[i] = leaves[i].detach().requires_grad_()
         with torch.enable_grad(), (restore() if restore else contextlib.nullcontext()):
@@ -219,7 +279,7 @@ class _Program:
               ys.append(y)
               # JAX's cotangent of a complex value is the conjugate of torch's grad_output
               gs.append(cts[j].conj() if cts[j].is_complex() else cts[j])
-          xs = [leaves[i] for i in diff_in]
+          xs = [leaves[i] for i in wrt]
           grads = (torch.autograd.grad(ys, xs, gs, allow_unused=True, create_graph=create)
                    if ys else [None] * len(xs))
         result = []
@@ -229,10 +289,11 @@ class _Program:
         return result
 
       ins = self.ins + [self.outs[i] for i in diff_out]
-      outs = [self.ins[i] for i in diff_in]
-      self._vjp = _Program(vjp_fn, ins, outs, name=f"the backward of {self.name}",
-                           vmap_method=self.vmap_method, random=False, restore=None)
-    return self._vjp.apply
+      outs = [self.ins[i] for i in wrt]
+      program = self._vjps[wrt] = _Program(
+          vjp_fn, ins, outs, name=f"the backward of {self.name}",
+          vmap_method=self.vmap_method, random=False, restore=None)
+    return program.apply
 
 
 # --- call_torch(..., mode="callback") -------------------------------------------------------
@@ -295,8 +356,13 @@ def _where(i: int) -> str:
 
 
 def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str | None = None,
-         result_shape_dtypes: Any = None, name: str | None = None) -> Any:
-  """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring)."""
+         result_shape_dtypes: Any = None, name: str | None = None,
+         return_mutated: bool = False) -> Any:
+  """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring).
+
+  With `return_mutated`, returns `(outputs, {leaf index: new value})` for the array
+  leaves of `(args, kwargs)` (in `tree.flatten` order) that `fn` wrote to in place.
+  """
   vmap_method = vmap_method or "sequential"
   if vmap_method not in VMAP_METHODS:
     raise BridgeTypeError(
@@ -318,14 +384,14 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
       statics.append(_hashable(leaf))
   narrow = scope.is_staged() and not dtypes.x64_enabled()
   avals = tuple((tuple(np.shape(d)), np.dtype(d.dtype)) for d in dyn)
-  cache_key = (spec, tuple(statics), avals, vmap_method, narrow,
+  cache_key = (spec, tuple(statics), avals, vmap_method, narrow, return_mutated,
                None if result_shape_dtypes is None else id(result_shape_dtypes))
   table = _cache_for(fn)
   entry = table.get(cache_key)
   if entry is None:
     entry = table[cache_key] = _build(fn, spec, tuple(statics), avals, vmap_method,
-                                      result_shape_dtypes, name, narrow)
-  program, out_spec, out_statics = entry
+                                      result_shape_dtypes, name, narrow, return_mutated)
+  program, out_spec, out_statics, written = entry
   if program.random:
     dyn.insert(0, _seed())
   concrete = not any(isinstance(d, jax.core.Tracer) for d in dyn)
@@ -337,11 +403,15 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
     ffi.reraise(e)  # an eager call: torch's own exception, as torch raised it
     raise
   it = iter(outs)
-  return tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
+  result = tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
+  if not return_mutated:
+    return result
+  leaf_of_dyn = [i for i, s in enumerate(statics) if s is _DYN]
+  return result, {leaf_of_dyn[i]: v for i, v in zip(written, it)}
 
 
 def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap_method: str,
-           result_shape_dtypes: Any, name: str, narrow: bool) -> tuple:
+           result_shape_dtypes: Any, name: str, narrow: bool, return_mutated: bool) -> tuple:
   in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
               for i, (shape, dt) in enumerate(avals)]
   module = _module_of(fn)
@@ -351,10 +421,10 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
   positional = (not spec.nodes and all(s is _DYN for s in statics)
                 and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef)
 
-  def run(inputs: list) -> Any:
+  def run(inputs: list) -> tuple[Any, list]:
     if state["random"]:
       inputs = inputs[1:]
-    if any(state["mutated"]):
+    if any(state["mutated"]):  # written in place: on copies, the caller's arrays stay as they are
       inputs = [t.clone() if m else t for t, m in zip(inputs, state["mutated"])]
     if positional:
       out = fn(*inputs)
@@ -365,10 +435,10 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
       out = fn(*args, **kwargs)
     if type(out).__module__ == "torch.return_types":
       out = tuple(out)
-    return out
+    return out, inputs
 
   if result_shape_dtypes is None:
-    fake = _fake_run(run, in_torch, name)
+    fake = _fake_run(lambda inputs: run(inputs)[0], in_torch, name, module)
     state["mutated"], state["random"] = fake.mutated, fake.random
     out_leaves, out_spec = tree_lib.flatten(fake.out)
     outs = []
@@ -390,17 +460,20 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
     outs = [jax.ShapeDtypeStruct(tuple(s.shape), np.dtype(s.dtype)) for s in out_leaves]
     out_statics = [_DYN] * len(outs)
   tensor_positions = [i for i, s in enumerate(out_statics) if s is _DYN]
+  written = [i for i, m in enumerate(state["mutated"]) if m] if return_mutated else []
+  outs += [jax.ShapeDtypeStruct(*avals[i]) for i in written]
+  single = len(tensor_positions) == 1 and not written
 
   def flat_fn(inputs: list) -> list:
-    out = run(inputs)
-    if isinstance(out, torch.Tensor) and len(tensor_positions) == 1:
+    out, after = run(inputs)
+    if single and isinstance(out, torch.Tensor):
       return [out]
     leaves, _ = tree_lib.flatten(out)
     if len(leaves) != len(out_statics):
       raise BridgeError(
           f"{name} returned {len(leaves)} output leaves, but {len(out_statics)} were expected "
           "(from its fake run or `result_shape_dtypes`).")
-    return [leaves[i] for i in tensor_positions]
+    return [leaves[i] for i in tensor_positions] + [after[i] for i in written]
 
   ins = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in avals]
   if state["random"]:
@@ -408,4 +481,4 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
   restore = (lambda: _buffers_kept(module)) if module is not None else None
   program = _Program(flat_fn, ins, outs, name=name, vmap_method=vmap_method,
                      random=state["random"], restore=restore)
-  return program, out_spec, out_statics
+  return program, out_spec, out_statics, written

@@ -26,11 +26,17 @@ class Config:
     debug_file: where the debug print goes (default: `sys.stderr`).
     decompose_missing_ops: run an op with no lowering through torch's own
       decomposition (`torch._decomp`); when False, such an op raises
-      `OperatorNotFound` instead.
+      `OperatorNotFound` instead (or falls back, see `fallback`).
+    fallback: what an op with neither a lowering nor a decomposition does:
+      "callback" (the default) runs it in eager torch through a host callback
+      inside the JAX program, with a `bridge.FallbackWarning` once per op; "error"
+      raises `OperatorNotFound`. On a platform whose programs cannot call back into
+      Python, "callback" acts as "error".
   """
   debug_print_each_op: bool = False
   debug_file: TextIO | None = None
   decompose_missing_ops: bool = True
+  fallback: str = "callback"
 
 
 _CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
@@ -59,6 +65,10 @@ class config:  # noqa: N801 - used like a function: `with bridge.config(...):`
       raise BridgeTypeError(
           f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
           f"{', '.join(sorted(names))}.")
+    if "fallback" in changes and changes["fallback"] not in ("callback", "error"):
+      raise BridgeTypeError(
+          f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', "
+          "'error'.")
     self._changes = changes
     self._tokens: list[contextvars.Token] = []
 

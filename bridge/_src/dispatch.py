@@ -31,6 +31,7 @@ from torch._decomp import decomposition_table
 from bridge._src import config as config_lib
 from bridge._src import device as device_lib
 from bridge._src import dtypes
+from bridge._src import ffi
 from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
@@ -217,7 +218,11 @@ def _lowering_fn(func: Any) -> tuple[Callable, Any]:
   REGISTRY.require_plugins()
   decomp = _decomposition(func) if config_lib.get_config().decompose_missing_ops else None
   if decomp is None:
-    _raise_not_found(func)
+    from bridge._src import fallback  # it builds on the registry and callback mode
+    lowering = fallback.lowering(func)
+    if lowering is None:
+      _raise_not_found(func)
+    return lowering.fn, lowering
   return _decomposition_as_lowering(func, decomp), None
 
 
@@ -256,10 +261,12 @@ class _decomposing_scope:  # noqa: N801
 
 
 def _raise_not_found(func: Any) -> None:
+  from bridge._src import fallback
   name = func._schema.name.split("::")[-1]
   raise OperatorNotFound(
       f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
-      "decomposition for it). Register one, in your code or a plugin:\n\n"
+      f"decomposition for it). {fallback.why_not()} Register a lowering, in your code or "
+      "a plugin:\n\n"
       "    import bridge, torch, jax.numpy as jnp\n"
       f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
       f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
@@ -449,6 +456,9 @@ class _FunctionalPlan:
         out = exe.run(*dyn) if where.staged else exe.call(*dyn)
     except jax.errors.UnexpectedTracerError as e:
       raise scope.leaked_tracer_error(e) from e
+    except jax.errors.JaxRuntimeError as e:
+      ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
+      raise
     finally:
       _x64_state.set_local(prev)
       if quiet is not None:

@@ -185,7 +185,8 @@ def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
           and np.dtype(a.dtype).kind in "iuf" or np.dtype(a.dtype) == np.complex128]
 
 
-def extract_jax(module: torch.nn.Module, *, return_state: bool = False
+def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: str = "trace",
+                vmap_method: str | None = None
                 ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
   """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
 
@@ -207,6 +208,13 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False
   `(output, new_params)`. Without it, such updates are dropped with a warning.
   Random ops inside `jax.jit` need a key: `with bridge.rng_key(key): fn(...)`.
 
+  With `mode="callback"` the forward is not traced but run for real by eager
+  torch, from inside the JAX program, with the module's state swapped for CPU
+  tensors that share memory with `params` (see `call_torch(..., mode="callback")`):
+  any module works, including ones whose ops have no lowering, and `jax.grad`
+  with respect to `params` runs torch autograd. Random ops then draw from torch's
+  own generator (a seed per call, replayed by the backward pass).
+
   64-bit state (float64 parameters, int64 counters) is extracted exactly; note that
   with JAX's 64-bit types disabled, `jax.jit` itself narrows 64-bit inputs to 32 bits
   (a warning says so here); enable them with `jax.config.update('jax_enable_x64', True)`.
@@ -214,6 +222,8 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False
   Args:
     module: any `torch.nn.Module`, on the CPU or the `jax` device.
     return_state: make `fn` return `(output, new_params)`.
+    mode: "trace" (the default) or "callback".
+    vmap_method: callback mode under `jax.vmap`, as in `call_torch`.
 
   Returns:
     `(params, fn)`.
@@ -241,6 +251,11 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False
         "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
         stacklevel=2)
 
+  call_torch_lib.check_mode(mode, vmap_method, None, api=API)
+  if mode == "callback":
+    fn = _callback_fn(module, return_state, vmap_method)
+    return params, fn
+
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), API)
     out, mutated = apply(module, module, params, targs, tkwargs, API)
@@ -258,3 +273,35 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False
   fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
   fn.__doc__ = f"`{type(module).__name__}.forward` as a pure JAX function of (params, *args)."
   return params, fn
+
+
+def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str | None
+                 ) -> Callable[..., Any]:
+  """`extract_jax(module, mode="callback")`'s function of (params, *args, **kwargs)."""
+  from bridge._src import callback  # it builds on call_torch, as this module does
+
+  def forward(state: dict, args: tuple, kwargs: dict) -> Any:
+    with _reparametrize_module(module, state, tie_weights=True):
+      return module(*args, **kwargs)
+
+  name = f"`{type(module).__name__}.forward`"
+
+  def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+    state = dict(params)
+    out, written = callback.call(forward, (state, args, kwargs), {}, vmap_method=vmap_method,
+                                 name=name, return_mutated=True)
+    names = sorted(state)  # the state's leaves come first, in JAX's (sorted) key order
+    mutated = {names[i]: v for i, v in written.items() if i < len(names)}
+    if return_state:
+      new = dict(params)
+      new.update(mutated)
+      return out, new
+    if mutated:
+      warn_dropped_updates(module, list(mutated), API,
+                           "Pass `return_state=True` to `extract_jax` to get them.")
+    return out
+
+  fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
+  fn.__doc__ = (f"`{type(module).__name__}.forward` as a JAX function of (params, *args), "
+                "run by torch through a host callback.")
+  return fn

@@ -1,0 +1,129 @@
+"""The per-op fallback: an aten op with no lowering and no decomposition runs in eager torch.
+
+When torch code on the `jax` device (eager, or traced by `call_torch`, `compile`,
+`extract_jax`) reaches an op that the registry cannot lower and torch cannot
+decompose, the op runs through callback mode (`bridge._src.callback`) instead of
+failing: one host call inside the JAX program, on CPU tensors sharing its
+buffers, differentiable through torch autograd. Each op is reported once per
+process with a `FallbackWarning`; `fallback_ops(fn, ...)` lists the ops of a
+function that fell back. `bridge.config(fallback="error")` turns the fallback off
+(`OperatorNotFound`), and so does a platform whose programs cannot call Python.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import warnings
+from typing import Any, Callable
+
+import jax
+import torch
+
+from bridge._src import config as config_lib
+from bridge._src import ffi
+from bridge._src import registry
+
+POLICIES = ("callback", "error")
+
+
+class FallbackWarning(UserWarning):
+  """An op ran through the callback fallback (see `bridge.config(fallback=...)`)."""
+
+
+_recording: contextvars.ContextVar[set | None] = contextvars.ContextVar(
+    "bridge_fallback_recording", default=None)
+_warned: set[Any] = set()
+_lock = threading.Lock()
+
+
+def op_name(func: Any) -> str:
+  """`namespace::name.overload`, e.g. `aten::_fft_c2c.default`."""
+  return f"{func._schema.name}.{func._overloadname}"
+
+
+def available() -> bool:
+  """Whether the fallback is on here: the policy says so and the platform can call Python."""
+  return config_lib.get_config().fallback == "callback" and ffi.supported()
+
+
+def why_not() -> str:
+  """Why an op with no lowering did not fall back, for `OperatorNotFound`'s message."""
+  if config_lib.get_config().fallback != "callback":
+    return "The callback fallback is off here (`bridge.config(fallback='error')`)."
+  return (f"The callback fallback cannot run here: JAX's {ffi.platform()} backend cannot call "
+          "back into Python.")
+
+
+def _note(func: Any) -> None:
+  rec = _recording.get()
+  if rec is not None:
+    rec.add(op_name(func))
+  if func in _warned:
+    return
+  with _lock:
+    if func in _warned:
+      return
+    _warned.add(func)
+  warnings.warn(
+      f"bridge: {op_name(func)} has no lowering on the `jax` device and torch has no "
+      "decomposition for it, so it runs in eager torch through a host callback: the "
+      "results and gradients are torch's, but the op is not compiled or fused with the "
+      "rest of the program, and its data goes through the host. To run it in JAX, "
+      f"register a lowering (`@bridge.register_lowering(torch.ops.{func.namespace}."
+      f"{func._schema.name.split('::')[-1]}.{func._overloadname})`); to make this an "
+      "error, use `bridge.config(fallback='error')`.", FallbackWarning, stacklevel=2)
+
+
+def lowering(func: Any) -> registry.Lowering | None:
+  """A lowering that runs `func` through callback mode, or None where the fallback is off."""
+  if not available():
+    return None
+  from bridge._src import callback  # it builds on the dispatch that imports this module
+
+  def run(*args: Any, **kwargs: Any) -> Any:
+    if not available():  # the policy changed since this op was first seen
+      from bridge._src.dispatch import _raise_not_found
+      _raise_not_found(func)
+    _note(func)
+    return callback.call(func, args, kwargs, name=f"the fallback of {op_name(func)}")
+  run.__name__ = f"fallback_{func._schema.name.split('::')[-1]}"
+  # (`dynamic_shape`: not jitted per op, so that the policy is looked at on every call;
+  # callback mode caches its own programs)
+  return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
+
+
+def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[str]:
+  """The aten ops of `fn(*args, **kwargs)` that would run through the callback fallback.
+
+  Traces `bridge.call_torch(fn, *args, **kwargs)` abstractly (`jax.eval_shape`:
+  nothing is computed) and returns the names of the ops that had no lowering and
+  no decomposition, sorted, e.g. `['mylib::fused_op.default']`. Arguments are as
+  for `call_torch` (JAX arrays, or `jax.ShapeDtypeStruct`s); an empty list means
+  the whole function runs as JAX code.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, torch, bridge
+    >>> bridge.fallback_ops(lambda x: torch.sin(x) * 2, jnp.ones(3))
+    []
+  """
+  from bridge._src import call_torch as call_torch_lib
+  found: set[str] = set()
+  token = _recording.set(found)
+  try:
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    positions = [i for i, x in enumerate(leaves)
+                 if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))]
+
+    def traced(*arrays: Any) -> Any:
+      filled = list(leaves)
+      for i, a in zip(positions, arrays):
+        filled[i] = a
+      a, k = jax.tree_util.tree_unflatten(treedef, filled)
+      return call_torch_lib.call_torch(fn, *a, **k)
+    with jax.enable_x64(True):
+      jax.eval_shape(traced, *(jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
+                               for i in positions))
+  finally:
+    _recording.reset(token)
+  return sorted(found)
