@@ -415,30 +415,36 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
   in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
               for i, (shape, dt) in enumerate(avals)]
   module = _module_of(fn)
-  state = {"mutated": (False,) * len(avals), "random": False}
+  state = {"mutated": (False,) * len(avals), "random": False}  # until the fake run says
 
   # the common case, `fn(x, y)` with arrays only, skips the rebuilding of the arguments' tree
   positional = (not spec.nodes and all(s is _DYN for s in statics)
                 and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef)
 
-  def run(inputs: list) -> tuple[Any, list]:
-    if state["random"]:
-      inputs = inputs[1:]
-    if any(state["mutated"]):  # written in place: on copies, the caller's arrays stay as they are
-      inputs = [t.clone() if m else t for t, m in zip(inputs, state["mutated"])]
-    if positional:
-      out = fn(*inputs)
-    else:
-      it = iter(inputs)
-      args, kwargs = tree_lib.unflatten(spec, [next(it) if s is _DYN else _unbox(s)
-                                               for s in statics])
-      out = fn(*args, **kwargs)
-    if type(out).__module__ == "torch.return_types":
-      out = tuple(out)
-    return out, inputs
+  def make_run(mutated: tuple[bool, ...], random: bool) -> Callable[[list], tuple[Any, list]]:
+    """`fn` on a list of input tensors -> (its output, the inputs it saw)."""
+    copies = any(mutated)
+
+    def run(inputs: list) -> tuple[Any, list]:
+      if random:
+        inputs = inputs[1:]
+      if copies:  # written in place: on copies, so the caller's arrays stay as they are
+        inputs = [t.clone() if m else t for t, m in zip(inputs, mutated)]
+      if positional:
+        out = fn(*inputs)
+      else:
+        it = iter(inputs)
+        args, kwargs = tree_lib.unflatten(spec, [next(it) if s is _DYN else _unbox(s)
+                                                 for s in statics])
+        out = fn(*args, **kwargs)
+      if type(out) is not torch.Tensor and type(out).__module__ == "torch.return_types":
+        out = tuple(out)
+      return out, inputs
+    return run
 
   if result_shape_dtypes is None:
-    fake = _fake_run(lambda inputs: run(inputs)[0], in_torch, name, module)
+    fake_run = make_run(state["mutated"], False)
+    fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module)
     state["mutated"], state["random"] = fake.mutated, fake.random
     out_leaves, out_spec = tree_lib.flatten(fake.out)
     outs = []
@@ -463,6 +469,7 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
   written = [i for i, m in enumerate(state["mutated"]) if m] if return_mutated else []
   outs += [jax.ShapeDtypeStruct(*avals[i]) for i in written]
   single = len(tensor_positions) == 1 and not written
+  run = make_run(state["mutated"], state["random"])
 
   def flat_fn(inputs: list) -> list:
     out, after = run(inputs)

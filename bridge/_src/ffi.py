@@ -52,7 +52,6 @@ _KEYS = itertools.count(1)
 _ERRORS: dict[int, BaseException] = {}
 _ERROR_IDS = itertools.count(1)
 _LOCK = threading.Lock()
-_local = threading.local()
 
 
 def register(fn: HostFn, name: str) -> int:
@@ -60,11 +59,6 @@ def register(fn: HostFn, name: str) -> int:
   key = next(_KEYS)
   _HOST[key] = (fn, name)
   return key
-
-
-def in_host_call() -> bool:
-  """Whether this thread is running a host function called from an XLA program."""
-  return getattr(_local, "depth", 0) > 0
 
 
 # --- the CPU handler (XLA FFI C API, read with ctypes) ------------------------------------
@@ -143,14 +137,14 @@ def _handler(frame_ptr: int) -> int:
     scalar = ctypes.c_void_p.from_address(f[20]).value  # the one attribute, `key`
     key = _I64.from_address(_PAIR.from_address(scalar)[1]).value
     fn, name = _HOST[key]
-    inputs = [_view(p) for p in _pointers(f[9], f[7])]
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-      results = fn(inputs)
-    finally:
-      _local.depth -= 1
+    results = fn([_view(p) for p in _pointers(f[9], f[7])])
     for i, p in enumerate(_pointers(f[14], f[12])):
-      copy_result(_view(p), results[i], i, name)
+      out, result = _view(p), results[i]
+      if type(result) is torch.Tensor and result.dtype is out.dtype and (
+          result.shape == out.shape) and result.device.type == "cpu":
+        out.copy_(result)  # the common case, checked inline
+      else:
+        copy_result(out, result, i, name)
     return 0
   except BaseException as e:  # noqa: BLE001 - nothing may unwind into XLA
     try:
@@ -163,9 +157,6 @@ def copy_result(out: torch.Tensor, result: Any, i: int, name: str) -> None:
   """Copy one result into its output buffer, after checking it is what the program expects."""
   if not isinstance(result, torch.Tensor):
     raise BridgeError(f"{name}: output {i} is a {type(result).__name__}, not a tensor.")
-  if result.dtype is out.dtype and result.shape == out.shape and result.device.type == "cpu":
-    out.copy_(result)
-    return
   if result.shape != out.shape or (result.dtype != out.dtype and
                                     dtypes.NARROWED.get(result.dtype) != out.dtype):
     raise BridgeError(
@@ -245,11 +236,6 @@ def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
   fn, _ = _HOST[key]
 
   def host(*arrays: Any) -> list[np.ndarray]:
-    inputs = [torch.from_numpy(np.array(a)) for a in arrays]
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-      outs = fn(inputs)
-    finally:
-      _local.depth -= 1
+    outs = fn([torch.from_numpy(np.array(a)) for a in arrays])
     return [np.asarray(o.detach().cpu().resolve_conj().numpy()) for o in outs]
   return list(jax.pure_callback(host, list(results), *args, vmap_method=vmap_method))
