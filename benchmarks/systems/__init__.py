@@ -4,12 +4,12 @@ Modules are loaded by name only inside a worker process, so that one system's
 imports (and import shims) never leak into another's measurements.
 """
 
-# Report order; `bridge` is the baseline that ratios are computed against.
+# Report order; `bridge` is the baseline that ratios are computed against. New systems go
+# last: plot colours follow this order.
 ALL = (
     "bridge",
     "bridge_jax",
     "dlpack_manual",
-    "pure_callback",
     "plain_jax",
     "torch_eager",
     "torch_compile",
@@ -17,6 +17,7 @@ ALL = (
     "torch_jax_interop",
     "jax2torch",
     "wrap_torch2jax",
+    "pure_callback",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).

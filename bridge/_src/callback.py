@@ -134,8 +134,9 @@ def _written_args(func: Any) -> frozenset[int]:
 class _FakeResult:
   """What the fake run learnt: the outputs' structure and specs, mutations, randomness."""
 
-  def __init__(self, out: Any, mutated: tuple[bool, ...], random: bool):
+  def __init__(self, out: Any, mutated: tuple[bool, ...], random: bool, writes_state: bool):
     self.out, self.mutated, self.random = out, mutated, random
+    self.writes_state = writes_state  # it updates its module's buffers
 
 
 def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
@@ -147,11 +148,13 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
   recorder = _Recorder()
   # A module runs with fake copies of its state: fake mode would otherwise run in-place
   # updates of small real buffers (a step counter) for real.
-  state = contextlib.nullcontext()
+  state: Any = contextlib.nullcontext()
+  fake_state: dict[str, torch.Tensor] = {}
   if module is not None:
     from bridge._src.modules import module_state
     fake_state = {n: mode.from_tensor(t) for n, t in module_state(module).items()}
     state = _reparametrize_module(module, fake_state, tie_weights=True)
+  state_versions = {n: t._version for n, t in fake_state.items()}
   with mode, state:
     fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in in_specs]
     versions = [t._version for t in fakes]
@@ -182,7 +185,9 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
           "pass the outputs' shapes with `result_shape_dtypes=`.)")
       raise
   mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
-  return _FakeResult(out, mutated, recorder.random)
+  writes_state = any(t._version != state_versions[n] or id(t) in recorder.written
+                     for n, t in fake_state.items())
+  return _FakeResult(out, mutated, recorder.random, writes_state)
 
 
 def _data_dependence(e: BaseException) -> str:
@@ -206,9 +211,11 @@ class _Program:
 
   def __init__(self, flat_fn: Callable[[list], list], ins: Sequence[jax.ShapeDtypeStruct],
                outs: Sequence[jax.ShapeDtypeStruct], *, name: str, vmap_method: str,
-               random: bool, restore: Callable[[], Any] | None = None):
+               random: bool, restore: Callable[[], Any] | None = None,
+               side_effect: bool = False):
     self.flat_fn, self.ins, self.outs, self.name = flat_fn, list(ins), list(outs), name
     self.vmap_method, self.random, self.restore = vmap_method, random, restore
+    self.side_effect = side_effect  # never dropped as dead code (it updates module buffers)
     self.diff_in = [i for i, s in enumerate(self.ins) if _is_float(s.dtype)]
     self.diff_out = [i for i, s in enumerate(self.outs) if _is_float(s.dtype)]
     self.key = ffi.register(self._host if random else flat_fn, name)
@@ -223,7 +230,8 @@ class _Program:
       return self.flat_fn(inputs)
 
   def _emit(self, *dyn: Any) -> tuple:
-    return tuple(ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method))
+    return tuple(ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method,
+                          side_effect=self.side_effect))
 
   def _differentiable(self) -> Callable[..., tuple]:
     @jax.custom_vjp
@@ -334,14 +342,14 @@ def _module_of(fn: Any) -> torch.nn.Module | None:
 @contextlib.contextmanager
 def _buffers_kept(module: torch.nn.Module) -> Any:
   """Run a recomputation without letting it update `module`'s buffers a second time."""
-  saved = [(b, b._version, b.detach().clone()) for b in module.buffers()]
+  # (all of them: BatchNorm writes its running statistics without bumping their version)
+  saved = [(b, b.detach().clone()) for b in module.buffers()]
   try:
     yield
   finally:
     with torch.no_grad():
-      for b, version, value in saved:
-        if b._version != version:
-          b.copy_(value)
+      for b, value in saved:
+        b.copy_(value)
 
 
 def _to_array(x: Any) -> Any:
@@ -415,7 +423,8 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
   in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
               for i, (shape, dt) in enumerate(avals)]
   module = _module_of(fn)
-  state = {"mutated": (False,) * len(avals), "random": False}  # until the fake run says
+  # until the fake run says otherwise:
+  state = {"mutated": (False,) * len(avals), "random": False, "writes_state": False}
 
   # the common case, `fn(x, y)` with arrays only, skips the rebuilding of the arguments' tree
   positional = (not spec.nodes and all(s is _DYN for s in statics)
@@ -446,6 +455,7 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
     fake_run = make_run(state["mutated"], False)
     fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module)
     state["mutated"], state["random"] = fake.mutated, fake.random
+    state["writes_state"] = fake.writes_state
     out_leaves, out_spec = tree_lib.flatten(fake.out)
     outs = []
     out_statics = []
@@ -487,5 +497,6 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
     ins.insert(0, jax.ShapeDtypeStruct((), np.dtype(np.uint32)))
   restore = (lambda: _buffers_kept(module)) if module is not None else None
   program = _Program(flat_fn, ins, outs, name=name, vmap_method=vmap_method,
-                     random=state["random"], restore=restore)
+                     random=state["random"], restore=restore,
+                     side_effect=state["writes_state"])
   return program, out_spec, out_statics, written

@@ -1,0 +1,188 @@
+"""The per-op callback fallback: ops with no lowering and no decomposition run in eager torch."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import bridge
+from bridge._src import fallback as fallback_lib
+from bridge._src import ffi
+from bridge._src import tensor as tensor_lib
+from bridge._src.registry import REGISTRY
+
+
+# A custom op that exists only in torch: no lowering, no decomposition.
+@torch.library.custom_op("bridge_test_fb::cubic", mutates_args=())
+def cubic(x: torch.Tensor, scale: float) -> torch.Tensor:
+  if (x < -100).any():
+    raise ValueError("cubic: inputs below -100 are not allowed")
+  return scale * x.pow(3) - x
+
+
+@cubic.register_fake
+def _(x, scale):
+  return torch.empty_like(x)
+
+
+def _cubic_setup(ctx, inputs, output):
+  ctx.save_for_backward(inputs[0])
+  ctx.scale = inputs[1]
+
+
+def _cubic_backward(ctx, grad):
+  (x,) = ctx.saved_tensors
+  return grad * (3 * ctx.scale * x * x - 1), None
+
+
+cubic.register_autograd(_cubic_backward, setup_context=_cubic_setup)
+
+CUBIC = "bridge_test_fb::cubic.default"
+
+
+def f(x):
+  return torch.sin(cubic(x, 0.5)) * 2 + x
+
+
+X = np.array([[0.3, -1.2, 2.0], [0.7, 1.5, -0.4]], np.float32)
+
+
+def _torch_reference(x):
+  t = torch.tensor(x, requires_grad=True)
+  y = f(t)
+  y.sum().backward()
+  return y.detach().numpy(), t.grad.numpy()
+
+
+def test_custom_op_falls_back_eagerly_on_the_jax_device_with_torch_numbers():
+  want, _ = _torch_reference(X)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    out = f(torch.tensor(X, device="jax"))
+  assert out.device.type == "jax" and out.dtype == torch.float32
+  torch.testing.assert_close(out.cpu(), torch.tensor(want))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_call_torch_with_a_fallen_back_op_forward_and_grad_match_torch(jit):
+  want, want_grad = _torch_reference(X)
+  call = lambda x: bridge.call_torch(f, x)
+  grad = jax.grad(lambda x: call(x).sum())
+  if jit:
+    call, grad = jax.jit(call), jax.jit(grad)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    out = call(jnp.asarray(X))
+    g = grad(jnp.asarray(X))
+  assert out.dtype == jnp.float32 and out.shape == X.shape
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(g), want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_of_a_function_with_a_fallen_back_op():
+  want = np.stack([_torch_reference(row)[1] for row in X])
+  per_row = jax.vmap(jax.grad(lambda x: bridge.call_torch(f, x).sum()))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    got = per_row(jnp.asarray(X))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fallback_warns_once_per_op_naming_it(monkeypatch):
+  monkeypatch.setattr(fallback_lib, "_warned", set())
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    bridge.call_torch(f, jnp.asarray(X))
+    bridge.call_torch(f, jnp.asarray(X[:1]))
+    jax.jit(lambda x: bridge.call_torch(f, x))(jnp.asarray(X))
+  ours = [w for w in caught if issubclass(w.category, bridge.FallbackWarning)]
+  assert len(ours) == 1
+  message = str(ours[0].message)
+  assert CUBIC in message
+  assert "register_lowering(torch.ops.bridge_test_fb.cubic.default)" in message
+  assert "fallback='error'" in message
+
+
+def test_fallback_ops_lists_the_ops_that_fell_back():
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    assert bridge.fallback_ops(f, jnp.asarray(X)) == [CUBIC]
+    assert bridge.fallback_ops(f, jax.ShapeDtypeStruct((5,), jnp.float32)) == [CUBIC]
+  assert bridge.fallback_ops(lambda x: torch.sin(x) * 2, jnp.asarray(X)) == []
+  model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.GELU())
+  assert bridge.fallback_ops(model, jnp.asarray(X)) == []
+
+
+def test_fallback_error_policy_raises_operator_not_found():
+  with bridge.config(fallback="error"):
+    with pytest.raises(bridge.OperatorNotFound) as info:
+      bridge.call_torch(lambda x: cubic(x, 2.0), jnp.asarray(X))
+  message = str(info.value)
+  assert "bridge_test_fb.cubic.default" in message
+  assert "fallback='error'" in message
+  assert "@bridge.register_lowering(torch.ops.bridge_test_fb.cubic.default)" in message
+  # and the default policy works again afterwards
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    out = bridge.call_torch(lambda x: cubic(x, 2.0), jnp.asarray(X))
+  np.testing.assert_allclose(np.asarray(out), 2 * X**3 - X, rtol=1e-6)
+
+
+def test_platform_without_host_callbacks_turns_the_fallback_into_the_error(monkeypatch):
+  monkeypatch.setattr(ffi, "platform", lambda: "tpu")
+  with pytest.raises(bridge.OperatorNotFound, match="cannot call back into Python"):
+    bridge.call_torch(lambda x: cubic(x, 3.0), jnp.asarray(X))
+  with pytest.raises(bridge.BridgeError, match="cannot call back into Python"):
+    bridge.call_torch(torch.sin, jnp.asarray(X), mode="callback")
+
+
+def test_config_refuses_an_unknown_fallback_policy():
+  with pytest.raises(bridge.BridgeTypeError, match="fallback='warn' is not one of"):
+    bridge.config(fallback="warn")
+
+
+def test_torch_exception_inside_a_fallen_back_op_surfaces_as_itself():
+  bad = np.array([-200.0, 1.0], np.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    with pytest.raises(ValueError, match="inputs below -100 are not allowed"):
+      cubic(torch.tensor(bad, device="jax"), 1.0)
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="(?s)ValueError: cubic: inputs below -100.*torch traceback"):
+      jax.jit(lambda x: bridge.call_torch(lambda t: cubic(t, 1.0), x))(
+          jnp.asarray(bad)).block_until_ready()
+
+
+@pytest.fixture
+def atan_unregistered(monkeypatch):
+  """aten.atan with its lowering taken away (and decompositions off): a deliberately missing op."""
+  op = torch.ops.aten.atan.default
+  REGISTRY.require_plugins()
+  assert REGISTRY.lookup(op) is not None
+  monkeypatch.delitem(REGISTRY._table, op)
+  tensor_lib._PLANS.pop(op, None)
+  monkeypatch.setattr(fallback_lib, "_warned", set())
+  yield op
+  tensor_lib._PLANS.pop(op, None)  # the next use builds its plan from the lowering again
+
+
+def test_deliberately_unregistered_aten_op_falls_back_with_gradients(atan_unregistered):
+  x = np.array([0.5, -2.0, 3.0], np.float64)
+  with bridge.config(decompose_missing_ops=False), jax.enable_x64(True), \
+      warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    g = lambda t: (torch.atan(t) * t).sum()
+    value, grad = jax.value_and_grad(lambda a: bridge.call_torch(g, a))(jnp.asarray(x))
+    listed = bridge.fallback_ops(g, jnp.asarray(x))
+  t = torch.tensor(x, requires_grad=True)
+  want = g(t)
+  want.backward()
+  assert value.dtype == jnp.float64
+  np.testing.assert_allclose(float(value), want.item(), rtol=1e-12)
+  np.testing.assert_allclose(np.asarray(grad), t.grad.numpy(), rtol=1e-12)
+  assert listed == ["aten::atan.default"]
+  assert [str(w.message).split(" ")[1] for w in caught
+          if issubclass(w.category, bridge.FallbackWarning)] == ["aten::atan.default"]
