@@ -46,6 +46,12 @@ def test_tour_snippets_run_in_order():
   expected = jax.grad(lambda a: jnp.sum(jax.nn.softplus(a)))(a)
   assert float(jnp.max(jnp.abs(namespace["g"] - expected))) < 1e-6
   assert isinstance(namespace["scale"].grad, torch.Tensor)
+  # callback mode: a custom op only torch knows, forward and gradient
+  assert float(jnp.max(jnp.abs(namespace["sw"] - jax.nn.silu(a)))) < 1e-6
+  expected_dy = jax.grad(lambda a: jnp.sum(jax.nn.silu(a)))(a)
+  assert float(jnp.max(jnp.abs(namespace["dsw"] - expected_dy))) < 1e-6
+  rows = jnp.arange(6.0).reshape(2, 3)
+  assert float(jnp.max(jnp.abs(namespace["batched"](rows) - jax.nn.softmax(rows, -1)))) < 1e-6
 
 
 def test_demo_runs_and_checks_both_directions():

@@ -359,6 +359,15 @@ def _to_array(x: Any) -> Any:
   return x
 
 
+def _describe(fn: Any) -> str:
+  """How messages name `fn`: `f`, `MyModule.forward`, `mylib::op` (a custom op)."""
+  if isinstance(fn, torch.nn.Module):
+    return f"`{type(fn).__name__}.forward`"
+  label = (getattr(fn, "__qualname__", None) or getattr(fn, "_qualname", None)
+           or getattr(fn, "__name__", None) or type(fn).__name__)
+  return f"`{label}`"
+
+
 def _where(i: int) -> str:
   return f"argument leaf {i}"
 
@@ -375,7 +384,7 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   if vmap_method not in VMAP_METHODS:
     raise BridgeTypeError(
         f"`{API}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
-  name = name or f"`{getattr(fn, '__qualname__', None) or type(fn).__name__}`"
+  name = name or _describe(fn)
   if not ffi.supported():
     raise BridgeError(
         f"`{API}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "

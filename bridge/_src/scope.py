@@ -184,7 +184,10 @@ def traced_value_error(what: str, tb: Any = None) -> TracedValueError:
       "not known while the program is built, so Python cannot branch on it. Keep the "
       "computation in tensors (`torch.where(cond, a, b)` instead of `if`, masks instead of "
       "`.item()`), or make the value a static argument (`jax.jit(..., static_argnums=...)`, "
-      "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`.")
+      "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`. "
+      "Or let torch run it for real inside the program: `bridge.call_torch(fn, ..., "
+      "mode='callback', result_shape_dtypes=...)` (its outputs' shapes must not depend "
+      "on the values).")
 
 
 def leaked_tracer_error(cause: BaseException) -> LeakedTracerError:
