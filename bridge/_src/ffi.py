@@ -233,9 +233,44 @@ def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
     call = jax.ffi.ffi_call(TARGET, list(results), has_side_effect=side_effect,
                             vmap_method=vmap_method)
     return call(*args, key=np.int64(key))
-  fn, _ = _HOST[key]
+  return _emit_through_host(key, args, results, vmap_method=vmap_method,
+                            side_effect=side_effect)
+
+
+def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+  dtype = dtypes.JAX_TO_TORCH[a.dtype]
+  if a.dtype.kind == "V" or a.dtype.name.startswith(("bfloat16", "float8")):  # ml_dtypes
+    raw = np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
+    return torch.from_numpy(raw.copy()).view(dtype)
+  return torch.from_numpy(np.array(a))  # (a writable copy: JAX's host buffer is read-only)
+
+
+def _torch_to_numpy(t: torch.Tensor, spec: jax.ShapeDtypeStruct) -> np.ndarray:
+  want = dtypes.JAX_TO_TORCH[np.dtype(spec.dtype)]
+  t = t.detach().cpu().resolve_conj().resolve_neg()
+  if t.dtype != want:
+    if dtypes.NARROWED.get(t.dtype) != want:
+      raise BridgeError(f"a host call returned {t.dtype} where the program expects {want}.")
+    t = t.to(want)
+  if np.dtype(spec.dtype).name.startswith(("bfloat16", "float8")):
+    raw = t.contiguous().view(getattr(torch, f"uint{8 * t.element_size()}"))
+    return raw.numpy().view(spec.dtype)
+  return t.numpy()
+
+
+def _emit_through_host(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
+                       *, vmap_method: str, side_effect: bool) -> list[Any]:
+  """The host call where no FFI handler is registered: JAX's Python callbacks (the data goes
+  through host memory)."""
+  fn, name = _HOST[key]
 
   def host(*arrays: Any) -> list[np.ndarray]:
-    outs = fn([torch.from_numpy(np.array(a)) for a in arrays])
-    return [np.asarray(o.detach().cpu().resolve_conj().numpy()) for o in outs]
+    try:
+      outs = fn([_numpy_to_torch(np.asarray(a)) for a in arrays])
+      return [_torch_to_numpy(o, spec) for o, spec in zip(outs, results)]
+    except BaseException as e:  # noqa: BLE001 - kept for `reraise`, described for JAX
+      raise RuntimeError(describe_error(e, name)) from None
+  if side_effect:
+    from jax.experimental import io_callback
+    return list(io_callback(host, list(results), *args, ordered=False))
   return list(jax.pure_callback(host, list(results), *args, vmap_method=vmap_method))
