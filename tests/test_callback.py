@@ -3,13 +3,9 @@
 In callback mode the torch function is not traced: it runs in eager torch from inside the
 JAX program (an XLA FFI host call on CPU). Every case compares with torch eager on the CPU:
 forward values, exact dtypes and shapes, and gradients against torch autograd.
-
-Tests marked `xfail(strict=True)` show bugs of the library (see each reason).
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -373,12 +369,6 @@ def test_grad_of_unused_inputs_and_constant_outputs_is_zero():
     assert gw.dtype == jnp.float32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a program with float inputs but only integer/bool outputs gets no custom_vjp "
-    "(`apply` is the bare ffi_call unless there are float outputs), so using its result in "
-    "a differentiated function fails with JAX's ValueError 'The FFI call to "
-    "`bridge_torch_host_call` cannot be differentiated' instead of treating the integer "
-    "outputs as constants, as trace mode does for the same torch function"))
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_grad_through_a_function_with_only_bool_outputs(jit):
   x = jnp.array([1.0, -2.0, 3.0])
@@ -531,13 +521,6 @@ def test_vmap_forward_call_counts(vmap_method):
     assert real == [(False, (5, 3))]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: with vmap_method='expand_dims' the backward host call (which inherits the "
-    "vmap_method) receives unbatched values with a size-1 leading dim: the cotangent seeded "
-    "by jax.grad is (1,) while the recomputed output is (B,), so torch.autograd.grad raises "
-    "'Mismatch in shape: grad_output[0] has a shape of torch.Size([1]) and output[0] has a "
-    "shape of torch.Size([4])' (and an unbatched input's gradient comes back summed, (1, n) "
-    "instead of (B, n))"))
 def test_vmap_of_grad_expand_dims():
   xs = _np((4, 3))
   f = lambda t: (t ** 2).sum(-1)
@@ -620,12 +603,6 @@ def test_old_style_op_without_meta_kernel_gives_bridge_error():
   assert "no_meta_cos" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a torch.library.custom_op without register_fake makes the fake run raise torch's "
-    "RuntimeError ('There was no fake impl registered...'), not an "
-    "UnsupportedOperatorException, so _fake_run's `except UnsupportedOperatorException` "
-    "branch is skipped: the user gets a bare RuntimeError (the hint is only an exception "
-    "note), not the documented BridgeError naming register_fake / result_shape_dtypes"))
 def test_custom_op_without_fake_gives_bridge_error():
   with pytest.raises(bridge.BridgeError) as info:
     cb(no_fake_cos, jnp.ones(3))
@@ -714,11 +691,6 @@ def test_dropout_grad_is_a_scaled_mask():
   assert 0 < int((np.asarray(g) == 0).sum()) < 64
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the backward of a random function does not replay the forward's randomness: "
-    "_Program.vjp() recomputes with `self.flat_fn`, which drops the seed input, instead of "
-    "`self._host`, which seeds torch's generator with it, so the backward draws a new "
-    "dropout mask and the gradient does not match the forward output"))
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_dropout_grad_matches_forward_mask(jit):
   weights = 2.0 ** -jnp.arange(24.0)  # so the value alone also reveals the mask
@@ -852,11 +824,6 @@ def test_invalid_mode_and_trace_mode_options():
   assert issubclass(bridge.BridgeTypeError, TypeError)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: callback.call re-raises torch's exception only for jax.errors.JaxRuntimeError; once "
-    "a program has run successfully, JAX's C++ fast path raises the host error as a "
-    "ValueError('UNKNOWN: ... [bridge host error #N]'), which is not caught, so a later eager "
-    "call that fails surfaces as ValueError instead of the original exception"))
 def test_exception_in_torch_eager_after_a_successful_call():
   state = {"fail": False}
 
@@ -891,10 +858,6 @@ def test_exception_under_jit_after_a_successful_call_keeps_the_message():
 
 # --- caching bugs -----------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the program cache keys static arguments by equality/hash, and 1 == 1.0 == True in "
-    "Python, so a program built for the static 1 is reused for 1.0 (or True) and the torch "
-    "function is then run with the cached value 1 (int), not the one passed"))
 def test_static_arguments_of_equal_hash_but_different_type():
   i = jnp.arange(3, dtype=jnp.int32)
   add = lambda t, s: t + s
@@ -905,11 +868,6 @@ def test_static_arguments_of_equal_hash_but_different_type():
   _assert_close(out_float, torch.arange(3, dtype=torch.int32) + 1.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the program cache keys `result_shape_dtypes` by id(); a temporary spec is freed "
-    "after the call and CPython reuses its id for the next one, so a call with a different "
-    "`result_shape_dtypes` silently gets the program built for the previous spec and fails "
-    "with 'output 0 came out as int32[1], but the JAX program was built for int32[2]'"))
 def test_result_shape_dtypes_are_not_cached_by_identity():
   masks = {2: jnp.array([True, False, True, False]), 1: jnp.array([False, False, True, False])}
   first_true = lambda t: torch.nonzero(t).reshape(-1).to(torch.int32)

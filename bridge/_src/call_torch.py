@@ -177,6 +177,10 @@ def check_mode(mode: Any, vmap_method: Any, result_shape_dtypes: Any, api: str =
         f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
         "argument; to pass `mode=` to the torch function, bind it first: "
         "`functools.partial(fn, mode=...)`.)")
+  from bridge._src.callback import VMAP_METHODS  # (callback mode builds on this module)
+  if vmap_method is not None and vmap_method not in VMAP_METHODS:
+    raise BridgeTypeError(
+        f"`{api}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
   if mode == "trace" and (vmap_method is not None or result_shape_dtypes is not None):
     raise BridgeTypeError(
         f"`{api}`: `vmap_method` and `result_shape_dtypes` are options of "

@@ -177,17 +177,30 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
           "implementation, so its outputs' shapes cannot be found without running it. Give "
           "the op one (`torch.library.register_fake`), or pass the outputs' shapes with "
           "`result_shape_dtypes=`.") from e
+    except RuntimeError as e:
+      if "no fake impl" not in str(e) and "fake impl" not in str(e).lower():
+        _note_fake_run(e, name)
+        raise
+      raise BridgeError(
+          f"`{API}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
+          "its outputs' shapes cannot be found without running it. Give the op one "
+          "(`torch.library.register_fake`), or pass the outputs' shapes with "
+          f"`result_shape_dtypes=`. Torch said: {str(e).splitlines()[0]}") from e
     except Exception as e:
-      e.add_note(
-          f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
-          "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
-          "shapes before the JAX program runs. If the function needs real data for that, "
-          "pass the outputs' shapes with `result_shape_dtypes=`.)")
+      _note_fake_run(e, name)
       raise
   mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
   writes_state = any(t._version != state_versions[n] or id(t) in recorder.written
                      for n, t in fake_state.items())
   return _FakeResult(out, mutated, recorder.random, writes_state)
+
+
+def _note_fake_run(e: BaseException, name: str) -> None:
+  e.add_note(
+      f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
+      "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
+      "shapes before the JAX program runs. If the function needs real data for that, "
+      "pass the outputs' shapes with `result_shape_dtypes=`.)")
 
 
 def _data_dependence(e: BaseException) -> str:
@@ -220,7 +233,8 @@ class _Program:
     self.diff_out = [i for i, s in enumerate(self.outs) if _is_float(s.dtype)]
     self.key = ffi.register(self._host if random else flat_fn, name)
     self._vjps: dict[tuple, _Program] = {}
-    self.apply = self._differentiable() if self.diff_in and self.diff_out else self._emit
+    # (a custom_vjp even without float outputs: JAX must not try to differentiate the raw call)
+    self.apply = self._differentiable() if self.diff_in else self._emit
 
   def _host(self, inputs: list) -> list:
     if not self.random:
@@ -250,12 +264,12 @@ class _Program:
       dyn, marks = res
       wrt = tuple(i for i in self.diff_in if marks[i] == ())
       out: list[Any] = [None] * len(dyn)
-      if not wrt:
+      if not wrt or not self.diff_out:
         return tuple(out)
       zero = jax.custom_derivatives.SymbolicZero
       given = [cts[i] if not isinstance(cts[i], zero) else
                jnp.zeros(self.outs[i].shape, self.outs[i].dtype) for i in self.diff_out]
-      grads = self.vjp(wrt)(*dyn, *given)
+      grads = run_eagerly_or_stage(self.vjp(wrt), (*dyn, *given))
       for j, i in enumerate(wrt):
         out[i] = grads[j]
       return tuple(out)
@@ -269,7 +283,7 @@ class _Program:
     program = self._vjps.get(wrt)
     if program is None:
       n, diff_out = len(self.ins), self.diff_out
-      forward, restore = self.flat_fn, self.restore
+      forward, restore = self._host, self.restore  # (_host: seeded like the forward)
 
       def vjp_fn(inputs: list) -> list:
         primals, cts = inputs[:n], inputs[n:]
@@ -300,11 +314,31 @@ class _Program:
       outs = [self.ins[i] for i in wrt]
       program = self._vjps[wrt] = _Program(
           vjp_fn, ins, outs, name=f"the backward of {self.name}",
-          vmap_method=self.vmap_method, random=False, restore=None)
+          vmap_method=_BACKWARD_VMAP.get(self.vmap_method, self.vmap_method), random=False,
+          restore=None)
     return program.apply
 
 
+# A backward under `vmap` gets its unbatched inputs broadcast in full: cotangents of inputs
+# that had a size-1 batch dimension would come back summed over the batch.
+_BACKWARD_VMAP = {"expand_dims": "broadcast_all"}
+
+
 # --- call_torch(..., mode="callback") -------------------------------------------------------
+
+
+def run_eagerly_or_stage(apply: Callable[..., tuple], dyn: Sequence[Any]) -> tuple:
+  """`apply(*dyn)`; run now when the values are concrete, so that a torch exception inside is
+  raised here as itself (inside a program being built there is nothing to run yet)."""
+  concrete = not any(isinstance(d, jax.core.Tracer) for d in dyn)
+  try:
+    outs = apply(*dyn)
+    if concrete:
+      jax.block_until_ready(outs)
+  except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
+    ffi.reraise(e)  # torch's own exception, as torch raised it
+    raise
+  return outs
 
 
 def _seed() -> Any:
@@ -359,6 +393,13 @@ def _to_array(x: Any) -> Any:
   return x
 
 
+def _shapes_key(result_shape_dtypes: Any) -> Any:
+  if result_shape_dtypes is None:
+    return None
+  leaves, spec = tree_lib.flatten(result_shape_dtypes)
+  return spec, tuple((tuple(s.shape), np.dtype(s.dtype)) for s in leaves)
+
+
 def _describe(fn: Any) -> str:
   """How messages name `fn`: `f`, `MyModule.forward`, `mylib::op` (a custom op)."""
   if isinstance(fn, torch.nn.Module):
@@ -401,8 +442,9 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
       statics.append(_hashable(leaf))
   narrow = scope.is_staged() and not dtypes.x64_enabled()
   avals = tuple((tuple(np.shape(d)), np.dtype(d.dtype)) for d in dyn)
-  cache_key = (spec, tuple(statics), avals, vmap_method, narrow, return_mutated,
-               None if result_shape_dtypes is None else id(result_shape_dtypes))
+  # (types too: 1, 1.0 and True are equal and hash alike, but are not the same argument)
+  cache_key = (spec, tuple(statics), tuple(type(s) for s in statics), avals, vmap_method,
+               narrow, return_mutated, _shapes_key(result_shape_dtypes))
   table = _cache_for(fn)
   entry = table.get(cache_key)
   if entry is None:
@@ -411,14 +453,7 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   program, out_spec, out_statics, written = entry
   if program.random:
     dyn.insert(0, _seed())
-  concrete = not any(isinstance(d, jax.core.Tracer) for d in dyn)
-  try:
-    outs = program.apply(*dyn)
-    if concrete:
-      jax.block_until_ready(outs)
-  except jax.errors.JaxRuntimeError as e:
-    ffi.reraise(e)  # an eager call: torch's own exception, as torch raised it
-    raise
+  outs = run_eagerly_or_stage(program.apply, dyn)
   it = iter(outs)
   result = tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
   if not return_mutated:

@@ -456,7 +456,7 @@ class _FunctionalPlan:
         out = exe.run(*dyn) if where.staged else exe.call(*dyn)
     except jax.errors.UnexpectedTracerError as e:
       raise scope.leaked_tracer_error(e) from e
-    except jax.errors.JaxRuntimeError as e:
+    except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
       ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
       raise
     finally:

@@ -25,6 +25,7 @@ from bridge._src import ffi
 from bridge._src import registry
 
 POLICIES = ("callback", "error")
+RECIPE = "recipes/torch_code_in_jax_callback_mode.ipynb"
 
 
 class FallbackWarning(UserWarning):
@@ -50,15 +51,17 @@ def available() -> bool:
 def why_not() -> str:
   """Why an op with no lowering did not fall back, for `OperatorNotFound`'s message."""
   if config_lib.get_config().fallback != "callback":
-    return "The callback fallback is off here (`bridge.config(fallback='error')`)."
+    return ("The callback fallback, which would run it in eager torch, is off here "
+            f"(`bridge.config(fallback='error')`; see {RECIPE}).")
   return (f"The callback fallback cannot run here: JAX's {ffi.platform()} backend cannot call "
           "back into Python.")
 
 
 def _note(func: Any) -> None:
   rec = _recording.get()
-  if rec is not None:
+  if rec is not None:  # `fallback_ops` asks: it reports, no warning
     rec.add(op_name(func))
+    return
   if func in _warned:
     return
   with _lock:
@@ -72,7 +75,8 @@ def _note(func: Any) -> None:
       "rest of the program, and its data goes through the host. To run it in JAX, "
       f"register a lowering (`@bridge.register_lowering(torch.ops.{func.namespace}."
       f"{func._schema.name.split('::')[-1]}.{func._overloadname})`); to make this an "
-      "error, use `bridge.config(fallback='error')`.", FallbackWarning, stacklevel=2)
+      f"error, use `bridge.config(fallback='error')`. See {RECIPE}.", FallbackWarning,
+      stacklevel=2)
 
 
 def lowering(func: Any) -> registry.Lowering | None:

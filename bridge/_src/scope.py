@@ -187,7 +187,7 @@ def traced_value_error(what: str, tb: Any = None) -> TracedValueError:
       "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`. "
       "Or let torch run it for real inside the program: `bridge.call_torch(fn, ..., "
       "mode='callback', result_shape_dtypes=...)` (its outputs' shapes must not depend "
-      "on the values).")
+      "on the values; see recipes/torch_code_in_jax_callback_mode.ipynb).")
 
 
 def leaked_tracer_error(cause: BaseException) -> LeakedTracerError:
