@@ -59,9 +59,11 @@ def test_registering_something_that_is_not_an_op():
 
 
 def test_op_without_lowering_or_decomposition_says_how_to_add_one():
-  with pytest.raises(bridge.OperatorNotFound) as info:
+  # (by default such an op runs through the callback fallback: tests/test_fallback.py)
+  with bridge.config(fallback="error"), pytest.raises(bridge.OperatorNotFound) as info:
     torch.ops.bridgetest.unlowered(torch.ones(2, device="jax"))
   msg = str(info.value)
+  assert "fallback='error'" in msg
   assert "no lowering for bridgetest.unlowered.default" in msg
   assert "@bridge.register_lowering(torch.ops.bridgetest.unlowered.default)" in msg
   assert "import bridge, torch, jax.numpy as jnp" in msg
