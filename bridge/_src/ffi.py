@@ -139,12 +139,15 @@ def _handler(frame_ptr: int) -> int:
     fn, name = _HOST[key]
     results = fn([_view(p) for p in _pointers(f[9], f[7])])
     for i, p in enumerate(_pointers(f[14], f[12])):
-      out, result = _view(p), results[i]
-      if type(result) is torch.Tensor and result.dtype is out.dtype and (
-          result.shape == out.shape) and result.device.type == "cpu":
-        out.copy_(result)  # the common case, checked inline
-      else:
-        copy_result(out, result, i, name)
+      result = results[i]
+      b = _BUFFER.from_address(p)
+      rank = b[4]
+      if (type(result) is torch.Tensor and result.dtype is _XLA_TYPES.get(b[2] & 0xFFFFFFFF)
+          and result.shape == (tuple((_I64 * rank).from_address(b[5])) if rank else ())
+          and result.is_cpu and result.is_contiguous() and not result.dtype.is_complex):
+        ctypes.memmove(b[3], result.data_ptr(), result.nbytes)  # the common case, inline
+      else:  # (complex: a conjugate view's bytes are not its values)
+        copy_result(_view(p), result, i, name)
     return 0
   except BaseException as e:  # noqa: BLE001 - nothing may unwind into XLA
     try:
