@@ -100,7 +100,11 @@ def merge(old: dict, reports: list[dict], run: dict) -> dict:
         mine["notes"] += [n for n in new["notes"] if n not in mine["notes"]]
         mine["versions"].update(new["versions"])
     order = {name: i for i, name in enumerate(systems.ALL)}
-    meta = dict(old["meta"], merged=old["meta"].get("merged", []) + [run])
+    # an earlier merge whose rows this run all replaced is no longer worth a header line
+    earlier = [m for m in old["meta"].get("merged", [])
+               if not (set(m.get("systems", ())) <= set(run.get("systems", ()))
+                       and set(m.get("workloads", ())) <= set(run.get("workloads", ())))]
+    meta = dict(old["meta"], merged=earlier + [run])
     return {"meta": meta, "reports": sorted(by_name.values(), key=lambda r: order.get(r["system"], len(order)))}
 
 
