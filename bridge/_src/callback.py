@@ -299,15 +299,18 @@ class _Program:
             y = outs[i]
             if y.requires_grad:
               ys.append(y)
-              # JAX's cotangent of a complex value is the conjugate of torch's grad_output
-              gs.append(cts[j].conj() if cts[j].is_complex() else cts[j])
+              # JAX's cotangent of a complex value is the conjugate of torch's grad_output;
+              # in a 32-bit program it may be narrower than torch's output
+              ct = cts[j].conj() if cts[j].is_complex() else cts[j]
+              gs.append(ct if ct.dtype == y.dtype else ct.to(y.dtype))
           xs = [leaves[i] for i in wrt]
           grads = (torch.autograd.grad(ys, xs, gs, allow_unused=True, create_graph=create)
                    if ys else [None] * len(xs))
         result = []
         for x, g in zip(xs, grads):
           g = torch.zeros_like(x) if g is None else g
-          result.append(g.conj() if g.is_complex() else g)
+          g = g.conj() if g.is_complex() else g
+          result.append(g if g.dtype == x.dtype else g.to(x.dtype))
         return result
 
       ins = self.ins + [self.outs[i] for i in diff_out]
