@@ -34,9 +34,19 @@ HF_WORKLOADS = (
 # torch called from JAX (bridge.call_torch(..., mode="callback")): f(x) = x*2+1 on a (16, 16)
 # float32 JAX array under jax.jit, and a jitted jax.grad step through it.
 CALLBACK_WORKLOADS = ("torch_from_jax_call", "torch_from_jax_grad")
+# torch called from JAX in trace mode (bridge.call_torch's default: the torch code becomes part
+# of the JAX program): f(x) = x*2+1 on (16, 16) and a 2-layer tanh MLP on (64, 256) under jax.jit
+# and jax.jit(jax.grad), and the MLP under jax.jit(jax.vmap) over 64 examples (models.py).
+CALL_TORCH_WORKLOADS = (
+    "call_torch_jit_small",
+    "call_torch_jit_mlp",
+    "call_torch_jit_grad_small",
+    "call_torch_jit_grad_mlp",
+    "call_torch_vmap_mlp",
+)
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS
+) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +96,16 @@ class System:
                      function), to_cpu(out) gives an array for checking.
     torch_from_jax_grad(f, x) -> (run, to_cpu): likewise, run() is one jitted
                      ``jax.grad(lambda x: f(x).sum())`` step and returns the gradient.
+    call_torch_jit(fn, x) -> (run, to_cpu): torch code traced into a JAX program: fn
+                     is a `models.TorchFn` (torch code ``fn.apply(fn.weights, x)``;
+                     calling fn closes over its CPU weights), x a CPU tensor that the
+                     system places as its input; run() is one call of
+                     ``jax.jit(lambda x: fn(x))`` on it (torch_eager: fn on the tensor;
+                     plain_jax: the same math written in JAX).
+    call_torch_grad(fn, x) -> (run, to_cpu): likewise, one jitted
+                     ``jax.grad(lambda x: fn(x).sum())`` step; returns the gradient.
+    call_torch_vmap(fn, xs) -> (run, to_cpu): one call of ``jax.jit(jax.vmap(fn))`` over
+                     the leading dimension of xs (fn sees one example at a time).
     """
 
     name: str
@@ -100,6 +120,9 @@ class System:
     train_step: Callable[[Any, Any, Any], tuple[Callable[[], Any], Callable[[Any], tuple]]] | None = None
     torch_from_jax: Callable[[Callable, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     torch_from_jax_grad: Callable[[Callable, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    call_torch_jit: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    call_torch_grad: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    call_torch_vmap: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     # Reasons, by workload or capability name; a workload listed here is skipped
     # even when the capability it uses exists.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +29,10 @@ HF_GPT2 = dict(n_embd=768, n_head=12, n_layer=2, vocab_size=8192, n_positions=10
 HF_BERT = dict(hidden_size=512, num_attention_heads=8, num_hidden_layers=4, intermediate_size=2048,
                vocab_size=30522)
 HF_BATCH = 1
+# The call_torch (trace mode) workloads: f(x) = x*2+1 on (16, 16), and a 2-layer tanh MLP of
+# 256x256 weights on a (64, 256) batch (the vmap row maps it over the 64 examples).
+CALL_TORCH_SMALL = (16, 16)
+CALL_TORCH_WIDTH, CALL_TORCH_BATCH = 256, 64
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -121,6 +126,46 @@ def bert(seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
     with seeded(50):
         model = tf.BertModel(config, add_pooling_layer=False).eval()
     return HFOutput(model, "last_hidden_state").eval(), _ids(seq, HF_BERT["vocab_size"], 51)
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchFn:
+    """A torch function of the call_torch workloads: ``apply(weights, x)``, written in torch ops.
+
+    Calling it runs ``apply(self.weights, x)``: the weights (CPU torch tensors) are
+    closed over, not arguments, as in a user's function. A system that needs its
+    weights elsewhere (torchax: on its jax device) binds `apply` to its own copy;
+    plain_jax writes the same math in JAX, by `name`.
+    """
+
+    name: str  # "small" or "mlp"
+    apply: Callable[[dict, Any], Any]
+    weights: dict[str, torch.Tensor]
+
+    def __call__(self, x):
+        return self.apply(self.weights, x)
+
+
+def _times_two_plus_one(weights: dict, x):
+    return x * 2 + 1
+
+
+def _tanh_mlp(w: dict, x):
+    """Two layers, ``tanh(x @ w1 + b1) @ w2 + b2``: on a batch (n, 256) or one example (256,)."""
+    return torch.tanh(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+
+
+def call_torch_small() -> tuple[TorchFn, torch.Tensor]:
+    """f(x) = x*2+1 (no weights) and a (16, 16) float32 input."""
+    return TorchFn("small", _times_two_plus_one, {}), torch.randn(*CALL_TORCH_SMALL, generator=_gen(60))
+
+
+def call_torch_mlp() -> tuple[TorchFn, torch.Tensor]:
+    """The 256-256-256 tanh MLP (weights ~ N(0, 1/256), biases ~ N(0, 0.01)) and a (64, 256) batch."""
+    g, n = _gen(61), CALL_TORCH_WIDTH
+    weights = {"w1": torch.randn(n, n, generator=g) / n ** 0.5, "b1": torch.randn(n, generator=g) / 10,
+               "w2": torch.randn(n, n, generator=g) / n ** 0.5, "b2": torch.randn(n, generator=g) / 10}
+    return TorchFn("mlp", _tanh_mlp, weights), torch.randn(CALL_TORCH_BATCH, n, generator=_gen(62))
 
 
 @contextlib.contextmanager

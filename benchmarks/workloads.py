@@ -273,6 +273,50 @@ def torch_from_jax_grad(system: System, quick: bool) -> dict:
     return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 
+# --- torch called from JAX in trace mode: the torch code is traced into the JAX program -----
+
+
+def _torch_grad(fn: models.TorchFn, x: torch.Tensor) -> torch.Tensor:
+    """d fn(x).sum() / dx by torch autograd (the grad rows' reference)."""
+    x = x.detach().clone().requires_grad_(True)
+    fn(x).sum().backward()
+    return x.grad
+
+
+# capability, reference output (computed by torch eagerly), what is checked
+CALL_TORCH_KINDS = {
+    "jit": ("call_torch_jit", lambda fn, x: fn(x), "y"),
+    "jit_grad": ("call_torch_grad", _torch_grad, "grad"),
+    "vmap": ("call_torch_vmap", lambda fn, x: fn(x), "y (fn on the whole batch)"),
+}
+CALL_TORCH_FNS = {"small": models.call_torch_small, "mlp": models.call_torch_mlp}
+
+
+def _call_torch(system: System, quick: bool, kind: str, fn_name: str) -> dict:
+    """One jitted call (jit, jit(grad) or jit(vmap)) of a torch function traced into JAX.
+
+    The reference is the torch function run eagerly (its gradient by torch autograd;
+    for vmap, the function on the whole batch, which it treats as a batch). The MLP
+    rows allow the matmuls' summation-order differences (MODEL_RTOL, MODEL_ATOL).
+    """
+    attr, reference, what = CALL_TORCH_KINDS[kind]
+    fn, x = CALL_TORCH_FNS[fn_name]()
+    expected = reference(fn, x)
+    run, to_cpu = _need(system, attr, f"call_torch_{kind}_{fn_name}")(fn, x)
+    out = run()  # traces and compiles; untimed
+    tolerance = (MODEL_RTOL, MODEL_ATOL) if fn_name == "mlp" else ()
+    _check(to_cpu(out), expected, what, *tolerance)
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
+def call_torch_workloads() -> dict[str, Callable[[System, bool], dict]]:
+    """call_torch_{jit,jit_grad}_{small,mlp} and call_torch_vmap_mlp, in report order."""
+    pairs = [("jit", "small"), ("jit", "mlp"), ("jit_grad", "small"), ("jit_grad", "mlp"),
+             ("vmap", "mlp")]
+    return {f"call_torch_{kind}_{name}": (lambda system, q, k=kind, n=name: _call_torch(system, q, k, n))
+            for kind, name in pairs}
+
+
 # --- Hugging Face workloads (issue 7); configs with random weights, built offline -----------
 
 
@@ -313,4 +357,5 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     })
     table.update(hf_workloads())
     table.update({"torch_from_jax_call": torch_from_jax_call, "torch_from_jax_grad": torch_from_jax_grad})
+    table.update(call_torch_workloads())
     return table

@@ -1,5 +1,5 @@
 """bridge (this project): call_jax, to_jax, to_torch; compile and extract_jax on CPU modules;
-call_torch(..., mode="callback") for torch called from JAX."""
+call_torch for torch called from JAX (mode="callback", and the default trace mode)."""
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,28 @@ def _torch_from_jax_grad(f, x):
     return (lambda: step(xj)), (lambda out: out)
 
 
+def _call_torch_jit(fn, x):
+    """Trace mode (the default): fn's torch ops become JAX ops of the jitted program."""
+    import bridge
+
+    g, xj = jax.jit(lambda a: bridge.call_torch(fn, a)), _jax_array(x)
+    return (lambda: g(xj)), (lambda out: out)
+
+
+def _call_torch_grad(fn, x):
+    import bridge
+
+    step, xj = jax.jit(jax.grad(lambda a: bridge.call_torch(fn, a).sum())), _jax_array(x)
+    return (lambda: step(xj)), (lambda out: out)
+
+
+def _call_torch_vmap(fn, xs):
+    import bridge
+
+    g, xj = jax.jit(jax.vmap(lambda a: bridge.call_torch(fn, a))), _jax_array(xs)
+    return (lambda: g(xj)), (lambda out: out)
+
+
 def make() -> System:
     import bridge
 
@@ -66,6 +88,9 @@ def make() -> System:
         train_step=_train_step,
         torch_from_jax=_torch_from_jax,
         torch_from_jax_grad=_torch_from_jax_grad,
+        call_torch_jit=_call_torch_jit,
+        call_torch_grad=_call_torch_grad,
+        call_torch_vmap=_call_torch_vmap,
         notes=["bridge: bridge.call_jax(f, x) with the unjitted f; bridge.to_jax / bridge.to_torch; "
                "eager_add: x + y on tensors of the jax torch device.",
                "bridge: module workloads: bridge.compile(module)(x) on CPU module and tensors "
@@ -76,5 +101,9 @@ def make() -> System:
                "bridge: torch_from_jax_call: jax.jit(lambda x: bridge.call_torch(f, x, "
                "mode='callback')) on a JAX array (f runs in eager torch through an XLA FFI host "
                "call); torch_from_jax_grad: jax.jit(jax.grad(lambda x: bridge.call_torch(f, x, "
-               "mode='callback').sum())) (the backward runs torch autograd in a second host call)."],
+               "mode='callback').sum())) (the backward runs torch autograd in a second host call).",
+               "bridge: call_torch_* (trace mode, the default): jax.jit(lambda x: bridge.call_torch(fn, "
+               "x)), jax.jit(jax.grad(lambda x: bridge.call_torch(fn, x).sum())) and "
+               "jax.jit(jax.vmap(lambda x: bridge.call_torch(fn, x))) on JAX arrays; fn's torch ops "
+               "are traced into the program, its closed-over CPU weights become constants."],
     )

@@ -74,6 +74,33 @@ def _torch_from_jax_grad(f, x):
     return (lambda: step(xj)), (lambda out: out)
 
 
+def _call_torch_math(fn):
+    """The math of a `models.TorchFn`, hand-written in JAX; its weights closed over as JAX arrays."""
+    w = {k: _array(v) for k, v in fn.weights.items()}
+    if fn.name == "small":
+        return lambda x: x * 2 + 1
+    if fn.name == "mlp":
+        return lambda x: jnp.tanh(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+    raise ValueError(f"plain_jax has no JAX version of the call_torch function {fn.name!r}")
+
+
+def _call_torch_jit(fn, x):
+    """The reference of the call_torch rows: the same math, jitted JAX (no torch)."""
+    g, xj = jax.jit(_call_torch_math(fn)), _array(x)
+    return (lambda: g(xj)), (lambda out: out)
+
+
+def _call_torch_grad(fn, x):
+    math = _call_torch_math(fn)
+    step, xj = jax.jit(jax.grad(lambda a: math(a).sum())), _array(x)
+    return (lambda: step(xj)), (lambda out: out)
+
+
+def _call_torch_vmap(fn, xs):
+    g, xj = jax.jit(jax.vmap(_call_torch_math(fn))), _array(xs)
+    return (lambda: g(xj)), (lambda out: out)
+
+
 def make() -> System:
     return System(
         name="plain_jax",
@@ -85,13 +112,19 @@ def make() -> System:
         train_step=_train_step,
         torch_from_jax=_torch_from_jax,
         torch_from_jax_grad=_torch_from_jax_grad,
+        call_torch_jit=_call_torch_jit,
+        call_torch_grad=_call_torch_grad,
+        call_torch_vmap=_call_torch_vmap,
         notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound); "
                "eager_add: jnp.add, eager (not jitted).",
                "plain_jax: compiled_linear: jax.jit(lambda w, b, x: x @ w.T + b)(w, b, x) on JAX "
                "arrays; mlp_train_step: the same MLP written in JAX (same initial values, same "
                "loss and SGD update in one jax.jit).",
                "plain_jax: torch_from_jax_call / torch_from_jax_grad: jax.jit(f) and "
-               "jax.jit(jax.grad(lambda x: f(x).sum())) with f = x*2+1 as JAX ops (no torch)."],
+               "jax.jit(jax.grad(lambda x: f(x).sum())) with f = x*2+1 as JAX ops (no torch).",
+               "plain_jax: call_torch_* (the reference): the same functions written in JAX "
+               "(x*2+1; jnp.tanh(x @ w1 + b1) @ w2 + b2 with the weights closed over as JAX arrays) "
+               "under jax.jit, jax.jit(jax.grad(lambda x: f(x).sum())) and jax.jit(jax.vmap(f))."],
         unsupported={
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",

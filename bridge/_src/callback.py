@@ -35,6 +35,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from bridge._src import dtypes
 from bridge._src import ffi
 from bridge._src import scope
+from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src.errors import BridgeError, BridgeTypeError
 
@@ -344,6 +345,24 @@ def run_eagerly_or_stage(apply: Callable[..., tuple], dyn: Sequence[Any]) -> tup
   return outs
 
 
+def _call_now(program: _Program, dyn: list) -> list:
+  """A call on concrete arrays, outside any JAX transformation: no program to build, so the
+  host function runs directly on zero-copy tensors of the arrays (exceptions propagate as
+  they are); the results are copied into new arrays, as a program's outputs would be."""
+  inputs = [transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument") for a in dyn]
+  if program.random:
+    inputs.insert(0, None)  # (torch's generator draws as it would: nothing to replay)
+  results = program.flat_fn(inputs)
+  outs = []
+  with jax.enable_x64(True):  # torch's dtypes exactly, as in trace mode
+    for i, (r, spec) in enumerate(zip(results, program.outs)):
+      want = dtypes.JAX_TO_TORCH[np.dtype(spec.dtype)]
+      r = ffi.check_result(r, spec.shape, want, i, program.name).detach()
+      outs.append(transfer.tensor_to_jax(r if r.dtype == want else r.to(want), copy=True,
+                                         api=API, where=lambda: f"output {i}"))
+  return outs
+
+
 def _seed() -> Any:
   """A fresh uint32 seed drawn, when the program runs, from torch's default generator."""
   return ffi.emit(_SEED_KEY, (), [jax.ShapeDtypeStruct((), np.uint32)],
@@ -454,9 +473,12 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
     entry = table[cache_key] = _build(fn, spec, tuple(statics), avals, vmap_method,
                                       result_shape_dtypes, name, narrow, return_mutated)
   program, out_spec, out_statics, written = entry
-  if program.random:
-    dyn.insert(0, _seed())
-  outs = run_eagerly_or_stage(program.apply, dyn)
+  if not any(isinstance(d, jax.core.Tracer) for d in dyn):
+    outs = _call_now(program, dyn)  # nothing to stage: torch runs it right here
+  else:
+    if program.random:
+      dyn.insert(0, _seed())
+    outs = run_eagerly_or_stage(program.apply, dyn)
   it = iter(outs)
   result = tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
   if not return_mutated:

@@ -156,19 +156,26 @@ def _handler(frame_ptr: int) -> int:
       return 0
 
 
-def copy_result(out: torch.Tensor, result: Any, i: int, name: str) -> None:
-  """Copy one result into its output buffer, after checking it is what the program expects."""
+def check_result(result: Any, shape: Sequence[int], dtype: torch.dtype, i: int,
+                 name: str) -> torch.Tensor:
+  """`result`, if it is a tensor of the shape and dtype (or 32-bit counterpart) expected."""
   if not isinstance(result, torch.Tensor):
     raise BridgeError(f"{name}: output {i} is a {type(result).__name__}, not a tensor.")
-  if result.shape != out.shape or (result.dtype != out.dtype and
-                                    dtypes.NARROWED.get(result.dtype) != out.dtype):
+  if tuple(result.shape) != tuple(shape) or (result.dtype != dtype and
+                                               dtypes.NARROWED.get(result.dtype) != dtype):
     raise BridgeError(
         f"{name}: output {i} came out as {str(result.dtype).removeprefix('torch.')}"
         f"{list(result.shape)}, but the JAX program was built for "
-        f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}, the shape found before "
+        f"{str(dtype).removeprefix('torch.')}{list(shape)}, the shape found before "
         "running it (from fake tensors, or `result_shape_dtypes`). In callback mode an "
         "output's shape and dtype must follow from the inputs' shapes and dtypes alone; "
         "pass the true ones with `result_shape_dtypes=` if they are static.")
+  return result
+
+
+def copy_result(out: torch.Tensor, result: Any, i: int, name: str) -> None:
+  """Copy one result into its output buffer, after checking it is what the program expects."""
+  result = check_result(result, out.shape, out.dtype, i, name)
   if result.device.type != "cpu":
     result = result.cpu()
   out.copy_(result)
