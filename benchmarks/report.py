@@ -7,11 +7,12 @@ import os
 import platform
 from pathlib import Path
 
-from .common import CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, SIZES
+from .common import CALL_TORCH_WORKLOADS, CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, SIZES
 from .systems import ALL, BASELINE
 
 CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
 CALLBACK_TITLE = "torch called from JAX (callback mode)"
+CALL_TORCH_TITLE = "torch called from JAX (trace mode): call_torch under jax.jit, jit(grad), vmap"
 GROUPS = {
     "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS[:2],
     "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
@@ -28,10 +29,12 @@ GROUPS = {
     "Hugging Face GPT-2 training step: the same model, sequence 64, next-token cross-entropy, "
     "SGD": ("gpt2_train_step_s64",),
     CALLBACK_TITLE: CALLBACK_WORKLOADS,
+    CALL_TORCH_TITLE: CALL_TORCH_WORKLOADS,
 }
 # Groups whose tables give ratios against these systems (system / reference) instead of
 # against the baseline, with a paragraph saying what is timed.
-REFERENCES = {CALLBACK_TITLE: ("wrap_torch2jax", "torch_eager")}
+REFERENCES = {CALLBACK_TITLE: ("wrap_torch2jax", "torch_eager"),
+              CALL_TORCH_TITLE: ("plain_jax", "torch_eager")}
 INTROS = {CALLBACK_TITLE: [
     "A torch function, f(x) = x*2+1 on a (16, 16) float32 JAX array, called from JAX under "
     "`jax.jit` (`torch_from_jax_call`), and one `jax.jit(jax.grad(lambda x: f(x).sum()))` step "
@@ -40,6 +43,21 @@ INTROS = {CALLBACK_TITLE: [
     "`jax.pure_callback` around `torch.from_numpy` -> f -> `.numpy()` (not differentiable); "
     "torch_eager: f on a torch tensor, no JAX (the reference; its grad row is "
     "`f(x).sum().backward()`); plain_jax: the same math as jitted JAX ops (context).",
+    "",
+    "Ratios are this system's median / the reference's median (below 1: faster than the "
+    "reference).",
+], CALL_TORCH_TITLE: [
+    "Torch code traced into the JAX program (`bridge.call_torch`'s default mode): "
+    "`jax.jit(lambda x: call_torch(f, x))` (`call_torch_jit_*`), "
+    "`jax.jit(jax.grad(lambda x: call_torch(f, x).sum()))` (`call_torch_jit_grad_*`) and "
+    "`jax.jit(jax.vmap(lambda x: call_torch(f, x)))` over 64 examples (`call_torch_vmap_mlp`). "
+    "`small`: f(x) = x*2+1 on (16, 16) float32 (per-call overhead; the same function as the "
+    "callback rows); `mlp`: f(x) = tanh(x @ w1 + b1) @ w2 + b2 with 256x256 weights closed over "
+    "as CPU torch tensors, on a (64, 256) batch (the vmap row maps f over its 64 rows, one "
+    "(256,) example at a time). bridge: `bridge.call_torch(f, x)`; torchax: "
+    "`torchax.interop.call_torch(f, x)` with the weights on its jax device; plain_jax: the same "
+    "math written in JAX (the reference); torch_eager: f on torch tensors, no JAX "
+    "(`f(x).sum().backward()` for the grad rows, `torch.func.vmap(f)` for the vmap row).",
     "",
     "Ratios are this system's median / the reference's median (below 1: faster than the "
     "reference).",
@@ -276,7 +294,8 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
         written.append(_save(fig, out_dir / "call_overhead.png"))
 
     for group, name in ((MODULE_WORKLOADS, "modules.png"), (HF_WORKLOADS, "huggingface.png"),
-                        (CALLBACK_WORKLOADS, "callback.png")):
+                        (CALLBACK_WORKLOADS, "callback.png"),
+                        (CALL_TORCH_WORKLOADS, "call_torch.png")):
         present = [w for w in group if has(w)]
         if present:
             fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 4.5),

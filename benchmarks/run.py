@@ -1,7 +1,7 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
-    python -m benchmarks [--quick] [--only SYSTEM,...] [--workloads WORKLOAD,...|modules|hf|callback]
-                         [--merge]
+    python -m benchmarks [--quick] [--only SYSTEM,...]
+                         [--workloads WORKLOAD,...|modules|hf|callback|call_torch] [--merge]
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 
 from . import report, systems
-from .common import CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
+from .common import CALL_TORCH_WORKLOADS, CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
 # Names that --workloads expands to several workloads.
-WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS}
+WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS,
+                   "call_torch": CALL_TORCH_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", help=f"comma-separated systems (default: all of {','.join(systems.ALL)})")
     parser.add_argument("--workloads", help="comma-separated workload names, 'modules' for "
                         "the module workloads, 'hf' for the Hugging Face ones, 'callback' for "
-                        "torch called from JAX (default: all)")
+                        "torch called from JAX in callback mode, 'call_torch' for it in trace "
+                        "mode (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "

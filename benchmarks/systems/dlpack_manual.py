@@ -55,5 +55,8 @@ def make() -> System:
             **dict.fromkeys(("torch_from_jax", "torch_from_jax_grad"),
                             "not applicable: hand-written calls of JAX from torch; the "
                             "pure_callback system is the hand-written call of torch from JAX"),
+            **dict.fromkeys(("call_torch_jit", "call_torch_grad", "call_torch_vmap"),
+                            "not applicable: hand-written calls of JAX from torch; tracing torch "
+                            "code into JAX is not something DLPack can do by hand"),
         },
     )

@@ -50,6 +50,6 @@ def make() -> System:
             "runs jax.vjp (re-traced every call) even without grad; converters are its "
             "module-level t2j / j2t (t2j calls .contiguous()).",
         ],
-        unsupported=dict.fromkeys(("forward", "train_step", "torch_from_jax",
-                                   "torch_from_jax_grad"), MODULES),
+        unsupported=dict.fromkeys(("forward", "train_step", "torch_from_jax", "torch_from_jax_grad",
+                                   "call_torch_jit", "call_torch_grad", "call_torch_vmap"), MODULES),
     )

@@ -39,6 +39,9 @@ def make() -> System:
         unsupported={
             **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
                                            "forward", "train_step")},
+            **dict.fromkeys(("call_torch_jit", "call_torch_grad", "call_torch_vmap"),
+                            "not applicable: a host call of eager torch, not torch traced into "
+                            "the JAX program (its call row is torch_from_jax_call)"),
             "torch_from_jax_grad": "not differentiable: jax.pure_callback has no JVP or VJP rule "
                                    "(a custom_vjp with a second callback would have to be written)",
         },

@@ -21,7 +21,8 @@ def make() -> System:
                "CPU tensors; compiled on the first (untimed) call under torch.no_grad()."],
         unsupported={
             **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
-                                          "torch_from_jax", "torch_from_jax_grad")},
+                                          "torch_from_jax", "torch_from_jax_grad", "call_torch_jit",
+                                          "call_torch_grad", "call_torch_vmap")},
             **dict.fromkeys(("mlp_train_step", "gpt2_train_step_s64"), NOT_HERE),
             **dict.fromkeys(("transformer_first_call", "transformer_first_call_composite",
                              "gpt2_first_call_s64"),

@@ -7,6 +7,11 @@ from ..common import System, torch_fwd_bwd
 MODULES = ("not measured: its torch_module_to_jax runs the module through jax.pure_callback "
            "(torch on the host, outside the XLA program); issue 4 compares compilers of torch code")
 
+TRACE = ("not applicable: no trace mode for torch code in JAX. Under jax.jit its torch_to_jax(fn) "
+         "hands fn the JAX tracer unconverted (x*2+1 then runs as JAX ops, torch.tanh(x @ w) fails "
+         "with a TypeError), and torch_module_to_jax runs the module through jax.pure_callback "
+         "(a host call; see the callback rows)")
+
 
 def make() -> System:
     import torch_jax_interop as tji
@@ -40,5 +45,6 @@ def make() -> System:
             **dict.fromkeys(("torch_from_jax", "torch_from_jax_grad"),
                             "not measured: its torch_module_to_jax calls the module through "
                             "jax.pure_callback, which the pure_callback system measures by hand"),
+            **dict.fromkeys(("call_torch_jit", "call_torch_grad", "call_torch_vmap"), TRACE),
         },
     )

@@ -8,8 +8,10 @@ for the ops benchmarked here. The shim is reported in the notes.
 """
 
 import contextlib
+import functools
 
 import jax
+import jax.numpy as jnp
 import torch
 import torch._ops
 
@@ -117,6 +119,27 @@ def make() -> System:
         states, fn = torchax.extract_jax(module)
         return models.jax_train_step(lambda p, xs: fn(p, (xs,)), states, x, y)
 
+    def placed(fn):
+        """fn's torch code bound to its weights on torchax's jax device: torchax refuses math
+        between its tensors and CPU tensors, so closed-over CPU weights fail under call_torch."""
+        return functools.partial(fn.apply, {k: env.to_xla(v) for k, v in fn.weights.items()})
+
+    def call_torch_jit(fn, x):
+        f = placed(fn)
+        g, xj = jax.jit(lambda a: interop.call_torch(f, a)), jnp.asarray(x.numpy())
+        return (lambda: g(xj)), (lambda out: out)
+
+    def call_torch_grad(fn, x):
+        f = placed(fn)
+        step = jax.jit(jax.grad(lambda a: interop.call_torch(f, a).sum()))
+        xj = jnp.asarray(x.numpy())
+        return (lambda: step(xj)), (lambda out: out)
+
+    def call_torch_vmap(fn, xs):
+        f = placed(fn)
+        g, xj = jax.jit(jax.vmap(lambda a: interop.call_torch(f, a))), jnp.asarray(xs.numpy())
+        return (lambda: g(xj)), (lambda out: out)
+
     not_callback = ("not measured: torchax's interop.call_torch runs torch code as JAX ops "
                     "through torchax tensors (traced, not a host call of eager torch)")
     return System(
@@ -129,6 +152,9 @@ def make() -> System:
         fwd_bwd=fwd_bwd,
         to_jax=env.t2j_copy,
         to_torch=env.j2t_copy,
+        call_torch_jit=call_torch_jit,
+        call_torch_grad=call_torch_grad,
+        call_torch_vmap=call_torch_vmap,
         unsupported=dict.fromkeys(("torch_from_jax", "torch_from_jax_grad"), not_callback),
         notes=[
             f"torchax: import shim: {len(missing)} aten named-tensor (Dimname) overloads "
@@ -151,5 +177,12 @@ def make() -> System:
             "torchax: mlp_train_step: states, fn = torchax.extract_jax(mlp), then the same "
             "jitted value_and_grad + SGD step as bridge and plain_jax (gpt2_train_step_s64 "
             "likewise).",
+            "torchax: call_torch_*: jax.jit(lambda x: interop.call_torch(f, x)), "
+            "jax.jit(jax.grad(lambda x: interop.call_torch(f, x).sum())) and "
+            "jax.jit(jax.vmap(lambda x: interop.call_torch(f, x))) on JAX arrays, the same torch "
+            "code traced as JAX ops; f closes over the weights moved to torchax's jax device "
+            "(env.to_xla): with the CPU weights the other systems close over, torchax raises "
+            "'Expect a Tensor or a View but got torch.Tensor ... mixed math between XLATensor "
+            "and torch.Tensor'.",
         ],
     )

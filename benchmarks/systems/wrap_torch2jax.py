@@ -45,6 +45,12 @@ def make() -> System:
                "torch.func.vjp); torch_from_jax_call: jax.jit(fj); torch_from_jax_grad: "
                "jax.jit(jax.grad(lambda x: fj(x).sum())). Its C++ extension is built (or loaded "
                "from ~/.cache/torch2jax) before timing."],
-        unsupported={attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
-                                                 "forward", "train_step")},
+        unsupported={
+            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
+                                           "forward", "train_step")},
+            **dict.fromkeys(("call_torch_jit", "call_torch_grad", "call_torch_vmap"),
+                            "not applicable: it has no trace mode; it always runs the torch "
+                            "function in eager torch through an XLA FFI host call (measured in "
+                            "the callback rows, torch_from_jax_*)"),
+        },
     )

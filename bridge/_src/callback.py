@@ -270,7 +270,10 @@ class _Program:
       zero = jax.custom_derivatives.SymbolicZero
       given = [cts[i] if not isinstance(cts[i], zero) else
                jnp.zeros(self.outs[i].shape, self.outs[i].dtype) for i in self.diff_out]
-      grads = run_eagerly_or_stage(self.vjp(wrt), (*dyn, *given))
+      program = self.vjp(wrt)
+      args = (*dyn, *given)
+      grads = (_call_now(program, list(args)) if not any(
+          isinstance(a, jax.core.Tracer) for a in args) else program.apply(*args))
       for j, i in enumerate(wrt):
         out[i] = grads[j]
       return tuple(out)
@@ -278,7 +281,7 @@ class _Program:
     f.defvjp(fwd, bwd, symbolic_zeros=True)
     return f
 
-  def vjp(self, wrt: tuple[int, ...]) -> Callable[..., tuple]:
+  def vjp(self, wrt: tuple[int, ...]) -> "_Program":
     """The backward with respect to inputs `wrt`, as a program of (inputs..., output
     cotangents...) -> cotangents of the inputs `wrt`."""
     program = self._vjps.get(wrt)
@@ -320,7 +323,7 @@ class _Program:
           vjp_fn, ins, outs, name=f"the backward of {self.name}",
           vmap_method=_BACKWARD_VMAP.get(self.vmap_method, self.vmap_method), random=False,
           restore=None)
-    return program.apply
+    return program
 
 
 # A backward under `vmap` gets its unbatched inputs broadcast in full: cotangents of inputs
@@ -349,7 +352,13 @@ def _call_now(program: _Program, dyn: list) -> list:
   """A call on concrete arrays, outside any JAX transformation: no program to build, so the
   host function runs directly on zero-copy tensors of the arrays (exceptions propagate as
   they are); the results are copied into new arrays, as a program's outputs would be."""
-  inputs = [transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument") for a in dyn]
+  specs = program.ins[1:] if program.random else program.ins
+  inputs = []
+  with jax.enable_x64(True):
+    for a, spec in zip(dyn, specs):
+      if not isinstance(a, jax.Array):  # a Python scalar JAX passed along (a cotangent)
+        a = jnp.asarray(a, spec.dtype)
+      inputs.append(transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument"))
   if program.random:
     inputs.insert(0, None)  # (torch's generator draws as it would: nothing to replay)
   results = program.flat_fn(inputs)
