@@ -25,6 +25,9 @@ from bridge._src.registry import register_lowering as register_lowering
 from bridge._src.rng import rng_key as rng_key
 from bridge._src.scope import LeakedTracerError as LeakedTracerError
 from bridge._src.scope import TracedValueError as TracedValueError
+from bridge._src.sharding import ShardingError as ShardingError
+from bridge._src.sharding import constrain as constrain
+from bridge._src.sharding import shard as shard
 from bridge._src.tensor import Tensor as Tensor
 from bridge._src.transfer import to_jax as to_jax
 from bridge._src.transfer import to_torch as to_torch
@@ -45,6 +48,7 @@ __all__ = [
     "OperatorNotFound",
     "PluginError",
     "RegistrationError",
+    "ShardingError",
     "Tensor",
     "TracedValueError",
     "TransferError",
@@ -53,12 +57,14 @@ __all__ = [
     "call_torch",
     "compile",
     "config",
+    "constrain",
     "extract_jax",
     "fallback_ops",
     "get_config",
     "jax_view",
     "register_lowering",
     "rng_key",
+    "shard",
     "to_jax",
     "to_torch",
     "torch_view",

@@ -21,6 +21,7 @@ PUBLIC = [
     "OperatorNotFound",
     "PluginError",
     "RegistrationError",
+    "ShardingError",
     "Tensor",
     "TracedValueError",
     "TransferError",
@@ -29,12 +30,14 @@ PUBLIC = [
     "call_torch",
     "compile",
     "config",
+    "constrain",
     "extract_jax",
     "fallback_ops",
     "get_config",
     "jax_view",
     "register_lowering",
     "rng_key",
+    "shard",
     "to_jax",
     "to_torch",
     "torch_view",
@@ -59,7 +62,7 @@ def test_public_functions_have_type_hints_and_docstrings():
 def test_errors_form_one_hierarchy():
   for name in ("BridgeTypeError", "TransferError", "PluginError", "OperatorNotFound",
                "DeviceMismatchError", "RegistrationError", "TracedValueError",
-               "LeakedTracerError"):
+               "LeakedTracerError", "ShardingError"):
     assert issubclass(getattr(bridge, name), bridge.BridgeError)
   assert issubclass(bridge.BridgeTypeError, TypeError)
   assert issubclass(bridge.TransferError, ValueError)

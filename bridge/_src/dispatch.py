@@ -115,6 +115,21 @@ def _device_error(a: Any, b: Any) -> DeviceMismatchError:
       f"{b}! Move them together first, e.g. `t.to('{a}')`.")
 
 
+def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
+  """Tensors of one op placed on different sets of devices (different meshes)."""
+  from bridge._src.sharding import describe
+  placed = []
+  for i, a in enumerate(dyn):
+    sharding = getattr(a, "sharding", None)
+    if sharding is not None and np.ndim(a) > 0:
+      placed.append(f"  argument {i}: shape {tuple(np.shape(a))}, {describe(sharding)}, "
+                    f"devices {sorted(d.id for d in sharding.device_set)}")
+  return DeviceMismatchError(
+      f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
+      + "\n".join(placed) + "\nOne op runs on one mesh: place them together first "
+      "(`bridge.shard(t, sharding)` with a sharding over the same mesh).")
+
+
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
@@ -458,6 +473,8 @@ class _FunctionalPlan:
       raise scope.leaked_tracer_error(e) from e
     except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
       ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
+      if "incompatible devices" in str(e):
+        raise _placement_error(self.func, dyn) from e
       raise
     finally:
       _x64_state.set_local(prev)

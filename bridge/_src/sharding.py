@@ -1,0 +1,205 @@
+"""Sharded torch tensors: JAX's shardings applied to the arrays inside `bridge.Tensor`s.
+
+The bridge has no distribution of its own. `shard(x, sharding)` places torch
+tensors, JAX arrays, pytrees of them, or a module's parameters and buffers with
+a `jax.sharding.Sharding` (a `NamedSharding` over a `Mesh`, usually); the
+tensors stay `jax`-device tensors whose arrays are sharded, so eager ops,
+`bridge.compile` and `call_torch` under `jax.jit` run as GSPMD programs over the
+mesh. `constrain(t, sharding)` is `jax.lax.with_sharding_constraint` for torch
+code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Union
+
+import jax
+import torch
+
+from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
+from bridge._src import tree as tree_lib
+from bridge._src.errors import BridgeError, BridgeTypeError
+
+API = "bridge.shard"
+
+ShardingSpec = Union[jax.sharding.Sharding, Callable[[str, Any], Any]]
+
+
+class ShardingError(BridgeError, ValueError):
+  """A placement that cannot be made: a shape the mesh does not divide, a wrong sharding."""
+
+
+def describe(sharding: Any) -> str:
+  """A short description of a sharding, for messages: its mesh axes and partition spec."""
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    axes = ", ".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
+    return f"NamedSharding(mesh {{{axes}}}, spec {sharding.spec})"
+  devices = sorted(d.id for d in sharding.device_set)
+  return f"{type(sharding).__name__} over devices {devices}"
+
+
+def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> None:
+  """Refuse a named sharding whose mesh axes do not divide the dimensions they split."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return
+  spec = tuple(sharding.spec)
+  if len(spec) > len(shape):
+    raise ShardingError(
+        f"`{api}`: {what} has shape {tuple(shape)} ({len(shape)} dimensions), but the "
+        f"sharding {describe(sharding)} partitions {len(spec)} dimensions.")
+  for dim, axes in enumerate(spec):
+    if axes is None:
+      continue
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    unknown = [n for n in names if n not in sharding.mesh.shape]
+    if unknown:
+      raise ShardingError(
+          f"`{api}`: the sharding for {what} names mesh axis {unknown[0]!r}, but the mesh "
+          f"has axes {tuple(sharding.mesh.shape)}.")
+    parts = math.prod(sharding.mesh.shape[n] for n in names)
+    if shape[dim] % parts:
+      raise ShardingError(
+          f"`{api}`: {what} has shape {tuple(shape)}; its dimension {dim} ({shape[dim]}) "
+          f"cannot be split {parts} ways over mesh axis {'x'.join(names)} of "
+          f"{describe(sharding)}. Pad it to a multiple of {parts}, or shard another "
+          "dimension (or replicate it: `PartitionSpec()`).")
+
+
+def _sharding_for(spec: ShardingSpec, name: str, leaf: Any) -> Any:
+  sharding = spec(name, leaf) if callable(spec) and not isinstance(
+      spec, jax.sharding.Sharding) else spec
+  if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+    raise BridgeTypeError(
+        f"`{API}`: the sharding for {name} is a {type(sharding).__name__}; expected a "
+        "`jax.sharding.Sharding` (e.g. `NamedSharding(mesh, PartitionSpec(...))`) or None.")
+  return sharding
+
+
+def _place_array(a: Any, sharding: Any, what: str) -> jax.Array:
+  check_divides(tuple(a.shape), sharding, what)
+  return jax.device_put(a, sharding)
+
+
+def _place_tensor(t: torch.Tensor, sharding: Any, what: str) -> torch.Tensor:
+  if isinstance(t, tensor_lib.Tensor):
+    array = tensor_lib.value(t)
+  else:
+    with jax.enable_x64(True):  # exact dtypes: 64-bit stays 64-bit
+      array = transfer.tensor_to_jax(t.detach(), copy=True, api=API, where=lambda: what)
+  with jax.enable_x64(True):
+    placed = _place_array(array, sharding, what)
+  out = tensor_lib.make(placed, tensor_lib.jax_device(0), t.dtype)
+  if t.requires_grad:
+    out.requires_grad_(True)
+  return out
+
+
+def shard(x: Any, sharding: ShardingSpec, /) -> Any:
+  """Places `x` with a JAX sharding: a module's state, a tensor, an array, or a pytree of them.
+
+  `sharding` is one `jax.sharding.Sharding` for everything, or a function
+  `(name, tensor) -> Sharding | None` choosing one per tensor (its state-dict
+  name for a module, its pytree path otherwise; None leaves it where it is).
+
+  * A module: its parameters and buffers become `jax`-device tensors holding
+    sharded arrays, in place (as `module.to("jax")` does), so a torch optimizer
+    made afterwards, `bridge.compile(module)` and eager calls all run over the mesh.
+    Returns the module.
+  * A torch tensor becomes a `jax`-device tensor holding a sharded array (a copy:
+    the original is untouched); a JAX array is `jax.device_put`.
+
+  Every named sharding is checked first: a mesh axis that does not divide the
+  dimension it splits raises `ShardingError` naming the tensor and the mesh.
+
+  Example:
+    >>> import jax, numpy as np, torch, bridge
+    >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    >>> model = bridge.shard(torch.nn.Linear(4, 2), NamedSharding(mesh, P()))
+    >>> model.weight.device.type
+    'jax'
+  """
+  if isinstance(x, torch.nn.Module):
+    return _shard_module(x, sharding)
+  leaves, spec = tree_lib.flatten(x)
+  paths: list[str] = []
+
+  def name(i: int) -> str:
+    if not paths:
+      paths.extend(tree_lib.leaf_paths(x))
+    return paths[i] or "the tensor"
+
+  out = []
+  for i, leaf in enumerate(leaves):
+    if isinstance(leaf, (torch.Tensor, jax.Array)):
+      s = _sharding_for(sharding, name(i), leaf)
+      if s is not None:
+        leaf = (_place_tensor(leaf, s, name(i)) if isinstance(leaf, torch.Tensor)
+                else _place_array(leaf, s, name(i)))
+    out.append(leaf)
+  return tree_lib.unflatten(spec, out)
+
+
+def _shard_module(module: torch.nn.Module, sharding: ShardingSpec) -> torch.nn.Module:
+  from bridge._src.modules import module_state
+  names = {id(t): n for n, t in module_state(module).items()}
+  plan = {}
+  for ident, n in names.items():  # check every placement before changing anything
+    t = next(v for v in module_state(module).values() if id(v) == ident)
+    s = _sharding_for(sharding, n, t)
+    if s is not None:
+      check_divides(tuple(t.shape), s, f"{type(module).__name__}.{n}")
+      plan[ident] = s
+
+  def place(t: torch.Tensor) -> torch.Tensor:
+    s = plan.get(id(t))
+    if s is None:
+      return t
+    return _place_tensor(t, s, f"{type(module).__name__}.{names[id(t)]}").detach()
+  return module._apply(place)
+
+
+def constrain(t: torch.Tensor, sharding: jax.sharding.Sharding) -> torch.Tensor:
+  """`jax.lax.with_sharding_constraint` for torch code: `t` laid out with `sharding`.
+
+  Inside a traced program (`call_torch`, `bridge.compile`) it tells GSPMD how `t`
+  must be sharded at this point; on eager `jax` tensors it moves the data there.
+  Differentiable (the gradient is constrained the same way).
+  """
+  if not isinstance(t, tensor_lib.Tensor):
+    raise BridgeTypeError(
+        f"`bridge.constrain`: expected a tensor on the `jax` device, got one on {t.device} "
+        "(shardings apply to JAX arrays: move it with `bridge.shard` or `.to('jax')`).")
+  return _Constrain.apply(t, sharding)
+
+
+def _constrained(t: torch.Tensor, sharding: Any) -> torch.Tensor:
+  a = tensor_lib.value(t)
+  check_divides(tuple(a.shape), sharding, "the tensor", api="bridge.constrain")
+  if isinstance(a, jax.core.Tracer):
+    out = jax.lax.with_sharding_constraint(a, sharding)
+  else:
+    out = jax.device_put(a, sharding)
+  return tensor_lib.make(out, t.device, t.dtype)
+
+
+class _Constrain(torch.autograd.Function):
+  @staticmethod
+  def forward(ctx: Any, t: torch.Tensor, sharding: Any) -> torch.Tensor:
+    ctx.sharding = sharding
+    return _constrained(t, sharding)
+
+  @staticmethod
+  def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    if isinstance(grad, tensor_lib.Tensor):
+      grad = _constrained(grad, ctx.sharding)
+    return grad, None
+
+
+def sharding_of(t: Any) -> Any:
+  """The sharding of a `jax`-device tensor's array (None for a traced value)."""
+  a = tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor) else t
+  return None if isinstance(a, jax.core.Tracer) else getattr(a, "sharding", None)
+
