@@ -19,6 +19,7 @@ from bridge._src.compile import compile as compile  # noqa: A004
 from bridge._src.fallback import FallbackWarning as FallbackWarning
 from bridge._src.fallback import fallback_ops as fallback_ops
 from bridge._src.interop import call_jax as call_jax
+from bridge._src.loader import DeviceLoader as DeviceLoader
 from bridge._src.modules import extract_jax as extract_jax
 from bridge._src.registry import RegistrationError as RegistrationError
 from bridge._src.registry import register_lowering as register_lowering
@@ -42,6 +43,7 @@ __all__ = [
     "BridgeError",
     "BridgeTypeError",
     "Compiled",
+    "DeviceLoader",
     "DeviceMismatchError",
     "FallbackWarning",
     "LeakedTracerError",

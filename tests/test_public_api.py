@@ -15,6 +15,7 @@ PUBLIC = [
     "BridgeError",
     "BridgeTypeError",
     "Compiled",
+    "DeviceLoader",
     "DeviceMismatchError",
     "FallbackWarning",
     "LeakedTracerError",

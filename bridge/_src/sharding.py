@@ -129,7 +129,7 @@ def shard(x: Any, sharding: ShardingSpec, /) -> Any:
   def name(i: int) -> str:
     if not paths:
       paths.extend(tree_lib.leaf_paths(x))
-    return paths[i] or "the tensor"
+    return f"leaf {paths[i]}" if paths[i] else "the tensor"
 
   out = []
   for i, leaf in enumerate(leaves):
