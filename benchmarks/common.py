@@ -64,6 +64,9 @@ FULL = Settings(warmup=20, min_reps=10, max_reps=50000, budget_s=2.0)
 # Transfers of big buffers may copy hundreds of MiB per call: the time budget, not
 # the repetition cap, then bounds the run (at least min_reps calls are timed).
 FULL_BIG = Settings(warmup=3, min_reps=5, max_reps=5000, budget_s=3.0)
+# The call_torch rows (5 workloads x 4 systems, each call <= ~1 ms): half the budget keeps
+# them to ~20 s of a full run, still >= 1,000 timed calls per row.
+FULL_SHORT = Settings(warmup=20, min_reps=10, max_reps=50000, budget_s=1.0)
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from . import models
 from .common import (
     FULL,
     FULL_BIG,
+    FULL_SHORT,
     MiB,
     QUICK,
     QUICK_MAX_BYTES,
@@ -306,7 +307,7 @@ def _call_torch(system: System, quick: bool, kind: str, fn_name: str) -> dict:
     out = run()  # traces and compiles; untimed
     tolerance = (MODEL_RTOL, MODEL_ATOL) if fn_name == "mlp" else ()
     _check(to_cpu(out), expected, what, *tolerance)
-    return time_calls(blocking(run, out), QUICK if quick else FULL)
+    return time_calls(blocking(run, out), QUICK if quick else FULL_SHORT)
 
 
 def call_torch_workloads() -> dict[str, Callable[[System, bool], dict]]:
