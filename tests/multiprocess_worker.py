@@ -45,6 +45,38 @@ def data() -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
+def probe_bridge_shard(bridge, model, params, sharding) -> dict[str, str]:
+  """Whether `bridge.shard` places each kind of value with a sharding spanning processes.
+
+  "ok", or the error (type and first line). Every process runs the same probes in the
+  same order, so any collective one of them makes is matched in the other process.
+  """
+  import copy
+
+  import torch
+
+  def attempt(what, x):
+    try:
+      placed = bridge.shard(x, sharding)
+    except Exception as e:  # noqa: BLE001 - recorded for the test to report
+      return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    arrays = ([bridge.to_jax(t) for t in placed.state_dict().values()]
+              if isinstance(placed, torch.nn.Module)
+              else [placed] if not isinstance(placed, dict)
+              else list(placed.values()))
+    for a in arrays:
+      a = a if not isinstance(a, torch.Tensor) else bridge.to_jax(a)
+      if a.sharding != sharding:
+        return f"{what}: placed with {a.sharding}, not {sharding}"
+    return "ok"
+
+  return {
+      "params": attempt("params", dict(params)),  # JAX arrays, from extract_jax
+      "tensor": attempt("tensor", torch.ones(4, 3)),  # a CPU torch tensor
+      "module": attempt("module", copy.deepcopy(model)),  # a module's state, in place
+  }
+
+
 def main(argv: list[str]) -> None:
   args = parse_args(argv)
   import jax
@@ -79,8 +111,20 @@ def main(argv: list[str]) -> None:
   replicated = NamedSharding(mesh, P())
   by_rows = NamedSharding(mesh, P("data"))
 
+  probes = probe_bridge_shard(bridge, model, params, replicated) if args.num_processes > 1 else {}
+
   # Parameters: the same values in every process, replicated over the global mesh.
-  params = bridge.shard(params, replicated)
+  if probes.get("params", "ok") == "ok":
+    params = bridge.shard(params, replicated)
+    placement = "bridge.shard"
+  else:
+    # `params` are committed to this process's device, and JAX reads `device_put` of a
+    # committed array to a sharding spanning other processes as a cross-host transfer,
+    # which the CPU client does not support. A host (numpy) value is taken as the same
+    # global value in every process instead (JAX checks that it is) and each process
+    # places its own shards.
+    params = {k: jax.device_put(np.asarray(v), replicated) for k, v in params.items()}
+    placement = "numpy"
 
   # The batch: each process contributes only its own rows.
   x, y = data()
@@ -108,6 +152,9 @@ def main(argv: list[str]) -> None:
 
   out = {f"param/{k}": host(v) for k, v in params.items()}
   out["losses"] = np.array([host(v) for v in losses])
+  out["placement"] = np.array(placement)
+  for what, result in probes.items():
+    out[f"probe/{what}"] = np.array(result)
   out["process_count"] = np.array(jax.process_count())
   out["global_devices"] = np.array(len(jax.devices()))
   out["local_devices"] = np.array(len(jax.local_devices()))

@@ -224,10 +224,28 @@ def value(t: Tensor) -> Any:
   return v
 
 
+try:
+  from jax._src.array import ArrayImpl as _ArrayImpl  # concrete arrays (not tracers)
+except ImportError:  # pragma: no cover - a JAX that moved it: keep every placement check
+  _ArrayImpl = jax.Array
+
+
+def _keep_placement(old: Any, new: Any) -> Any:
+  """`new` placed as `old` was, when `old` was spread over several devices (a sharded
+  parameter receiving a value from the CPU or from another mesh keeps its layout)."""
+  placement = old.sharding
+  if len(placement.device_set) == 1 or new.sharding.is_equivalent_to(placement, new.ndim):
+    return new
+  return jax.device_put(new, placement)
+
+
 def write(t: Tensor, new: Any) -> None:
   """Store `new` (t's shape and dtype) as t's value; every view of the storage sees it."""
   storage = t._storage
   if t._whole:
+    old = storage.array
+    if type(new) is _ArrayImpl and type(old) is _ArrayImpl and new.sharding is not old.sharding:
+      new = _keep_placement(old, new)
     storage.array = new
   else:
     size, stride = tuple(t.shape), tuple(t.stride())
