@@ -1,20 +1,34 @@
-"""One process of the data-parallel training run of tests/test_multiprocess.py (not a test).
+"""One process of the data-parallel training runs of tests/test_multiprocess.py (not a test).
 
-Run as `python tests/multiprocess_worker.py --process-id I --num-processes N --port P --out DIR`.
-With N > 1 it joins JAX's multi-controller runtime (`jax.distributed.initialize` on
-127.0.0.1:P, CPU collectives over gloo), builds a mesh over every process's CPU devices,
-and trains a small torch MLP through `bridge.extract_jax` on its own slice of the batch;
-with N == 1 it runs the same training on the whole batch alone (the reference). Either
-way it writes DIR/process_I.npz: the final parameters (by state-dict name), the loss
-per step, and what JAX saw (process count, global and local device counts).
+  python tests/multiprocess_worker.py --process-id I --num-processes N --port P --out DIR
 
-The bridge invents no distribution: the mesh, the sharded batch and the gradient
-all-reduce are JAX's; the bridge only turns the torch forward into a JAX function.
+With N > 1 it joins JAX's multi-controller runtime (`jax.distributed.initialize` with the
+coordinator on 127.0.0.1:P; JAX's CPU client then runs cross-process collectives over
+gloo, on loopback TCP), builds a mesh over every process's CPU devices, and trains a small
+torch MLP through `bridge.extract_jax` data-parallel: each process feeds only its own rows
+of the batch, the parameters are replicated, and the gradient of the mean loss over the
+global batch is reduced across processes by the jitted step. With N == 1 it runs the same
+training alone on the whole batch: the reference. It writes DIR/process_I.npz: the final
+parameters (by state-dict name), the same parameters loaded back into the torch module,
+the loss per step, and what JAX saw (process count, global and local device counts).
+
+The bridge invents no distribution: the mesh, the sharded batch and the all-reduce are
+JAX's; the bridge turns the torch forward into a JAX function and places the parameters.
+
+`--state-from-host` builds the module's state as JAX arrays made from host (NumPy) data
+and installs it with `load_state_dict(bridge.torch_view(...), assign=True)` before calling
+`extract_jax`, so that no torch->JAX transfer happens and the extracted parameters are
+uncommitted arrays. That avoids two problems the direct path has in a process of a
+multi-process run (see tests/test_multiprocess.py): the bridge's CPU transfers target
+`jax.devices("cpu")[0]`, which only process 0 can address, and `bridge.shard` hands JAX
+committed single-device arrays, whose `device_put` to a sharding spanning processes JAX
+reads as a cross-host transfer, which its CPU client does not support.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
@@ -33,7 +47,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--port", type=int, default=0)
   p.add_argument("--out", required=True)
   p.add_argument("--local-devices", type=int, default=1,
-                 help="CPU devices per process (jax_num_cpu_devices)")
+                 help="CPU devices of this process (jax_num_cpu_devices)")
+  p.add_argument("--state-from-host", action="store_true",
+                 help="install the module state from host data before extract_jax")
   return p.parse_args(argv)
 
 
@@ -45,57 +61,57 @@ def data() -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
-def probe_bridge_shard(bridge, model, params, sharding) -> dict[str, str]:
-  """Whether `bridge.shard` places each kind of value with a sharding spanning processes.
+def local_rows(sharding, shape: tuple[int, ...]) -> slice:
+  """The rows of a row-sharded global array that this process's devices hold (contiguous)."""
+  slices = sorted({(idx[0].start or 0, idx[0].stop or shape[0])
+                   for idx in sharding.addressable_devices_indices_map(shape).values()})
+  for (_, stop), (start, _) in zip(slices, slices[1:]):
+    assert stop == start, f"this process's rows are not contiguous: {slices}"
+  return slice(slices[0][0], slices[-1][1])
 
-  "ok", or the error (type and first line). Every process runs the same probes in the
-  same order, so any collective one of them makes is matched in the other process.
+
+def gloo_on_loopback() -> str:
+  """Make gloo listen on 127.0.0.1, not on the address the host name resolves to.
+
+  JAX's CPU client creates its gloo collectives with no host name, so gloo binds to
+  whatever `hostname` resolves to, which can be a public interface. JAX offers no setting
+  for it, only `make_cpu_client(collectives=...)` (private API): if that is gone, keep
+  JAX's default (the run still works, on that address). Returns the address used.
   """
-  import copy
+  try:
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
 
-  import torch
-
-  def attempt(what, x):
-    try:
-      placed = bridge.shard(x, sharding)
-    except Exception as e:  # noqa: BLE001 - recorded for the test to report
-      return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    arrays = ([bridge.to_jax(t) for t in placed.state_dict().values()]
-              if isinstance(placed, torch.nn.Module)
-              else [placed] if not isinstance(placed, dict)
-              else list(placed.values()))
-    for a in arrays:
-      a = a if not isinstance(a, torch.Tensor) else bridge.to_jax(a)
-      if a.sharding != sharding:
-        return f"{what}: placed with {a.sharding}, not {sharding}"
-    return "ok"
-
-  return {
-      "params": attempt("params", dict(params)),  # JAX arrays, from extract_jax
-      "tensor": attempt("tensor", torch.ones(4, 3)),  # a CPU torch tensor
-      "module": attempt("module", copy.deepcopy(model)),  # a module's state, in place
-  }
+    def cpu_client():
+      return xla_bridge.make_cpu_client(collectives=_jax.make_gloo_tcp_collectives(
+          distributed_client=distributed.global_state.client, hostname="127.0.0.1"))
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+    return "127.0.0.1"
+  except (ImportError, AttributeError, TypeError) as e:
+    print(f"gloo: keeping JAX's default address ({type(e).__name__}: {e})", file=sys.stderr)
+    return "default"
 
 
 def main(argv: list[str]) -> None:
   args = parse_args(argv)
   import jax
 
-  # Before any JAX backend exists: the number of CPU devices of this process, and
-  # (for several processes) the coordination service that lets the CPU client see the
-  # other processes' devices and run collectives with them over gloo (TCP, loopback).
-  jax.config.update("jax_num_cpu_devices", args.local_devices)
+  # Before any JAX backend exists: this process's CPU devices and, for several processes,
+  # the coordination service through which the CPU client learns the other processes'
+  # devices and sets up collectives with them (gloo, JAX's default on CPU).
   jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", args.local_devices)
+  gloo_host = "default"
   if args.num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{args.port}",
+        coordinator_bind_address=f"127.0.0.1:{args.port}",  # loopback only
         num_processes=args.num_processes,
         process_id=args.process_id,
         initialization_timeout=60)
+    gloo_host = gloo_on_loopback()
 
-  # Imported after `jax.distributed.initialize`, although importing it first works too
-  # (importing the bridge creates no JAX backend).
   import jax.numpy as jnp
   import torch
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -105,39 +121,31 @@ def main(argv: list[str]) -> None:
   torch.manual_seed(0)
   model = torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, 16), torch.nn.Tanh(),
                               torch.nn.Linear(16, 1))
+  trained = copy.deepcopy(model)  # a CPU module to load the trained values back into
+  init = {f"init/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
+  if args.state_from_host:
+    state = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
+    model.load_state_dict(bridge.torch_view(state), assign=True)
   params, fn = bridge.extract_jax(model)
 
   mesh = Mesh(np.array(jax.devices()), ("data",))  # every process's devices
   replicated = NamedSharding(mesh, P())
   by_rows = NamedSharding(mesh, P("data"))
 
-  probes = probe_bridge_shard(bridge, model, params, replicated) if args.num_processes > 1 else {}
+  # The parameters: the same values in every process, replicated over the global mesh.
+  params = bridge.shard(params, replicated)
 
-  # Parameters: the same values in every process, replicated over the global mesh.
-  if probes.get("params", "ok") == "ok":
-    params = bridge.shard(params, replicated)
-    placement = "bridge.shard"
-  else:
-    # `params` are committed to this process's device, and JAX reads `device_put` of a
-    # committed array to a sharding spanning other processes as a cross-host transfer,
-    # which the CPU client does not support. A host (numpy) value is taken as the same
-    # global value in every process instead (JAX checks that it is) and each process
-    # places its own shards.
-    params = {k: jax.device_put(np.asarray(v), replicated) for k, v in params.items()}
-    placement = "numpy"
-
-  # The batch: each process contributes only its own rows.
+  # The batch: each process contributes only the rows its devices hold.
   x, y = data()
-  rows = GLOBAL_BATCH // jax.process_count()
-  mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+  mine = local_rows(by_rows, x.shape)
   gx = jax.make_array_from_process_local_data(by_rows, x[mine], x.shape)
   gy = jax.make_array_from_process_local_data(by_rows, y[mine], y.shape)
 
   def loss_fn(p, x, y):
-    return jnp.mean((fn(p, x) - y) ** 2)
+    return jnp.mean((fn(p, x) - y) ** 2)  # the mean over the global batch
 
   def step(p, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(p, x, y)  # mean over the global batch
+    loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
     return jax.tree.map(lambda w, g: w - LR * g, p, grads), loss
 
   step = jax.jit(step, out_shardings=(replicated, replicated))
@@ -148,22 +156,24 @@ def main(argv: list[str]) -> None:
 
   def host(a: jax.Array) -> np.ndarray:
     assert a.sharding.is_fully_replicated, a.sharding
-    return np.asarray(a.addressable_data(0))  # a replicated array: any local shard is all of it
+    return np.asarray(a.addressable_data(0))  # replicated: any local shard is all of it
 
+  trained.load_state_dict(bridge.torch_view(params))
   out = {f"param/{k}": host(v) for k, v in params.items()}
+  out.update({f"torch/{k}": v.detach().numpy() for k, v in trained.state_dict().items()})
+  out.update(init)
   out["losses"] = np.array([host(v) for v in losses])
-  out["placement"] = np.array(placement)
-  for what, result in probes.items():
-    out[f"probe/{what}"] = np.array(result)
   out["process_count"] = np.array(jax.process_count())
   out["global_devices"] = np.array(len(jax.devices()))
   out["local_devices"] = np.array(len(jax.local_devices()))
+  out["gloo_host"] = np.array(gloo_host)
+  out["local_rows"] = np.array([mine.start, mine.stop])
   os.makedirs(args.out, exist_ok=True)
   tmp = os.path.join(args.out, f"process_{args.process_id}.tmp.npz")
   np.savez(tmp, **out)
   os.replace(tmp, os.path.join(args.out, f"process_{args.process_id}.npz"))
   if args.num_processes > 1:
-    jax.distributed.shutdown()  # a barrier: neither process leaves while the other still needs it
+    jax.distributed.shutdown()  # waits for the other processes: none leaves one stranded
   print(f"process {args.process_id}: done, losses {out['losses'].tolist()}", file=sys.stderr)
 
 

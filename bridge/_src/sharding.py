@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable, Union
 
 import jax
+import numpy as np
 import torch
 
 from bridge._src import tensor as tensor_lib
@@ -79,6 +80,10 @@ def _sharding_for(spec: ShardingSpec, name: str, leaf: Any) -> Any:
 
 def _place_array(a: Any, sharding: Any, what: str) -> jax.Array:
   check_divides(tuple(a.shape), sharding, what)
+  if not sharding.is_fully_addressable and getattr(a, "is_fully_addressable", False):
+    # A mesh over several processes: each process holds the same host value and places its
+    # own shards (JAX does not move a committed local array across hosts).
+    a = np.asarray(a)
   return jax.device_put(a, sharding)
 
 

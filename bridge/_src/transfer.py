@@ -48,7 +48,8 @@ Where = Callable[[], str]
 
 @functools.cache
 def _cpu_device() -> jax.Device:
-  return jax.devices("cpu")[0]
+  # (this process's own: with several processes, `jax.devices()` lists theirs too)
+  return jax.local_devices(backend="cpu")[0]
 
 
 def _describe(t: torch.Tensor) -> str:
