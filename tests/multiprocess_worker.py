@@ -14,15 +14,6 @@ the loss per step, and what JAX saw (process count, global and local device coun
 
 The bridge invents no distribution: the mesh, the sharded batch and the all-reduce are
 JAX's; the bridge turns the torch forward into a JAX function and places the parameters.
-
-`--state-from-host` builds the module's state as JAX arrays made from host (NumPy) data
-and installs it with `load_state_dict(bridge.torch_view(...), assign=True)` before calling
-`extract_jax`, so that no torch->JAX transfer happens and the extracted parameters are
-uncommitted arrays. That avoids two problems the direct path has in a process of a
-multi-process run (see tests/test_multiprocess.py): the bridge's CPU transfers target
-`jax.devices("cpu")[0]`, which only process 0 can address, and `bridge.shard` hands JAX
-committed single-device arrays, whose `device_put` to a sharding spanning processes JAX
-reads as a cross-host transfer, which its CPU client does not support.
 """
 
 from __future__ import annotations
@@ -48,8 +39,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--out", required=True)
   p.add_argument("--local-devices", type=int, default=1,
                  help="CPU devices of this process (jax_num_cpu_devices)")
-  p.add_argument("--state-from-host", action="store_true",
-                 help="install the module state from host data before extract_jax")
   return p.parse_args(argv)
 
 
@@ -123,9 +112,6 @@ def main(argv: list[str]) -> None:
                               torch.nn.Linear(16, 1))
   trained = copy.deepcopy(model)  # a CPU module to load the trained values back into
   init = {f"init/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
-  if args.state_from_host:
-    state = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
-    model.load_state_dict(bridge.torch_view(state), assign=True)
   params, fn = bridge.extract_jax(model)
 
   mesh = Mesh(np.array(jax.devices()), ("data",))  # every process's devices
