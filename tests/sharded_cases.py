@@ -455,19 +455,11 @@ def test_tensors_on_two_meshes_in_one_op_list_both_placements():
 # --- known gaps --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bridge_ops' *_like lowerings (zeros_like, ones_like, empty_like, full_like, rand_like) "
-    "build a fresh jnp array from the shape only, so the result is an uncommitted array on "
-    "device 0, not laid out like its argument"))
 def test_like_factories_keep_the_argument_sharding():
   t = bridge.shard(torch.randn(8, 4), BATCH)
   _assert_placed(torch.zeros_like(t), BATCH, "zeros_like")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the gradient seed of `loss.backward()` is torch.ones_like(loss), an array on device 0 "
-    "only: a gradient computed from it alone (a last-layer bias under .sum()) and the AdamW "
-    "state made by zeros_like(param) live on one device, not on the mesh"))
 def test_every_gradient_and_optimizer_state_of_a_replicated_model_is_on_the_mesh():
   lin = bridge.shard(torch.nn.Linear(4, 2), REPLICATED)
   lin(bridge.shard(torch.randn(8, 4), BATCH)).sum().backward()
@@ -479,11 +471,6 @@ def test_every_gradient_and_optimizer_state_of_a_replicated_model_is_on_the_mesh
       _assert_placed(opt.state[p][key], REPLICATED, f"{name} {key}")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bridge.compile passes the module state and the arguments to jax.jit as they are: "
-    "arrays on two device sets give JAX's 'Received incompatible devices for jitted "
-    "computation' ValueError about `flat[0] of _Program.apply`, not a DeviceMismatchError "
-    "naming the parameter and the argument, as an eager op gives"))
 def test_bridge_compile_with_tensors_on_two_meshes_raises_device_mismatch_error():
   model = bridge.shard(_megatron_mlp(), _named(MESH, MEGATRON))
   half = NamedSharding(Mesh(np.array(DEVICES[:4]), ("x",)), P("x"))

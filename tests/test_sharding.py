@@ -142,10 +142,6 @@ def test_an_unknown_mesh_axis_is_refused():
     bridge.shard(torch.nn.Linear(4, 2), lambda name, t: NamedSharding(mesh, P("model")))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "JAX's NamedSharding(mesh, P('model')) raises its own ValueError when built, inside the "
-    "rule function, so the error does not name the tensor; bridge.shard's own check for an "
-    "unknown axis (sharding.check_divides) can never run"))
 def test_an_unknown_mesh_axis_in_a_rule_names_the_tensor():
   mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
   with pytest.raises(ValueError) as info:
@@ -191,19 +187,11 @@ class _Tied(torch.nn.Module):
     return self.head(self.emb(tokens))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Module._apply makes a new Parameter per module for a `jax` tensor (not a compatible "
-    "shallow-copy type), so a weight shared by two modules becomes two parameters; "
-    "model.to('jax') unties them the same way"))
 def test_shard_keeps_tied_weights_tied(mesh):
   model = bridge.shard(_Tied(), NamedSharding(mesh, P()))
   assert model.head.weight is model.emb.weight
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bridge.shard's placement function returns a parameter's .grad unchanged (its plan has "
-    "only parameters and buffers), and Module._apply then asserts 'out_param.grad must not "
-    "be None' after already moving the first parameter"))
 def test_shard_a_module_whose_parameters_have_gradients(mesh):
   model = torch.nn.Linear(4, 2)
   model(torch.randn(3, 4)).sum().backward()

@@ -267,12 +267,17 @@ class Compiled:
           device = d
         elif d is not device and d != device:
           raise _device_error(self.name, device, d)
-      if torch.is_grad_enabled() and (any([t.requires_grad for t in state])
-                                      or any([t.requires_grad for t in dyn])):
-        outs, updates, new_key = self._call_with_grad(program, arrays, state + list(dyn),
-                                                      len(state), device)
-      else:
-        outs, updates, new_key = program.forward(*arrays)
+      try:
+        if torch.is_grad_enabled() and (any([t.requires_grad for t in state])
+                                        or any([t.requires_grad for t in dyn])):
+          outs, updates, new_key = self._call_with_grad(program, arrays, state + list(dyn),
+                                                        len(state), device)
+        else:
+          outs, updates, new_key = program.forward(*arrays)
+      except ValueError as e:
+        if "incompatible devices" not in str(e):
+          raise
+        raise self._placement_error(arrays, len(state)) from e
         if type(device) is torch.device and device.type == "jax":
           outs = [tensor_lib.make_result(o, device) for o in outs]
         else:
@@ -289,6 +294,28 @@ class Compiled:
     it = iter(outs)
     leaves = [next(it) if s is _DYN else s for s in info.out_statics]
     return tree_lib.unflatten(info.out_spec, leaves)
+
+  def _placement_error(self, arrays: list, n: int) -> Exception:
+    """The module's state and the arguments are on different sets of devices (meshes)."""
+    from bridge._src.dispatch import DeviceMismatchError
+    from bridge._src.sharding import describe
+    names = [f"parameter/buffer {name}" for name in self._names] + ["the random key"] + [
+        f"argument {i}" for i in range(len(arrays) - n - 1)]
+    lines, seen = [], set()
+    for name, a in zip(names, arrays):
+      sharding = getattr(a, "sharding", None)
+      if sharding is None or not hasattr(sharding, "device_set"):
+        continue
+      devices = tuple(sorted(d.id for d in sharding.device_set))
+      if devices not in seen:  # one line per distinct set of devices
+        seen.add(devices)
+        lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices "
+                     f"{list(devices)}")
+    return DeviceMismatchError(
+        f"`{API}({self.name})`: the module's state and the arguments are placed on different "
+        "sets of devices:\n" + "\n".join(lines) + "\nOne compiled program runs on one mesh: "
+        "place them together first (`bridge.shard(module, sharding)` and "
+        "`bridge.shard(x, sharding)` with shardings over the same mesh).")
 
   def _call_with_grad(self, program: _Program, arrays: list, tensors: list, n: int,
                       device: torch.device | None) -> tuple:

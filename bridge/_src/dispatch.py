@@ -115,6 +115,30 @@ def _device_error(a: Any, b: Any) -> DeviceMismatchError:
       f"{b}! Move them together first, e.g. `t.to('{a}')`.")
 
 
+_LIKE_OPS = frozenset(
+    getattr(getattr(aten, name), overload)
+    for name, overloads in (
+        ("zeros_like", ("default",)), ("ones_like", ("default",)), ("empty_like", ("default",)),
+        ("full_like", ("default",)), ("rand_like", ("default",)), ("randn_like", ("default",)),
+        ("randint_like", ("default", "low_dtype")), ("new_zeros", ("default",)),
+        ("new_ones", ("default",)), ("new_empty", ("default",)), ("new_full", ("default",)),
+        ("new_empty_strided", ("default",)))
+    for overload in overloads if hasattr(getattr(aten, name, None), overload))
+
+
+def _placed_like(out: Any, like: Any) -> Any:
+  """A `_like`/`new_` op's result, put where its argument is when that spans several devices:
+  the same layout for the same shape, else replicated over the argument's mesh."""
+  sharding = like.sharding
+  if len(sharding.device_set) == 1:
+    return out
+  if tuple(out.shape) != tuple(like.shape):
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+      return out
+    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  return jax.device_put(out, sharding)
+
+
 def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
   """Tensors of one op placed on different sets of devices (different meshes)."""
   from bridge._src.sharding import describe
@@ -370,6 +394,7 @@ class _FunctionalPlan:
     self.lock = threading.Lock()
     lowering = REGISTRY.lookup(func)
     self.static_names = lowering.static_argnames if lowering is not None else frozenset()
+    self.like = func in _LIKE_OPS  # its result goes where its first argument is
     # Decompositions are torch code: they need Python numbers, so scalars stay static.
     self.trace_scalars = lowering is not None
 
@@ -480,6 +505,8 @@ class _FunctionalPlan:
       _x64_state.set_local(prev)
       if quiet is not None:
         quiet.__exit__(None, None, None)
+    if self.like and dyn and type(out) is _ArrayImpl and type(dyn[0]) is _ArrayImpl:
+      out = _placed_like(out, dyn[0])
     return wrap(out, device)
 
 

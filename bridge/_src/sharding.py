@@ -68,9 +68,16 @@ def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> Non
           "dimension (or replicate it: `PartitionSpec()`).")
 
 
-def _sharding_for(spec: ShardingSpec, name: str, leaf: Any) -> Any:
-  sharding = spec(name, leaf) if callable(spec) and not isinstance(
-      spec, jax.sharding.Sharding) else spec
+def _sharding_for(spec: ShardingSpec, name: str, leaf: Any, what: str | None = None) -> Any:
+  if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
+    try:
+      sharding = spec(name, leaf)
+    except Exception as e:  # noqa: BLE001 - said again with the tensor's name
+      raise ShardingError(
+          f"`{API}`: the sharding rule failed for {what or name} (shape "
+          f"{tuple(leaf.shape)}): {type(e).__name__}: {e}") from e
+  else:
+    sharding = spec
   if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
     raise BridgeTypeError(
         f"`{API}`: the sharding for {name} is a {type(sharding).__name__}; expected a "
@@ -149,21 +156,42 @@ def shard(x: Any, sharding: ShardingSpec, /) -> Any:
 
 def _shard_module(module: torch.nn.Module, sharding: ShardingSpec) -> torch.nn.Module:
   from bridge._src.modules import module_state
-  names = {id(t): n for n, t in module_state(module).items()}
-  plan = {}
-  for ident, n in names.items():  # check every placement before changing anything
-    t = next(v for v in module_state(module).values() if id(v) == ident)
-    s = _sharding_for(sharding, n, t)
-    if s is not None:
-      check_divides(tuple(t.shape), s, f"{type(module).__name__}.{n}")
-      plan[ident] = s
+  state = module_state(module)
+  names: dict[int, str] = {}
+  plan: dict[int, Any] = {}
+  for n, t in state.items():  # check every placement before changing anything
+    s = _sharding_for(sharding, n, t, f"{type(module).__name__}.{n}")
+    if s is None:
+      continue
+    check_divides(tuple(t.shape), s, f"{type(module).__name__}.{n}")
+    names[id(t)], plan[id(t)] = n, s
+    if t.grad is not None:  # a gradient goes where its parameter goes
+      names[id(t.grad)], plan[id(t.grad)] = f"{n}.grad", s
+  # Where each tensor sits, to tie shared weights again afterwards: `Module._apply` gives
+  # each module its own new Parameter for a tensor type like the `jax` tensor's.
+  places: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+  for sub in module.modules():
+    for attr, t in list(sub._parameters.items()) + list(sub._buffers.items()):
+      if t is not None and id(t) in plan:
+        places.setdefault(id(t), []).append((sub, attr))
+  done: dict[int, torch.Tensor] = {}
 
   def place(t: torch.Tensor) -> torch.Tensor:
     s = plan.get(id(t))
     if s is None:
       return t
-    return _place_tensor(t, s, f"{type(module).__name__}.{names[id(t)]}").detach()
-  return module._apply(place)
+    if id(t) not in done:
+      done[id(t)] = _place_tensor(t, s, f"{type(module).__name__}.{names[id(t)]}").detach()
+    return done[id(t)]
+  module._apply(place)
+  for owners in places.values():
+    if len(owners) > 1:  # a tied weight: one tensor again, under every name
+      first, attr = owners[0]
+      shared = getattr(first, attr)
+      for sub, other in owners[1:]:
+        table = sub._parameters if other in sub._parameters else sub._buffers
+        table[other] = shared
+  return module
 
 
 def constrain(t: torch.Tensor, sharding: jax.sharding.Sharding) -> torch.Tensor:
