@@ -254,3 +254,19 @@ def test_module_attributes_pass_through():
   assert list(compiled.parameters()) == list(model.parameters())
   compiled.eval()
   assert not model.training
+
+
+def test_outputs_are_tensors_without_grad_on_both_devices():
+  """Under `torch.no_grad()` (no VJP is built) outputs are still torch tensors on the input's
+  device: `jax` tensors for `jax` inputs, CPU tensors for CPU inputs."""
+  lin = torch.nn.Linear(4, 3)
+  x = torch.randn(2, 4)
+  with torch.no_grad():
+    want = lin(x)
+    cpu_out = bridge.compile(lin)(x)
+    jax_lin = copy.deepcopy(lin).to("jax")
+    jax_out = bridge.compile(jax_lin)(x.to("jax"))
+  assert type(cpu_out) is torch.Tensor and cpu_out.device.type == "cpu"
+  assert isinstance(jax_out, bridge.Tensor) and jax_out.device.type == "jax"
+  torch.testing.assert_close(cpu_out, want)
+  torch.testing.assert_close(jax_out.cpu(), want)

@@ -274,14 +274,14 @@ class Compiled:
                                                         len(state), device)
         else:
           outs, updates, new_key = program.forward(*arrays)
+          if type(device) is torch.device and device.type == "jax":
+            outs = [tensor_lib.make_result(o, device) for o in outs]
+          else:
+            outs = [_to_torch(o, None) for o in outs]
       except ValueError as e:
         if "incompatible devices" not in str(e):
           raise
         raise self._placement_error(arrays, len(state)) from e
-        if type(device) is torch.device and device.type == "jax":
-          outs = [tensor_lib.make_result(o, device) for o in outs]
-        else:
-          outs = [_to_torch(o, None) for o in outs]
     finally:
       _x64_state.set_local(prev)
     info = program.info
