@@ -60,7 +60,11 @@ INTROS = {CALLBACK_TITLE: [
     "(`f(x).sum().backward()` for the grad rows, `torch.func.vmap(f)` for the vmap row).",
     "",
     "Ratios are this system's median / the reference's median (below 1: faster than the "
-    "reference).",
+    "reference). On the MLP rows bridge, torchax and plain_jax run the same XLA program, whose "
+    "call times under JAX's asynchronous CPU dispatch are bimodal (~190 us, or ~245 us when the "
+    "call waits for XLA's worker thread to wake up): their medians move by up to ~20% from run "
+    "to run, so read their ratios to each other within that as equal (see the minimums; with "
+    "`--sync-cpu-dispatch` all three took 178 +- 1 us; benchmarks/README.md).",
 ]}
 # Issue 4's and issue 7's targets: (workload, bridge system, other system, goal for bridge/other median).
 GOALS = (

@@ -1,4 +1,5 @@
-"""torchax (peer): torch tensors <-> torchax Tensors wrapping JAX arrays; interop.call_jax.
+"""torchax (peer): torch tensors <-> torchax Tensors wrapping JAX arrays; interop.call_jax and
+interop.call_torch.
 
 torchax 0.0.13 names aten named-tensor (Dimname) overloads, e.g.
 ``aten.prod.dim_Dimname``, that torch 2.13 removed, so it does not import as
@@ -141,7 +142,8 @@ def make() -> System:
         return (lambda: g(xj)), (lambda out: out)
 
     not_callback = ("not measured: torchax's interop.call_torch runs torch code as JAX ops "
-                    "through torchax tensors (traced, not a host call of eager torch)")
+                    "through torchax tensors (traced, not a host call of eager torch; see the "
+                    "call_torch rows)")
     return System(
         name="torchax",
         forward=forward,
