@@ -412,6 +412,36 @@ def test_sharded_state_dict_saves_directly_and_loads_into_a_sharded_module(tmp_p
   _assert_state_close(target, model)
 
 
+@pytest.mark.parametrize("other", ["2x4", "reversed_4x2"])
+def test_orbax_checkpoint_of_sharded_arrays_restores_onto_another_mesh(tmp_path, other):
+  """Each device writes its own shards (no gather); restoring lays them out for the new mesh."""
+  ocp = pytest.importorskip("orbax.checkpoint")
+  torch.manual_seed(0)
+  model = bridge.shard(_megatron_mlp(), _named(MESH, MEGATRON))
+  x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+  expected = model(bridge.shard(x, BATCH)).cpu()
+
+  state = {k: bridge.jax_view(v) for k, v in model.state_dict().items()}  # sharded, no copy
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "ckpt", state)
+  checkpointer.wait_until_finished()
+
+  mesh = OTHER_MESHES[other]()
+  rule = _named(mesh, MEGATRON)
+  target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rule(k, v))
+            for k, v in state.items()}
+  loaded = checkpointer.restore(tmp_path / "ckpt", target)
+  for k, v in loaded.items():
+    assert v.sharding.is_equivalent_to(rule(k, v), v.ndim), k
+
+  restored = _megatron_mlp()
+  restored.load_state_dict(bridge.torch_view(loaded), assign=True)  # the arrays as they are
+  _assert_state_placed(restored, rule)
+  _assert_state_close(restored, model)
+  out = restored(bridge.shard(x, NamedSharding(mesh, P("data"))))
+  torch.testing.assert_close(out.cpu(), expected, **TOL)
+
+
 # --- 5. bad input -------------------------------------------------------------------------------
 
 
