@@ -200,3 +200,13 @@ def test_shard_a_module_whose_parameters_have_gradients(mesh):
   for p, g in zip(model.parameters(), grads):
     assert p.device.type == "jax" and p.grad is not None and p.grad.device.type == "jax"
     torch.testing.assert_close(p.grad.cpu(), g)
+
+
+def test_a_sharding_over_an_abstract_mesh_names_the_tensor_and_says_to_use_devices():
+  abstract = jax.sharding.AbstractMesh((4, 2), ("data", "model"))
+  with pytest.raises(bridge.ShardingError) as info:
+    bridge.shard(torch.nn.Linear(4, 8), NamedSharding(abstract, P()))
+  message = str(info.value)
+  assert "Linear.weight" in message and "AbstractMesh" in message and "jax.devices()" in message
+  with pytest.raises(bridge.ShardingError, match="the sharding for the tensor is over an"):
+    bridge.shard(torch.ones(8, 4), NamedSharding(abstract, P("data")))

@@ -41,9 +41,28 @@ def describe(sharding: Any) -> str:
   return f"{type(sharding).__name__} over devices {devices}"
 
 
+def check_devices(sharding: Any, what: str, api: str = API) -> None:
+  """Refuse a sharding over no devices (an abstract mesh) or over devices JAX does not have."""
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is not None and isinstance(mesh, jax.sharding.AbstractMesh):
+    raise ShardingError(
+        f"`{api}`: the sharding for {what} is over an `AbstractMesh` {dict(mesh.shape)}, which "
+        "has no devices to hold data. Build the mesh from devices: `jax.make_mesh(...)` or "
+        "`Mesh(np.array(jax.devices()).reshape(...), axis_names)`.")
+  known = {d.id: d for d in jax.devices()}
+  missing = sorted(d.id for d in sharding.device_set if known.get(d.id) is not d)
+  if missing:
+    raise ShardingError(
+        f"`{api}`: the sharding for {what} ({describe(sharding)}) uses devices {missing}, which "
+        f"this JAX does not have (it has {len(known)}: {sorted(known)}). Build the mesh from "
+        "`jax.devices()`.")
+
+
 def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> None:
-  """Refuse a named sharding whose mesh axes do not divide the dimensions they split."""
+  """Refuse a sharding this JAX cannot use, or whose mesh axes do not divide the dimensions
+  they split."""
   if not isinstance(sharding, jax.sharding.NamedSharding):
+    check_devices(sharding, what, api)
     return
   spec = tuple(sharding.spec)
   if len(spec) > len(shape):
@@ -66,6 +85,7 @@ def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> Non
           f"cannot be split {parts} ways over mesh axis {'x'.join(names)} of "
           f"{describe(sharding)}. Pad it to a multiple of {parts}, or shard another "
           "dimension (or replicate it: `PartitionSpec()`).")
+  check_devices(sharding, what, api)
 
 
 def _sharding_for(spec: ShardingSpec, name: str, leaf: Any, what: str | None = None) -> Any:
