@@ -44,9 +44,15 @@ CALL_TORCH_WORKLOADS = (
     "call_torch_jit_grad_mlp",
     "call_torch_vmap_mlp",
 )
+# Data parallel on simulated CPU devices: one SGD step of a 512-1024-1024-10 MLP on a batch of
+# 256, split over a mesh of 8 devices (axis "data", parameters replicated) and on one device.
+# Their worker runs with SHARDED_XLA_FLAGS (run.py; no other worker does).
+SHARDED_WORKLOADS = ("dp8_train_step", "dp1_train_step")
+SHARDED_DEVICES = 8
+SHARDED_XLA_FLAGS = f"--xla_force_host_platform_device_count={SHARDED_DEVICES}"
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS
+) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS + SHARDED_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,8 @@ FULL_BIG = Settings(warmup=3, min_reps=5, max_reps=5000, budget_s=3.0)
 # The call_torch rows (5 workloads x 4 systems, each call <= ~1 ms): half the budget keeps
 # them to ~20 s of a full run, still >= 1,000 timed calls per row.
 FULL_SHORT = Settings(warmup=20, min_reps=10, max_reps=50000, budget_s=1.0)
+# The sharded rows (a step takes ~15-35 ms on 2 cores): twice the budget, >= ~100 timed steps.
+FULL_SHARDED = Settings(warmup=10, min_reps=10, max_reps=5000, budget_s=4.0)
 
 
 @dataclasses.dataclass
@@ -109,6 +117,13 @@ class System:
                      ``jax.grad(lambda x: fn(x).sum())`` step; returns the gradient.
     call_torch_vmap(fn, xs) -> (run, to_cpu): one call of ``jax.jit(jax.vmap(fn))`` over
                      the leading dimension of xs (fn sees one example at a time).
+    sharded_train_step(module, x, y, params_sharding, batch_sharding) -> (run, read, compiled):
+                     `train_step` with the parameters placed by `params_sharding` and the
+                     batch (x, y) by `batch_sharding` (JAX shardings: replicated / split over a
+                     mesh's "data" axis, or both one device); run() is one call of the jitted
+                     step, read(run()) -> (loss, {state-dict name: ndarray}, {name: sharding
+                     of the updated parameter}), compiled the step's `jax.stages.Compiled`
+                     for these arguments (its `memory_analysis()` is reported).
     """
 
     name: str
@@ -126,6 +141,7 @@ class System:
     call_torch_jit: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     call_torch_grad: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
     call_torch_vmap: Callable[[Any, Any], tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None
+    sharded_train_step: Callable[..., tuple[Callable[[], Any], Callable[[Any], tuple], Any]] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     # Reasons, by workload or capability name; a workload listed here is skipped
     # even when the capability it uses exists.

@@ -33,6 +33,8 @@ HF_BATCH = 1
 # 256x256 weights on a (64, 256) batch (the vmap row maps it over the 64 examples).
 CALL_TORCH_SMALL = (16, 16)
 CALL_TORCH_WIDTH, CALL_TORCH_BATCH = 256, 64
+# The sharded (data parallel) workloads: a wider MLP whose batch of 256 splits into 8 shards of 32.
+DP_SIZES, DP_BATCH = (512, 1024, 1024, 10), 256
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -54,16 +56,27 @@ def linear() -> tuple[torch.nn.Module, torch.Tensor]:
     return module, torch.randn(LINEAR_BATCH, LINEAR_IN, generator=_gen(11))
 
 
+def _relu_mlp(sizes: tuple[int, ...], batch: int, seed: int
+              ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """`nn.Sequential` of Linear layers of `sizes` with ReLU between, a float32 batch and int64 labels."""
+    layers: list[torch.nn.Module] = []
+    with seeded(seed):
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+            layers += [torch.nn.Linear(n_in, n_out)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+    g = _gen(seed + 1)
+    x = torch.randn(batch, sizes[0], generator=g)
+    y = torch.randint(0, sizes[-1], (batch,), generator=g)
+    return torch.nn.Sequential(*layers), x, y
+
+
 def mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """784-256-256-10 ReLU MLP, a (64, 784) float32 batch and int64 labels."""
-    layers: list[torch.nn.Module] = []
-    with seeded(20):
-        for i, (n_in, n_out) in enumerate(zip(MLP_SIZES, MLP_SIZES[1:])):
-            layers += [torch.nn.Linear(n_in, n_out)] + ([torch.nn.ReLU()] if i < len(MLP_SIZES) - 2 else [])
-    g = _gen(21)
-    x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=g)
-    y = torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=g)
-    return torch.nn.Sequential(*layers), x, y
+    return _relu_mlp(MLP_SIZES, MLP_BATCH, 20)
+
+
+def dp_mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """512-1024-1024-10 ReLU MLP, a (256, 512) float32 batch and int64 labels (the sharded workloads)."""
+    return _relu_mlp(DP_SIZES, DP_BATCH, 70)
 
 
 def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -228,3 +241,49 @@ def jax_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Ten
         return float(loss), {k: jax.device_get(v) for k, v in p.items()}
 
     return run, read
+
+
+def jax_sharded_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor,
+                           y: torch.Tensor, batch_sharding: Any
+                           ) -> tuple[Callable[[], Any], Callable[[Any], tuple], Any]:
+    """A `sharded_train_step` capability built on a pure JAX `forward(params, x) -> logits`.
+
+    `params` (a dict by state-dict name) come placed by the system (replicated over the
+    mesh, or on one device); x and int32 labels y are placed with `batch_sharding`. The
+    step is one ``jax.jit`` of ``jax.value_and_grad`` of the cross-entropy and an
+    ``optax.sgd(LR)`` update; JAX's SPMD partitioner derives the data-parallel program
+    (per-device forward and backward on its rows, gradients all-reduced) from the
+    argument shardings. Parameters and optimizer state are carried from call to call.
+    Returns (run, read, compiled): run() -> (loss, params, opt_state) as JAX arrays;
+    read(out) -> (loss, {name: ndarray}, {name: sharding}); compiled is the step lowered
+    and compiled for these arguments (for its `memory_analysis()`).
+    """
+    import jax
+    import optax
+
+    opt = optax.sgd(LR)
+
+    def loss_fn(p, xs, ys):
+        return optax.softmax_cross_entropy_with_integer_labels(forward(p, xs), ys).mean()
+
+    @jax.jit
+    def step(p, s, xs, ys):
+        loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
+        updates, s = opt.update(grads, s, p)
+        return loss, optax.apply_updates(p, updates), s
+
+    xs = jax.device_put(x.numpy(), batch_sharding)
+    ys = jax.device_put(y.numpy().astype("int32"), batch_sharding)
+    state = {"params": params, "opt": opt.init(params)}
+    compiled = step.lower(state["params"], state["opt"], xs, ys).compile()
+
+    def run():
+        loss, state["params"], state["opt"] = step(state["params"], state["opt"], xs, ys)
+        return loss, state["params"], state["opt"]
+
+    def read(out):
+        loss, p, _ = out
+        return (float(loss), {k: jax.device_get(v) for k, v in p.items()},
+                {k: v.sharding for k, v in p.items()})
+
+    return run, read, compiled

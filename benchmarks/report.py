@@ -7,12 +7,23 @@ import os
 import platform
 from pathlib import Path
 
-from .common import CALL_TORCH_WORKLOADS, CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, SIZES
+from .common import (
+    CALL_TORCH_WORKLOADS,
+    CALLBACK_WORKLOADS,
+    HF_WORKLOADS,
+    MODULE_WORKLOADS,
+    SHARDED_DEVICES,
+    SHARDED_WORKLOADS,
+    SHARDED_XLA_FLAGS,
+    SIZES,
+)
 from .systems import ALL, BASELINE
 
 CALL_WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add")
 CALLBACK_TITLE = "torch called from JAX (callback mode)"
 CALL_TORCH_TITLE = "torch called from JAX (trace mode): call_torch under jax.jit, jit(grad), vmap"
+SHARDED_TITLE = (f"Data parallel on {SHARDED_DEVICES} simulated CPU devices: MLP 512-1024-1024-10 "
+                 "training step, batch 256, cross-entropy, optax.sgd")
 GROUPS = {
     "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS[:2],
     "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
@@ -30,11 +41,13 @@ GROUPS = {
     "SGD": ("gpt2_train_step_s64",),
     CALLBACK_TITLE: CALLBACK_WORKLOADS,
     CALL_TORCH_TITLE: CALL_TORCH_WORKLOADS,
+    SHARDED_TITLE: SHARDED_WORKLOADS,
 }
 # Groups whose tables give ratios against these systems (system / reference) instead of
 # against the baseline, with a paragraph saying what is timed.
 REFERENCES = {CALLBACK_TITLE: ("wrap_torch2jax", "torch_eager"),
-              CALL_TORCH_TITLE: ("plain_jax", "torch_eager")}
+              CALL_TORCH_TITLE: ("plain_jax", "torch_eager"),
+              SHARDED_TITLE: ("plain_jax",)}
 INTROS = {CALLBACK_TITLE: [
     "A torch function, f(x) = x*2+1 on a (16, 16) float32 JAX array, called from JAX under "
     "`jax.jit` (`torch_from_jax_call`), and one `jax.jit(jax.grad(lambda x: f(x).sum()))` step "
@@ -65,6 +78,22 @@ INTROS = {CALLBACK_TITLE: [
     "call waits for XLA's worker thread to wake up): their medians move by up to ~20% from run "
     "to run, so read their ratios to each other within that as equal (see the minimums; with "
     "`--sync-cpu-dispatch` all three took 178 +- 1 us; benchmarks/README.md).",
+], SHARDED_TITLE: [
+    f"One training step of a 512-1024-1024-10 ReLU MLP (float32, 1.59M parameters) on a (256, 512) "
+    f"batch: `jax.jit` of `jax.value_and_grad` of the cross-entropy plus an `optax.sgd` update. "
+    f"`dp8_train_step`: the batch split over a mesh of {SHARDED_DEVICES} CPU devices (axis "
+    f"\"data\", `NamedSharding(mesh, P(\"data\"))`, 32 rows per device), the parameters "
+    f"replicated (`P()`), gradients all-reduced by the SPMD program; `dp1_train_step`: the same "
+    f"step with everything on one device. bridge: `params, fn = bridge.extract_jax(model)`, "
+    f"`bridge.shard(params, sharding)`; plain_jax (the reference): the same MLP written in JAX "
+    f"from the same initial values, placed with `jax.device_put` on the same shardings. Their "
+    f"worker runs with `XLA_FLAGS={SHARDED_XLA_FLAGS}` (both rows; no other worker has it).",
+    "",
+    f"The {SHARDED_DEVICES} devices are simulated: they share this machine's cores (XLA runs one "
+    f"program per device, each on its 32 rows, then the all-reduce), so dp8 is not expected to be "
+    f"faster than dp1 here; the rows measure what the data-parallel program costs against the "
+    f"single-device one, and bridge against plain JAX on each. Ratios are this system's median "
+    f"/ plain_jax's (below 1: faster).",
 ]}
 # Issue 4's and issue 7's targets: (workload, bridge system, other system, goal for bridge/other median).
 GOALS = (
@@ -85,6 +114,8 @@ GOALS = (
     ("gpt2_first_call_s64", "bridge", "torchax", 0.5),
     # Callback mode: torch called from JAX at most as costly as wrap-torch2jax's FFI call.
     *((w, "bridge", "wrap_torch2jax", 1.0) for w in CALLBACK_WORKLOADS),
+    # Data parallel: the sharded step at most 1.05x the same program run by plain JAX.
+    ("dp8_train_step", "bridge", "plain_jax", 1.05),
 )
 
 
@@ -241,8 +272,55 @@ def _goals(reports: list[dict]) -> list[str]:
     if not rows:
         return []
     header = ["workload", "ratio (median)", "value", "goal", "status"]
-    return ["## Goals (issues 4 and 7, callback mode)", "",
+    return ["## Goals (issues 4 and 7, callback mode, data parallel)", "",
             "Ratios here are bridge / other (below 1: bridge is faster).", ""] + _table(header, rows) + [""]
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.2f}"
+
+
+def _sharded_tables(reports: list[dict]) -> list[str]:
+    """The sharded rows per device: dp8 against dp1 in time, and the compiled steps' memory."""
+    dp8, dp1 = SHARDED_WORKLOADS
+    rows = []
+    for r in reports:
+        a, b = _median(reports, r["system"], dp8), _median(reports, r["system"], dp1)
+        if a is not None or b is not None:
+            rows.append([r["system"], _us(b), _us(a), f"{a / b:.2f}x" if a is not None and b else "n/a"])
+    lines = []
+    if rows:
+        lines += [f"### {dp8} against {dp1}", ""]
+        lines += _table(["system", f"{dp1} median (us)", f"{dp8} median (us)", f"{dp8} / {dp1}"], rows)
+        lines.append("")
+    fields = (("argument", "arguments"), ("output", "outputs"), ("alias", "aliased"),
+              ("temp", "temporaries"), ("generated_code", "generated code"))
+    rows = []
+    for r in reports:
+        for w in SHARDED_WORKLOADS:
+            res = r["results"].get(w)
+            if res is None:
+                continue
+            memory = res.get("memory") or {}
+            stats = res.get("device_memory")
+            device = (", ".join(f"{k} {_mib(v)}" for k, v in stats.items()) if stats
+                      else "none (backend has no memory_stats)")
+            rows.append([r["system"], w, str(res.get("devices", "?"))]
+                        + [_mib(memory.get(f"{f}_bytes")) for f, _ in fields] + [device])
+    if rows:
+        lines += ["### Memory per device (MiB)", "",
+                  "From `jax.jit(step).lower(...).compile().memory_analysis()` of the timed step. "
+                  "For the program partitioned over the mesh these are the sizes of the SPMD "
+                  "program each device runs, so per device: the arguments are the replicated "
+                  "parameters (6.05 MiB) plus the device's rows of the batch; temporaries include "
+                  "the gradient buffers of the all-reduce. On CPU they come from XLA's buffer "
+                  "assignment, not from measured allocations; XLA reports no generated-code size "
+                  "there. The last column is device 0's `memory_stats()`, which the CPU backend "
+                  "does not provide.", ""]
+        lines += _table(["system", "workload", "devices"] + [f"{label}" for _, label in fields]
+                        + ["memory_stats (device 0)"], rows)
+        lines.append("")
+    return lines
 
 
 def _systems_section(reports: list[dict]) -> list[str]:
@@ -271,6 +349,8 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
         lines += INTROS[title] + [""] if title in INTROS else []
         for w in present:
             lines += [f"### {w}", ""] + _workload_table(reports, w, REFERENCES.get(title, ())) + [""]
+        if title == SHARDED_TITLE:
+            lines += _sharded_tables(reports)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
     lines += _systems_section(reports)
@@ -297,15 +377,18 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
         fig.tight_layout()
         written.append(_save(fig, out_dir / "call_overhead.png"))
 
-    for group, name in ((MODULE_WORKLOADS, "modules.png"), (HF_WORKLOADS, "huggingface.png"),
-                        (CALLBACK_WORKLOADS, "callback.png"),
-                        (CALL_TORCH_WORKLOADS, "call_torch.png")):
+    # (workloads, file, log axis); the sharded rows' medians are close: a linear axis from 0
+    for group, name, log in ((MODULE_WORKLOADS, "modules.png", True),
+                             (HF_WORKLOADS, "huggingface.png", True),
+                             (CALLBACK_WORKLOADS, "callback.png", True),
+                             (CALL_TORCH_WORKLOADS, "call_torch.png", True),
+                             (SHARDED_WORKLOADS, "sharded.png", False)):
         present = [w for w in group if has(w)]
         if present:
             fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 4.5),
                                      squeeze=False)
             for ax, w in zip(axes[0], present):
-                _bars(ax, reports, w)
+                _bars(ax, reports, w, log)
             fig.tight_layout()
             written.append(_save(fig, out_dir / name))
 
@@ -319,8 +402,8 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
     return written
 
 
-def _bars(ax, reports: list[dict], workload: str) -> None:
-    """Median per system as bars on a log axis."""
+def _bars(ax, reports: list[dict], workload: str, log: bool = True) -> None:
+    """Median per system as bars on a log axis (or a linear one from 0)."""
     pairs = [(r["system"], r["results"][workload]["median_us"]) for r in reports
              if workload in r["results"]]
     if pairs:
@@ -328,9 +411,10 @@ def _bars(ax, reports: list[dict], workload: str) -> None:
         ax.bar(names, values, color=[_color(n) for n in names])
         for i, val in enumerate(values):
             ax.text(i, val, _us(val), ha="center", va="bottom", fontsize=8)
-        ax.set_yscale("log")
+        if log:
+            ax.set_yscale("log")
     ax.set_title(f"{workload} (median per call)")
-    ax.set_ylabel("microseconds (log)")
+    ax.set_ylabel("microseconds (log)" if log else "microseconds")
     ax.tick_params(axis="x", rotation=30)
 
 

@@ -1,7 +1,7 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
     python -m benchmarks [--quick] [--only SYSTEM,...]
-                         [--workloads WORKLOAD,...|modules|hf|callback|call_torch] [--merge]
+                         [--workloads WORKLOAD,...|modules|hf|callback|call_torch|sharded] [--merge]
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from . import report, systems
-from .common import CALL_TORCH_WORKLOADS, CALLBACK_WORKLOADS, HF_WORKLOADS, MODULE_WORKLOADS, WORKLOADS
+from .common import (
+    CALL_TORCH_WORKLOADS,
+    CALLBACK_WORKLOADS,
+    HF_WORKLOADS,
+    MODULE_WORKLOADS,
+    SHARDED_WORKLOADS,
+    SHARDED_XLA_FLAGS,
+    WORKLOADS,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -23,7 +31,7 @@ PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
 # Names that --workloads expands to several workloads.
 WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS,
-                   "call_torch": CALL_TORCH_WORKLOADS}
+                   "call_torch": CALL_TORCH_WORKLOADS, "sharded": SHARDED_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -47,8 +55,39 @@ def _unavailable(name: str, reason: str, workloads: list[str] | None) -> dict:
 SYNC_CPU_DISPATCH = False  # set by --sync-cpu-dispatch
 
 
-def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
-    """Run one worker subprocess and return its parsed JSON report."""
+def run_system(name: str, quick: bool, workloads: list[str] | None) -> dict:
+    """One system's report. The sharded workloads run in a worker of their own.
+
+    Only that worker gets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8
+    simulated CPU devices); every other workload keeps JAX's one CPU device. When both
+    kinds are selected, the two workers' reports are combined into one.
+    """
+    selected = list(workloads or WORKLOADS)
+    sharded = [w for w in selected if w in SHARDED_WORKLOADS]
+    if not sharded or _interpreter(name) is None:
+        return run_worker(name, quick, workloads)
+    rest = [w for w in selected if w not in SHARDED_WORKLOADS]
+    parts = [run_worker(name, quick, rest)] if rest else []
+    parts.append(run_worker(name, quick, sharded, xla_flags=SHARDED_XLA_FLAGS))
+    return _combine(parts)
+
+
+def _combine(parts: list[dict]) -> dict:
+    """One report from the reports of one system's workers (the first gives the metadata)."""
+    report = dict(parts[0], results={}, skipped={}, notes=[], versions={})
+    for part in parts:
+        report["results"].update(part["results"])
+        report["skipped"].update(part["skipped"])
+        report["notes"] += [n for n in part["notes"] if n not in report["notes"]]
+        report["versions"].update(part["versions"])
+    return report
+
+
+def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: str = "") -> dict:
+    """Run one worker subprocess and return its parsed JSON report.
+
+    `xla_flags` are appended to the worker's XLA_FLAGS (the sharded workloads' device count).
+    """
     python = _interpreter(name)
     if python is None:
         return _unavailable(name, "peers venv missing: run benchmarks/setup_peers.sh", workloads)
@@ -60,6 +99,8 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None) -> dict:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     if SYNC_CPU_DISPATCH:
         env["BENCH_SYNC_CPU_DISPATCH"] = "1"
+    if xla_flags:
+        env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), xla_flags) if f)
     if name not in systems.BRIDGE:
         # Only the bridge workers load the bridge (torch autoloads it otherwise), and
         # torchax needs the PrivateUse1 backend for itself.
@@ -116,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", help="comma-separated workload names, 'modules' for "
                         "the module workloads, 'hf' for the Hugging Face ones, 'callback' for "
                         "torch called from JAX in callback mode, 'call_torch' for it in trace "
-                        "mode (default: all)")
+                        "mode, 'sharded' for data parallel on 8 simulated CPU devices (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "
@@ -153,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         t0 = time.time()
         print(f"[benchmarks] {name} ...", end=" ", flush=True)
-        reports.append(run_worker(name, args.quick, workloads))
+        reports.append(run_system(name, args.quick, workloads))
         print(f"{len(reports[-1]['results'])} timed, {len(reports[-1]['skipped'])} skipped "
               f"({time.time() - t0:.1f}s)", flush=True)
 

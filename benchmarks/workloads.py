@@ -17,10 +17,13 @@ from . import models
 from .common import (
     FULL,
     FULL_BIG,
+    FULL_SHARDED,
     FULL_SHORT,
     MiB,
     QUICK,
     QUICK_MAX_BYTES,
+    SHARDED_DEVICES,
+    SHARDED_XLA_FLAGS,
     SIZES,
     System,
     blocking,
@@ -200,11 +203,17 @@ def _train_step(system: System, quick: bool, workload: str, build: Callable) -> 
     its first name only; it is checked there.
     """
     module, x, y = build()
-    aliases = _tied_aliases(module)
-    loss_ref, params_ref = models.torch_sgd_reference(module, x, y)
+    reference = models.torch_sgd_reference(module, x, y)
     run, read = _need(system, "train_step", workload)(module, x, y)
     out = run()
-    loss, params = read(out)
+    _check_train_step(module, read(out), reference)
+    return time_calls(blocking(run, out), QUICK if quick else FULL)
+
+
+def _check_train_step(module: torch.nn.Module, step: tuple, reference: tuple) -> None:
+    """(loss, {name: updated parameter}) of one step against torch's (`models.torch_sgd_reference`)."""
+    (loss, params), (loss_ref, params_ref) = step, reference
+    aliases = _tied_aliases(module)
     _check(loss, loss_ref, "loss", MODEL_RTOL, MODEL_ATOL)
     found = {name: name if name in params else aliases.get(name) for name in params_ref}
     missing = sorted(name for name, got in found.items() if got not in params)
@@ -212,7 +221,6 @@ def _train_step(system: System, quick: bool, workload: str, build: Callable) -> 
         raise Skip(f"wrong output: no {', '.join(missing)} among the updated parameters {sorted(params)}")
     for name, ref in params_ref.items():
         _check(params[found[name]], ref, f"{name} after one step", MODEL_RTOL, MODEL_ATOL)
-    return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 
 def mlp_train_step(system: System, quick: bool) -> dict:
@@ -333,6 +341,76 @@ def hf_workloads() -> dict[str, Callable[[System, bool], dict]]:
     return table
 
 
+# --- data parallel on simulated CPU devices (their worker runs with SHARDED_XLA_FLAGS) --------
+
+MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
+
+
+def _memory(compiled) -> dict:
+    """The compiled step's `memory_analysis()`, in bytes (empty if the backend reports none).
+
+    For a program partitioned over a mesh these are the figures of the SPMD program that
+    each device runs, i.e. per device; on CPU they come from XLA's buffer assignment
+    (what the program allocates), not from measured allocations.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    return {f"{field}_bytes": int(getattr(stats, f"{field}_size_in_bytes")) for field in MEMORY_FIELDS}
+
+
+def _device_memory() -> dict | None:
+    """`memory_stats()` of device 0 (bytes in use and the peak), None where the backend has none (CPU)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats()
+    if not stats:
+        return None
+    return {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use") if k in stats}
+
+
+def _sharded_train_step(system: System, quick: bool, workload: str, devices: int) -> dict:
+    """One SGD step of `models.dp_mlp()`: the batch split over `devices` (a "data" mesh) or on one.
+
+    Loss and updated parameters are checked against torch's step, and the parameters must
+    still have the placement they started with (replicated over the mesh, or the one
+    device). The result adds ``devices``, ``memory`` (the compiled step's
+    `memory_analysis()`, per device) and ``device_memory`` (device 0's `memory_stats()`,
+    None on CPU) to the timings.
+    """
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    impl = _need(system, "sharded_train_step", workload)
+    if jax.device_count() < devices:
+        raise Skip(f"needs {devices} devices, JAX has {jax.device_count()}: run it with "
+                   f"XLA_FLAGS={SHARDED_XLA_FLAGS} (`python -m benchmarks` sets it for this worker)")
+    if devices == 1:
+        params_sharding = batch_sharding = SingleDeviceSharding(jax.devices()[0])
+    else:
+        mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
+        params_sharding = NamedSharding(mesh, PartitionSpec())
+        batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+    module, x, y = models.dp_mlp()
+    reference = models.torch_sgd_reference(module, x, y)
+    run, read, compiled = impl(module, x, y, params_sharding, batch_sharding)
+    out = run()
+    loss, params, shardings = read(out)
+    _check_train_step(module, (loss, params), reference)
+    moved = sorted(k for k, s in shardings.items() if not s.is_equivalent_to(params_sharding, params[k].ndim))
+    if moved:
+        raise Skip(f"wrong placement after one step: {', '.join(moved)} not on {params_sharding}")
+    result = time_calls(blocking(run, out), QUICK if quick else FULL_SHARDED)
+    return dict(result, devices=devices, memory=_memory(compiled), device_memory=_device_memory())
+
+
+def sharded_workloads() -> dict[str, Callable[[System, bool], dict]]:
+    """dp8_train_step (8-device data parallel) and dp1_train_step (the same step on one device)."""
+    return {"dp8_train_step": lambda system, q: _sharded_train_step(system, q, "dp8_train_step",
+                                                                    SHARDED_DEVICES),
+            "dp1_train_step": lambda system, q: _sharded_train_step(system, q, "dp1_train_step", 1)}
+
+
 def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     """Workload name -> runner, in report order (quick mode drops the biggest sizes)."""
     table: dict[str, Callable[[System, bool], dict]] = {
@@ -359,4 +437,5 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     table.update(hf_workloads())
     table.update({"torch_from_jax_call": torch_from_jax_call, "torch_from_jax_grad": torch_from_jax_grad})
     table.update(call_torch_workloads())
+    table.update(sharded_workloads())
     return table

@@ -498,3 +498,14 @@ def test_module_per_example_gradients_and_scan():
   h.sum().backward()
   _assert_close(value, h.sum().detach(), rtol=1e-5, atol=1e-6)
   _assert_close(grads["hh.weight"], cell.hh.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_relu_gradient_at_exactly_zero_is_torchs():
+  """torch's relu passes no gradient at x == 0 (a bare maximum(x, 0) would pass half)."""
+  x = np.array([-1.0, 0.0, 0.0, 2.0, np.nan], np.float32)
+  g = jax.grad(lambda a: bridge.call_torch(lambda t: torch.relu(t).sum(), a))(jnp.asarray(x))
+  t = torch.tensor(x, requires_grad=True)
+  torch.relu(t).sum().backward()
+  np.testing.assert_array_equal(np.asarray(g), t.grad.numpy())
+  out = bridge.call_torch(torch.relu, jnp.asarray(x))
+  assert np.isnan(np.asarray(out)[-1])

@@ -27,6 +27,15 @@ def _train_step(module, x, y):
     return models.jax_train_step(fn, params, x, y)
 
 
+def _sharded_train_step(module, x, y, params_sharding, batch_sharding):
+    """extract_jax, then the parameters placed with bridge.shard (replicated over the mesh)."""
+    import bridge
+
+    params, fn = bridge.extract_jax(module)
+    params = bridge.shard(params, params_sharding)
+    return models.jax_sharded_train_step(fn, params, x, y, batch_sharding)
+
+
 def _jax_array(x):
     return jnp.asarray(x.detach().numpy())
 
@@ -91,6 +100,7 @@ def make() -> System:
         call_torch_jit=_call_torch_jit,
         call_torch_grad=_call_torch_grad,
         call_torch_vmap=_call_torch_vmap,
+        sharded_train_step=_sharded_train_step,
         notes=["bridge: bridge.call_jax(f, x) with the unjitted f; bridge.to_jax / bridge.to_torch; "
                "eager_add: x + y on tensors of the jax torch device.",
                "bridge: module workloads: bridge.compile(module)(x) on CPU module and tensors "
@@ -105,5 +115,10 @@ def make() -> System:
                "bridge: call_torch_* (trace mode, the default): jax.jit(lambda x: bridge.call_torch(fn, "
                "x)), jax.jit(jax.grad(lambda x: bridge.call_torch(fn, x).sum())) and "
                "jax.jit(jax.vmap(lambda x: bridge.call_torch(fn, x))) on JAX arrays; fn's torch ops "
-               "are traced into the program, its closed-over CPU weights become constants."],
+               "are traced into the program, its closed-over CPU weights become constants.",
+               "bridge: dp8_train_step / dp1_train_step: params, fn = bridge.extract_jax(mlp); "
+               "params = bridge.shard(params, NamedSharding(mesh, P())) (dp1: "
+               "SingleDeviceSharding(device 0)); the batch placed with NamedSharding(mesh, "
+               "P('data')); one jax.jit of jax.value_and_grad of the cross-entropy of fn(params, x) "
+               "plus an optax.sgd update (models.jax_sharded_train_step)."],
     )

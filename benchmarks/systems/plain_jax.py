@@ -49,8 +49,8 @@ def _forward(module, x):
 
 
 def _mlp(params, x):
-    """The MLP of `models.mlp()` by hand: Linear, ReLU, Linear, ReLU, Linear."""
-    n = len(models.MLP_SIZES) - 1
+    """The MLPs of `models.mlp()` and `models.dp_mlp()` by hand: Linear, ReLU, Linear, ReLU, Linear."""
+    n = len(params) // 2  # a weight and a bias per layer
     for i in range(n):
         x = x @ params[f"{2 * i}.weight"].T + params[f"{2 * i}.bias"]
         if i < n - 1:
@@ -61,6 +61,13 @@ def _mlp(params, x):
 def _train_step(module, x, y):
     params = {k: _array(v) for k, v in module.state_dict().items()}  # the same initial values
     return models.jax_train_step(_mlp, params, x, y)
+
+
+def _sharded_train_step(module, x, y, params_sharding, batch_sharding):
+    """The MLP written in JAX, the same initial values placed with jax.device_put."""
+    params = jax.device_put({k: v.detach().numpy() for k, v in module.state_dict().items()},
+                            params_sharding)
+    return models.jax_sharded_train_step(_mlp, params, x, y, batch_sharding)
 
 
 def _torch_from_jax(f, x):
@@ -115,6 +122,7 @@ def make() -> System:
         call_torch_jit=_call_torch_jit,
         call_torch_grad=_call_torch_grad,
         call_torch_vmap=_call_torch_vmap,
+        sharded_train_step=_sharded_train_step,
         notes=["plain_jax: JAX arrays in and out, no framework boundary (lower bound); "
                "eager_add: jnp.add, eager (not jitted).",
                "plain_jax: compiled_linear: jax.jit(lambda w, b, x: x @ w.T + b)(w, b, x) on JAX "
@@ -124,7 +132,10 @@ def make() -> System:
                "jax.jit(jax.grad(lambda x: f(x).sum())) with f = x*2+1 as JAX ops (no torch).",
                "plain_jax: call_torch_* (the reference): the same functions written in JAX "
                "(x*2+1; jnp.tanh(x @ w1 + b1) @ w2 + b2 with the weights closed over as JAX arrays) "
-               "under jax.jit, jax.jit(jax.grad(lambda x: f(x).sum())) and jax.jit(jax.vmap(f))."],
+               "under jax.jit, jax.jit(jax.grad(lambda x: f(x).sum())) and jax.jit(jax.vmap(f)).",
+               "plain_jax: dp8_train_step / dp1_train_step (the reference): the same MLP written "
+               "in JAX, the same initial values placed with jax.device_put on the same shardings, "
+               "the same jitted loss, gradient and optax.sgd update (models.jax_sharded_train_step)."],
         unsupported={
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",

@@ -764,7 +764,10 @@ def heaviside(self, values):
 
 @lowering(aten.relu.default)
 def relu(self):
-  return jnp.maximum(self, jnp.zeros((), self.dtype))  # relu(nan) = nan
+  # As torch: relu(nan) = nan; the derivative is 0 where x <= 0 (at exactly 0 too: that of a
+  # bare `maximum(x, 0)` there is 0.5) and 1 elsewhere, NaN included (torch's
+  # threshold_backward passes the gradient where the result is not <= 0).
+  return jnp.where(self <= 0, jnp.zeros((), self.dtype), self)
 
 
 @lowering(aten.gelu.default)
