@@ -509,3 +509,22 @@ def test_relu_gradient_at_exactly_zero_is_torchs():
   np.testing.assert_array_equal(np.asarray(g), t.grad.numpy())
   out = bridge.call_torch(torch.relu, jnp.asarray(x))
   assert np.isnan(np.asarray(out)[-1])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.clamp(t, 0.0, 1.0), lambda t: torch.clamp(t, min=0.0),
+    lambda t: torch.clamp(t, max=1.0), lambda t: torch.nn.functional.hardtanh(t, 0.0, 1.0),
+    lambda t: torch.nn.functional.relu6(t * 6), lambda t: torch.relu(t)],
+    ids=["clamp", "clamp_min", "clamp_max", "hardtanh", "relu6", "relu"])
+def test_clipping_gradients_at_the_bounds_and_at_nan_are_torchs(fn):
+  """At exactly a bound torch's clamp passes the gradient and hardtanh does not; at a nan
+  input clamp passes none and hardtanh does. The values are torch's too."""
+  x = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, np.nan], np.float32)
+  weights = np.arange(1.0, 7.0, dtype=np.float32)
+  value, pullback = jax.vjp(lambda a: bridge.call_torch(fn, a), jnp.asarray(x))
+  (grad,) = pullback(jnp.asarray(weights))
+  t = torch.tensor(x, requires_grad=True)
+  want = fn(t)
+  want.backward(torch.tensor(weights))
+  np.testing.assert_array_equal(np.asarray(value), want.detach().numpy())  # nan where nan
+  np.testing.assert_array_equal(np.asarray(grad), t.grad.numpy())

@@ -140,10 +140,14 @@ def _pow(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _clamp(x: jax.Array, lo: jax.Array | None, hi: jax.Array | None) -> jax.Array:
   # torch._refs.clamp: a nan input stays nan, a nan bound gives nan, min > max gives max.
+  # Gradients as torch's clamp_backward: 1 inside the bounds, at them included, 0 outside
+  # and at a nan input (which passes through as a constant).
+  nan = _isnan(x)
+  kept = jax.lax.stop_gradient(x)
   if lo is not None:
-    x = jnp.where((x >= lo) | _isnan(x), x, lo)
+    x = jnp.where(nan, kept, jnp.where(x >= lo, x, lo))
   if hi is not None:
-    x = jnp.where((x <= hi) | _isnan(x), x, hi)
+    x = jnp.where(nan, kept, jnp.where(x <= hi, x, hi))
   return x
 
 
@@ -788,8 +792,11 @@ def silu(self):
 @lowering(aten.hardtanh.default)
 @promote("self")
 def hardtanh(self, min_val=-1, max_val=1):
-  # Bounds in self's (opmath) dtype: truncated for an integer tensor, like torch.
-  return _clamp(self, _as(min_val, self.dtype), _as(max_val, self.dtype))
+  # Bounds in self's (opmath) dtype: truncated for an integer tensor, like torch. Unlike
+  # clamp's, torch's hardtanh_backward passes no gradient at the bounds themselves (and
+  # passes it at a nan input): hence `<=`/`>=` choosing the constant bound.
+  lo, hi = _as(min_val, self.dtype), _as(max_val, self.dtype)
+  return jnp.where(self <= lo, lo, jnp.where(self >= hi, hi, self))
 
 
 @lowering(aten.leaky_relu.default)
