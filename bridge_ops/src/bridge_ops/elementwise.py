@@ -142,13 +142,12 @@ def _clamp(x: jax.Array, lo: jax.Array | None, hi: jax.Array | None) -> jax.Arra
   # torch._refs.clamp: a nan input stays nan, a nan bound gives nan, min > max gives max.
   # Gradients as torch's clamp_backward: 1 inside the bounds, at them included, 0 outside
   # and at a nan input (which passes through as a constant).
-  nan = _isnan(x)
-  kept = jax.lax.stop_gradient(x)
+  nan_input, kept = _isnan(x), jax.lax.stop_gradient(x)
   if lo is not None:
-    x = jnp.where(nan, kept, jnp.where(x >= lo, x, lo))
+    x = jnp.where((x >= lo) | _isnan(x), x, lo)
   if hi is not None:
-    x = jnp.where(nan, kept, jnp.where(x <= hi, x, hi))
-  return x
+    x = jnp.where((x <= hi) | _isnan(x), x, hi)
+  return jnp.where(nan_input, kept, x)
 
 
 def _nan_to_num_real(x: jax.Array, nan: float | None, posinf: float | None,
@@ -794,9 +793,10 @@ def silu(self):
 def hardtanh(self, min_val=-1, max_val=1):
   # Bounds in self's (opmath) dtype: truncated for an integer tensor, like torch. Unlike
   # clamp's, torch's hardtanh_backward passes no gradient at the bounds themselves (and
-  # passes it at a nan input): hence `<=`/`>=` choosing the constant bound.
+  # passes it at a nan input): the clamped value, with the gradient only strictly inside.
   lo, hi = _as(min_val, self.dtype), _as(max_val, self.dtype)
-  return jnp.where(self <= lo, lo, jnp.where(self >= hi, hi, self))
+  inside = ((self > lo) & (self < hi)) | _isnan(self)
+  return jnp.where(inside, self, jax.lax.stop_gradient(_clamp(self, lo, hi)))
 
 
 @lowering(aten.leaky_relu.default)
