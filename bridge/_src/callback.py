@@ -384,7 +384,7 @@ _SEED_KEY = ffi.register(
 
 
 _programs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-_programs_strong: dict[Any, dict] = {}
+_programs_strong: dict[int, tuple[Any, dict]] = {}
 
 
 def _cache_for(fn: Any) -> dict:
@@ -392,8 +392,8 @@ def _cache_for(fn: Any) -> dict:
   anchor, sub = (owner, getattr(fn, "__func__", fn)) if owner is not None else (fn, None)
   try:
     table = _programs.setdefault(anchor, {})
-  except TypeError:  # not weak-referenceable
-    table = _programs_strong.setdefault(id(anchor), {})
+  except TypeError:  # not weak-referenceable: kept alive here, so its id is never reused
+    table = _programs_strong.setdefault(id(anchor), (anchor, {}))[1]
   return table.setdefault(sub, {}) if sub is not None else table
 
 
