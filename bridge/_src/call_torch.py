@@ -87,6 +87,7 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
 
 
 MODES = ("trace", "callback")
+VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims", "broadcast_all")
 
 
 def call_torch(fn: Callable[..., Any], /, *args: Any, mode: str = "trace",
@@ -177,7 +178,6 @@ def check_mode(mode: Any, vmap_method: Any, result_shape_dtypes: Any, api: str =
         f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
         "argument; to pass `mode=` to the torch function, bind it first: "
         "`functools.partial(fn, mode=...)`.)")
-  from bridge._src.callback import VMAP_METHODS  # (callback mode builds on this module)
   if vmap_method is not None and vmap_method not in VMAP_METHODS:
     raise BridgeTypeError(
         f"`{api}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")

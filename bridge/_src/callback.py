@@ -37,41 +37,28 @@ from bridge._src import ffi
 from bridge._src import scope
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
-from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.call_torch import check_mode
+from bridge._src.dispatch import _HashableBox
+from bridge._src.errors import BridgeError
 
 API = "bridge.call_torch"
-VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims", "broadcast_all")
 
 _DYN = object()  # marks where a dynamic (array) leaf goes among the static leaves
 
 
-class _Identity:
-  """An unhashable static argument, compared by identity."""
-
-  __slots__ = ("value",)
-
-  def __init__(self, value: Any):
-    self.value = value
-
-  def __hash__(self) -> int:
-    return id(self.value)
-
-  def __eq__(self, other: Any) -> bool:
-    return isinstance(other, _Identity) and other.value is self.value
-
-
 def _hashable(x: Any) -> Any:
+  """`x` as a static leaf of a cache key: tensors and unhashable values by identity."""
   if isinstance(x, torch.Tensor):
-    return _Identity(x)
+    return _HashableBox(x)
   try:
     hash(x)
     return x
   except TypeError:
-    return _Identity(x)
+    return _HashableBox(x)
 
 
 def _unbox(x: Any) -> Any:
-  return x.value if type(x) is _Identity else x
+  return x.v if type(x) is _HashableBox else x
 
 
 def _is_float(dtype: Any) -> bool:
@@ -452,10 +439,8 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   With `return_mutated`, returns `(outputs, {leaf index: new value})` for the array
   leaves of `(args, kwargs)` (in `tree.flatten` order) that `fn` wrote to in place.
   """
+  check_mode("callback", vmap_method, result_shape_dtypes)
   vmap_method = vmap_method or "sequential"
-  if vmap_method not in VMAP_METHODS:
-    raise BridgeTypeError(
-        f"`{API}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
   name = name or _describe(fn)
   if not ffi.supported():
     raise BridgeError(

@@ -18,7 +18,6 @@ import warnings
 from typing import Any, Callable
 
 import jax
-import torch
 
 from bridge._src import config as config_lib
 from bridge._src import ffi

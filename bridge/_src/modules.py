@@ -261,18 +261,25 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: st
     out, mutated = apply(module, module, params, targs, tkwargs, API)
     check_no_leak(module, API)
     out = call_torch_lib.outputs_to_jax(out, API)
-    if return_state:
-      new = dict(params)
-      new.update(mutated)
-      return out, new
-    if mutated:
-      warn_dropped_updates(module, list(mutated), API,
-                           "Pass `return_state=True` to `extract_jax` to get them.")
-    return out
+    return _with_state(module, params, out, mutated, return_state)
 
   fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
   fn.__doc__ = f"`{type(module).__name__}.forward` as a pure JAX function of (params, *args)."
   return params, fn
+
+
+def _with_state(module: torch.nn.Module, params: Mapping[str, Any], out: Any,
+                mutated: Mapping[str, Any], return_state: bool) -> Any:
+  """An `extract_jax` function's result: `(out, new_params)` with the buffers the forward
+  updated, or `out` (and a warning if there were updates to drop)."""
+  if return_state:
+    new = dict(params)
+    new.update(mutated)
+    return out, new
+  if mutated:
+    warn_dropped_updates(module, list(mutated), API,
+                         "Pass `return_state=True` to `extract_jax` to get them.")
+  return out
 
 
 def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str | None
@@ -292,14 +299,7 @@ def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str |
                                  name=name, return_mutated=True)
     names = sorted(state)  # the state's leaves come first, in JAX's (sorted) key order
     mutated = {names[i]: v for i, v in written.items() if i < len(names)}
-    if return_state:
-      new = dict(params)
-      new.update(mutated)
-      return out, new
-    if mutated:
-      warn_dropped_updates(module, list(mutated), API,
-                           "Pass `return_state=True` to `extract_jax` to get them.")
-    return out
+    return _with_state(module, params, out, mutated, return_state)
 
   fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
   fn.__doc__ = (f"`{type(module).__name__}.forward` as a JAX function of (params, *args), "
