@@ -298,19 +298,10 @@ class Compiled:
   def _placement_error(self, arrays: list, n: int) -> Exception:
     """The module's state and the arguments are on different sets of devices (meshes)."""
     from bridge._src.dispatch import DeviceMismatchError
-    from bridge._src.sharding import describe
+    from bridge._src.sharding import placement_lines
     names = [f"parameter/buffer {name}" for name in self._names] + ["the random key"] + [
         f"argument {i}" for i in range(len(arrays) - n - 1)]
-    lines, seen = [], set()
-    for name, a in zip(names, arrays):
-      sharding = getattr(a, "sharding", None)
-      if sharding is None or not hasattr(sharding, "device_set"):
-        continue
-      devices = tuple(sorted(d.id for d in sharding.device_set))
-      if devices not in seen:  # one line per distinct set of devices
-        seen.add(devices)
-        lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices "
-                     f"{list(devices)}")
+    lines = placement_lines(zip(names, arrays), distinct=True)  # a line per set of devices
     return DeviceMismatchError(
         f"`{API}({self.name})`: the module's state and the arguments are placed on different "
         "sets of devices:\n" + "\n".join(lines) + "\nOne compiled program runs on one mesh: "

@@ -141,13 +141,8 @@ def _placed_like(out: Any, like: Any) -> Any:
 
 def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
   """Tensors of one op placed on different sets of devices (different meshes)."""
-  from bridge._src.sharding import describe
-  placed = []
-  for i, a in enumerate(dyn):
-    sharding = getattr(a, "sharding", None)
-    if sharding is not None and np.ndim(a) > 0:
-      placed.append(f"  argument {i}: shape {tuple(np.shape(a))}, {describe(sharding)}, "
-                    f"devices {sorted(d.id for d in sharding.device_set)}")
+  from bridge._src.sharding import placement_lines
+  placed = placement_lines((f"argument {i}", a) for i, a in enumerate(dyn) if np.ndim(a) > 0)
   return DeviceMismatchError(
       f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
       + "\n".join(placed) + "\nOne op runs on one mesh: place them together first "

@@ -41,6 +41,23 @@ def describe(sharding: Any) -> str:
   return f"{type(sharding).__name__} over devices {devices}"
 
 
+def placement_lines(named: Any, *, distinct: bool = False) -> list[str]:
+  """`  name: shape ..., <sharding>, devices [...]` for each (name, array) with a sharding (an
+  error message's listing); with `distinct`, only the first array on each set of devices."""
+  lines, seen = [], set()
+  for name, a in named:
+    sharding = getattr(a, "sharding", None)
+    if sharding is None or not hasattr(sharding, "device_set"):
+      continue
+    devices = tuple(sorted(d.id for d in sharding.device_set))
+    if distinct and devices in seen:
+      continue
+    seen.add(devices)
+    lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices "
+                 f"{list(devices)}")
+  return lines
+
+
 def check_devices(sharding: Any, what: str, api: str = API) -> None:
   """Refuse a sharding over no devices (an abstract mesh) or over devices JAX does not have."""
   mesh = getattr(sharding, "mesh", None)
