@@ -549,6 +549,10 @@ class _ViewPlan:
     meta = self.cache.get(key)
     if meta is None:
       meta = self.cache[key] = self._meta(self_t, rest, kwargs)
+    if meta is _COPIES:
+      # A "maybe view" op (`reshape`, `contiguous`, `flatten` of a non-viewable
+      # layout) copies here: its composite kernel does the copy with ordinary ops.
+      return self.func.decompose(*args, **kwargs)
     storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
     if isinstance(meta, list):
       return [make_view(storage, *m, dtype, device) for m in meta]
@@ -559,9 +563,15 @@ class _ViewPlan:
     base = torch.empty(numel, dtype=t.dtype, device="meta")
     m = base.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
     out = self.func(m, *rest, **kwargs)
+    if any(not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])) and \
+        torch._C._dispatch_has_kernel_for_dispatch_key(self.func.name(), "CompositeImplicitAutograd"):
+      return _COPIES
     if isinstance(out, (list, tuple)):
       return [(tuple(o.shape), tuple(o.stride()), o.storage_offset()) for o in out]
     return (tuple(out.shape), tuple(out.stride()), out.storage_offset())
+
+
+_COPIES = object()  # a `_ViewPlan` cache entry: the op copies for this layout
 
 
 def _freeze(x: Any) -> Any:

@@ -9,7 +9,8 @@ REGISTRY_API_VERSION = 1
 
 # One module per op family; each registers its lowerings with `@lowering` on import.
 FAMILIES = ("elementwise", "reduction", "linalg", "shape", "indexing", "creation", "random",
-            "nn", "loss", "foreach", "attention", "recurrent")
+            "nn", "loss", "foreach", "attention", "recurrent", "special", "fft", "pooling",
+            "interpolation")
 
 
 def import_families() -> list:

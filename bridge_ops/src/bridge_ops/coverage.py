@@ -1,0 +1,454 @@
+"""How much of torch's OpInfo database the lowerings get right: `python -m bridge_ops.coverage`.
+
+Every OpInfo entry of `torch.testing._internal.common_methods_invocations.op_db`
+(variants included, by `name.variant_test_name`) is run, for each dtype of
+`DTYPES` that torch supports for it on CPU, three ways:
+
+* `eager`: its sample inputs moved to the `jax` torch device, the op called on them;
+* `jit`: the op inside `jax.jit` through `bridge.call_torch`, JAX arrays in;
+* `grad`: for differentiable ops, in float64 (float32 where torch has no float64
+  backward), `jax.grad` through `call_torch` of `sum(out * cotangent)`, against
+  torch autograd of the same sum.
+
+and compared with the same op in torch on CPU. Each (op, dtype, mode) gets one
+`Outcome`: "pass" (values within tolerance and the exact dtype), "dtype" (right
+values, wrong dtype), "wrong" (wrong values: a silent wrong number), or "error"
+(the bridge raised; `detail` says what). Ops run with `bridge.config(fallback=
+"error")`, so an op that only works through the callback fallback counts as missing.
+
+Random ops (`RANDOM`) and uninitialized memory (`UNINITIALIZED`) compare shapes and
+dtypes only: their values are checked statistically in the op tests.
+
+Needs `expecttest` (torch's OpInfo module imports it): the test extras have it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import sys
+import time
+import warnings
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+# The dtypes measured, with the short names the tables use.
+DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+    torch.int64: "i64", torch.int32: "i32", torch.bool: "bool", torch.complex64: "c64",
+}
+MODES = ("eager", "jit", "grad")
+SAMPLES = {"eager": 3, "jit": 2, "grad": 2}
+
+# Ops whose values are random: compared by shape and dtype only.
+RANDOM = frozenset({
+    "bernoulli", "multinomial", "normal", "normal.number_mean", "normal.in_place", "rand_like",
+    "randn_like", "randint_like", "randint", "uniform", "exponential", "geometric", "cauchy",
+    "log_normal", "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu", "poisson",
+    "randn", "rand", "randperm", "nn.functional.multi_head_attention_forward",
+})
+# Ops that return uninitialized memory: compared by shape and dtype only.
+UNINITIALIZED = frozenset({
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "torch.empty", "resize_", "resize_as_",
+})
+
+# Per-(op, dtype) tolerances where the numerics legitimately differ: (atol, rtol).
+TOLERANCES: dict[tuple[str, torch.dtype | None], tuple[float, float]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """The result of one (op, dtype, mode): `status` in pass/dtype/wrong/error/skip."""
+  op: str
+  dtype: str
+  mode: str
+  status: str
+  detail: str = ""
+
+
+def full_name(info: Any) -> str:
+  """`name.variant_test_name`, or `name` for an entry without a variant."""
+  return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+
+
+_FAMILIES = (
+    ("special.", "special functions"), ("linalg.", "linear algebra"), ("fft.", "fft"),
+    ("nn.functional.conv", "convolution"), ("nn.functional.max_pool", "pooling"),
+    ("nn.functional.avg_pool", "pooling"), ("nn.functional.adaptive", "pooling"),
+    ("nn.functional.fractional", "pooling"), ("nn.functional.lp_pool", "pooling"),
+    ("max_pool", "pooling"), ("nn.functional.interpolate", "interpolation"),
+    ("nn.functional.upsample", "interpolation"), ("nn.functional.grid_sample", "interpolation"),
+    ("nn.functional.affine_grid", "interpolation"),
+    ("nn.functional.embedding", "embedding"), ("nn.functional.", "nn functional"),
+    ("_refs.", "refs"), ("_", "private"),
+)
+_SETS = {
+    "reductions and scans": {
+        "sum", "prod", "mean", "nanmean", "std", "var", "std_mean", "var_mean", "amax", "amin",
+        "max", "min", "argmax", "argmin", "all", "any", "norm", "nansum", "logsumexp", "cumsum",
+        "cumprod", "cummax", "cummin", "logcumsumexp", "median", "nanmedian", "mode", "count_nonzero",
+        "aminmax", "quantile", "nanquantile", "kthvalue", "cumulative_trapezoid", "trapz",
+        "trapezoid", "diff", "renorm", "dist", "histc", "bincount", "histogram", "histogramdd",
+    },
+    "sorting and search": {
+        "sort", "argsort", "topk", "unique", "unique_consecutive", "searchsorted", "bucketize",
+        "msort", "isin",
+    },
+    "indexing": {
+        "gather", "scatter", "scatter_add", "scatter_reduce", "index_put", "index_add",
+        "index_copy", "index_fill", "index_select", "index_reduce", "masked_fill",
+        "masked_scatter", "masked_select", "take", "take_along_dim", "put", "__getitem__",
+        "nonzero", "nonzero_static", "argwhere", "where", "select_scatter", "slice_scatter",
+        "diagonal_scatter", "as_strided_scatter", "masked.", "select",
+    },
+}
+
+
+def family(name: str) -> str:
+  """The op family a name belongs to, for the coverage table."""
+  base = name.split(".")[0] if not name.startswith(("special.", "linalg.", "fft.", "nn.", "_refs.", "masked.", "sparse.")) else name
+  for fam, names in _SETS.items():
+    if base in names or name in names or any(name.startswith(n) for n in names if n.endswith(".")):
+      return fam
+  for prefix, fam in _FAMILIES:
+    if name.startswith(prefix):
+      return fam
+  return "elementwise, shape and other"
+
+
+# ---------------------------------------------------------------------------- running one op
+
+
+def _call(info: Any, tree: tuple) -> Any:
+  inp, args, kwargs = tree
+  return info.op(inp, *args, **kwargs)
+
+
+def _map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+  return pytree.tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _clone(t: torch.Tensor) -> torch.Tensor:
+  return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+class _Mismatch(Exception):
+  """The bridge's result differs from torch's (a silently wrong number)."""
+
+
+class _TorchRefused(Exception):
+  """Torch itself raises on this sample: there is nothing to compare with."""
+
+
+def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: bool) -> str:
+  """"pass" or "dtype" (right values, another dtype); raises `_Mismatch` for wrong values."""
+  act, exp = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+  if len(act) != len(exp):
+    raise _Mismatch(f"{len(act)} outputs where torch gives {len(exp)}")
+  status = "pass"
+  tol = TOLERANCES.get((name, dtype)) or TOLERANCES.get((name, None))
+  kw = {"atol": tol[0], "rtol": tol[1]} if tol else {}
+  for i, (a, e) in enumerate(zip(act, exp)):
+    if not isinstance(e, torch.Tensor):
+      if values and not _same_value(a, e):
+        raise _Mismatch(f"output {i} is {a!r}, torch gives {e!r}")
+      continue
+    if not isinstance(a, torch.Tensor):
+      raise _Mismatch(f"output {i} is {type(a).__name__}, torch gives a tensor")
+    if tuple(a.shape) != tuple(e.shape):
+      raise _Mismatch(f"output {i} has shape {tuple(a.shape)}, torch {tuple(e.shape)}")
+    if a.dtype != e.dtype:
+      status = "dtype"
+    if not values or e.numel() == 0:
+      continue
+    try:
+      torch.testing.assert_close(a.detach().cpu().to(e.dtype).resolve_conj().resolve_neg(),
+                                 e.detach().resolve_conj().resolve_neg(), equal_nan=True,
+                                 check_device=False, check_layout=False, check_stride=False, **kw)
+    except AssertionError as err:
+      raise _Mismatch(f"output {i}: " + " ".join(str(err).split("\n")[1:3]).strip()) from None
+  return status
+
+
+def _same_value(a: Any, e: Any) -> bool:
+  if isinstance(a, torch.Tensor):
+    a = a.item() if a.numel() == 1 else a.tolist()
+  if isinstance(e, float) and e != e:
+    return a != a
+  try:
+    return bool(a == e)
+  except Exception:  # noqa: BLE001 - values that cannot be compared are a mismatch
+    return False
+
+
+# Ops whose tensor arguments other than the first stay on the CPU, as torch requires
+# on every device (`tensor_split(x, indices_tensor)`).
+CPU_ARGS = frozenset({"tensor_split"})
+
+
+def _reference(info: Any, tree: tuple) -> Any:
+  try:
+    return _call(info, _map(_clone, tree))
+  except Exception as err:  # noqa: BLE001 - torch refuses the sample
+    raise _TorchRefused() from err
+
+
+def _eager(info: Any, tree: tuple) -> Any:
+  def move(t):
+    return t.detach().clone().to("jax")
+  if full_name(info) in CPU_ARGS:
+    moved = (move(tree[0]), tree[1], tree[2])
+  else:
+    moved = _map(move, tree)
+  return _map(lambda t: t.cpu(), _call(info, moved))
+
+
+def _keyed(fn: Callable, *arrays: Any) -> Any:
+  """`call_torch(fn, *arrays)` with a key current, for the random ops inside a staged program."""
+  import jax
+  import bridge
+  with bridge.rng_key(jax.random.key(0)):
+    return bridge.call_torch(fn, *arrays)
+
+
+def _substitute(tree: tuple, select: Callable[[torch.Tensor], bool]) -> tuple[list, Callable]:
+  """The tensors of `tree` that `select` picks, and `rebuild(tensors) -> tree` with them replaced
+  (the other tensors cloned, so a call never writes into the sample)."""
+  leaves, spec = pytree.tree_flatten(tree)
+  idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and select(v)]
+
+  def rebuild(ts):
+    full = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in leaves]
+    for i, t in zip(idx, ts):
+      full[i] = t
+    return pytree.tree_unflatten(full, spec)
+  return [leaves[i] for i in idx], rebuild
+
+
+def _jit(info: Any, tree: tuple) -> Any:
+  import jax
+  import bridge
+  first = tree[0]
+  cpu_args = full_name(info) in CPU_ARGS
+  tensors, rebuild = _substitute(tree, lambda t: not cpu_args or t is first)
+  with jax.enable_x64(True):
+    arrays = [bridge.to_jax(t.detach().clone(), copy=True) for t in tensors]
+    out = jax.jit(lambda *a: _keyed(lambda *ts: _call(info, rebuild(ts)), *a))(*arrays)
+    return bridge.to_torch(out, copy=True)
+
+
+def _differentiable(out: Any) -> list:
+  return [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)
+          and o.dtype.is_floating_point]
+
+
+def _grad(info: Any, tree: tuple, seed: int) -> tuple[list, list] | None:
+  """(bridge's gradients, torch's) of `sum(out * cotangent)` over the floating outputs,
+  with respect to the sample's tensors that require grad; None when there are none."""
+  import jax
+  import bridge
+  tensors, rebuild = _substitute(tree, lambda t: t.requires_grad)
+  if not tensors:
+    return None
+  ins = [t.detach().clone().requires_grad_(True) for t in tensors]
+  try:
+    outs = [o for o in _differentiable(_call(info, rebuild(ins))) if o.requires_grad]
+  except Exception as err:  # noqa: BLE001 - torch refuses the sample
+    raise _TorchRefused() from err
+  if not outs:
+    return None
+  gen = torch.Generator().manual_seed(seed)
+  cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+  expected = torch.autograd.grad(outs, ins, cots, allow_unused=True)
+  expected = [torch.zeros_like(t) if g is None else g for t, g in zip(ins, expected)]
+
+  def loss(*ts):
+    got = _differentiable(_call(info, rebuild(ts)))
+    if len(got) != len(outs):
+      raise _Mismatch(f"{len(got)} differentiable outputs where torch gives {len(outs)}")
+    return sum((x * c.to(x.device)).sum() for x, c in zip(got, cots))
+
+  with jax.enable_x64(True):
+    arrays = [bridge.to_jax(t.detach().clone(), copy=True) for t in ins]
+    grads = jax.jit(jax.grad(lambda *a: _keyed(loss, *a), argnums=tuple(range(len(arrays)))))(*arrays)
+    return [bridge.to_torch(g, copy=True) for g in grads], expected
+
+
+def _samples(info: Any, dtype: torch.dtype, requires_grad: bool, n: int) -> list:
+  torch.manual_seed(0)
+  out = []
+  try:
+    for s in info.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+      out.append(s)
+      if len(out) >= n:
+        break
+  except Exception:  # noqa: BLE001 - torch's own sample generator failing is torch's business
+    pass
+  return out
+
+
+def _first_line(err: BaseException) -> str:
+  msg = str(err).strip().split("\n")[0][:160]
+  return f"{type(err).__name__}: {msg}"
+
+
+def grad_dtype(info: Any) -> torch.dtype | None:
+  """The dtype the grad mode runs in, or None when the op is not differentiable here."""
+  if not info.supports_autograd:
+    return None
+  back = info.supported_backward_dtypes("cpu")
+  for d in (torch.float64, torch.float32):
+    if d in back:
+      return d
+  return None
+
+
+def _run(info: Any, dtype: torch.dtype, mode: str, tree: tuple, k: int, values: bool) -> str | None:
+  """The status of one sample ("pass" or "dtype"), None when there is nothing to compare."""
+  name = full_name(info)
+  torch.manual_seed(k)
+  if mode == "grad":
+    pair = _grad(info, tree, k)
+    return None if pair is None else _compare(name, dtype, pair[0], pair[1], values)
+  expected = _reference(info, tree)
+  torch.manual_seed(k)
+  got = _eager(info, tree) if mode == "eager" else _jit(info, tree)
+  return _compare(name, dtype, got, expected, values)
+
+
+def check(info: Any, dtype: torch.dtype, mode: str) -> Outcome:
+  """Runs one (op, dtype, mode) on up to `SAMPLES[mode]` samples and says how it went."""
+  import bridge
+  name, short = full_name(info), DTYPES[dtype]
+  values = name not in RANDOM and name not in UNINITIALIZED
+  status, detail, ran = "pass", "", 0
+  with warnings.catch_warnings(), bridge.config(fallback="error"):
+    warnings.simplefilter("ignore")
+    for k, sample in enumerate(_samples(info, dtype, mode == "grad", SAMPLES[mode])):
+      try:
+        s = _run(info, dtype, mode, (sample.input, sample.args, sample.kwargs), k, values)
+      except _TorchRefused:
+        continue
+      except _Mismatch as err:
+        return Outcome(name, short, mode, "wrong", f"sample {k}: {err}")
+      except Exception as err:  # noqa: BLE001 - every failure of the bridge is recorded
+        return Outcome(name, short, mode, "error", f"sample {k}: {_first_line(err)}")
+      if s is None:
+        continue
+      ran += 1
+      if s == "dtype" and status == "pass":
+        status, detail = "dtype", f"sample {k}: dtype differs"
+  if not ran:
+    return Outcome(name, short, mode, "skip", "no sample torch runs")
+  return Outcome(name, short, mode, status, detail)
+
+
+def jobs(infos: Sequence[Any], modes: Iterable[str] = MODES) -> list[tuple[Any, torch.dtype, str]]:
+  """Every (op, dtype, mode) the coverage runs for `infos`."""
+  out = []
+  for info in infos:
+    supported = info.supported_dtypes("cpu")
+    for mode in modes:
+      if mode == "grad":
+        d = grad_dtype(info)
+        if d is not None:
+          out.append((info, d, mode))
+        continue
+      out.extend((info, d, mode) for d in DTYPES if d in supported)
+  return out
+
+
+def op_db() -> list:
+  """torch's OpInfo entries, sorted by full name."""
+  from torch.testing._internal.common_methods_invocations import op_db as db
+  return sorted(db, key=full_name)
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def summarize(outcomes: Sequence[Outcome]) -> dict[str, dict[str, collections.Counter]]:
+  """family -> mode -> Counter(status)."""
+  table: dict = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+  for o in outcomes:
+    if o.status != "skip":
+      table[family(o.op)][o.mode][o.status] += 1
+  return table
+
+
+def markdown(outcomes: Sequence[Outcome]) -> str:
+  """The coverage table, per family and mode: passing pairs over all pairs."""
+  table = summarize(outcomes)
+  lines = ["| family | eager | jit | grad | silently wrong |", "|---|---|---|---|---|"]
+  totals: dict = collections.defaultdict(collections.Counter)
+
+  def cell(c: collections.Counter) -> str:
+    n = sum(c.values())
+    return f"{c['pass']}/{n} ({100 * c['pass'] / n:.1f}%)" if n else "-"
+
+  for fam in sorted(table):
+    row = table[fam]
+    wrong = sum(row[m]["wrong"] for m in MODES)
+    for m in MODES:
+      totals[m].update(row[m])
+    lines.append(f"| {fam} | " + " | ".join(cell(row[m]) for m in MODES) + f" | {wrong} |")
+  lines.append("| **all** | " + " | ".join(f"**{cell(totals[m])}**" for m in MODES)
+               + f" | **{sum(totals[m]['wrong'] for m in MODES)}** |")
+  return "\n".join(lines)
+
+
+def _worker(names: list[str], modes: tuple) -> list[Outcome]:
+  import bridge  # noqa: F401 - registers the device
+  infos = [i for i in op_db() if full_name(i) in set(names)]
+  return [check(i, d, m) for i, d, m in jobs(infos, modes)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m bridge_ops.coverage", description=__doc__.split("\n")[0])
+  parser.add_argument("--ops", nargs="*", help="only these OpInfo names (default: all)")
+  parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+  parser.add_argument("--out", default=None, help="write the markdown table here too")
+  parser.add_argument("--failures", action="store_true", help="print every failing (op, dtype, mode)")
+  parser.add_argument("--json", default=None, help="write every outcome here as JSON lines")
+  parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+  args = parser.parse_args(argv)
+  import bridge  # noqa: F401
+  infos = op_db()
+  if args.ops:
+    infos = [i for i in infos if full_name(i) in args.ops or i.name in args.ops]
+  names = [full_name(i) for i in infos]
+  start = time.time()
+  if args.jobs > 1:
+    import concurrent.futures
+    import multiprocessing
+    chunks = [names[k::args.jobs * 8] for k in range(args.jobs * 8)]
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+      outcomes = [o for part in ex.map(_worker, chunks, [tuple(args.modes)] * len(chunks)) for o in part]
+  else:
+    outcomes = _worker(names, tuple(args.modes))
+  if args.failures:
+    for o in sorted(outcomes, key=lambda o: (o.op, o.mode, o.dtype)):
+      if o.status not in ("pass", "skip"):
+        print(f"{o.op:45s} {o.mode:5s} {o.dtype:4s} {o.status:5s} {o.detail}")
+  if args.json:
+    import json
+    with open(args.json, "w") as f:
+      for o in outcomes:
+        f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+  text = markdown(outcomes)
+  print(text)
+  print(f"\n{len(infos)} OpInfo entries, {len(outcomes)} (op, dtype, mode) runs in {time.time() - start:.0f} s")
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
