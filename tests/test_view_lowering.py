@@ -246,3 +246,55 @@ def test_linear_weight_reads_as_a_transpose_under_jit():
   assert "stablehlo.transpose" in hlo and not _GATHER_OR_SCATTER.search(hlo)
   torch.testing.assert_close(lin(x).cpu(), torch.nn.functional.linear(
       x.cpu(), lin.weight.detach().cpu(), lin.bias.detach().cpu()))
+
+
+# Inside a decomposition (torch code running below autograd on the device), the "maybe
+# view" ops reach the device as themselves: `reshape` of a layout no view can express
+# must copy, and `to(device="cpu")` is a copy, not a view.
+MAYBE_VIEWS = {
+    "pixel_shuffle": lambda x: torch.nn.functional.pixel_shuffle(x, 2),
+    "pixel_unshuffle": lambda x: torch.nn.functional.pixel_unshuffle(x, 2),
+    "channel_shuffle": lambda x: torch.nn.functional.channel_shuffle(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAYBE_VIEWS))
+def test_maybe_view_ops_copy_inside_decompositions(name):
+  x = torch.randn(2, 4, 4, 4)
+  fn = MAYBE_VIEWS[name]
+  torch.testing.assert_close(fn(x.to("jax")).cpu(), fn(x), rtol=0, atol=0)
+  got = jax.jit(lambda a: bridge.call_torch(fn, a))(jnp.asarray(x.numpy()))
+  torch.testing.assert_close(torch.from_numpy(np.asarray(got)), fn(x), rtol=0, atol=0)
+
+
+def test_running_stats_on_the_cpu_update_in_an_eager_call_and_refuse_under_jit():
+  mean, var = torch.zeros(3), torch.ones(3)
+  x = torch.randn(4, 3)
+  fn = lambda t: torch.nn.functional.batch_norm(t, mean, var, training=True)  # noqa: E731
+  out = bridge.call_torch(fn, jnp.asarray(x.numpy()))
+  want_mean, want_var = torch.zeros(3), torch.ones(3)
+  want = torch.nn.functional.batch_norm(x, want_mean, want_var, training=True)
+  torch.testing.assert_close(torch.from_numpy(np.asarray(out)), want)
+  torch.testing.assert_close(mean, want_mean)
+  torch.testing.assert_close(var, want_var)
+  with pytest.raises(bridge.TracedValueError, match="a copy to cpu"):
+    jax.jit(lambda a: bridge.call_torch(fn, a))(jnp.asarray(x.numpy()))
+
+
+_LIB = torch.library.Library("bridge_test_declines", "DEF")
+_LIB.define("twice(Tensor x) -> Tensor")
+_LIB.impl("twice", lambda x: x * 2, "CPU")
+_LIB.impl("twice", lambda x: torch.empty_like(x), "Meta")
+
+
+def test_a_decomposition_that_declines_its_arguments_falls_back(monkeypatch):
+  # torch's decompositions return NotImplemented for arguments they do not cover (e.g.
+  # adaptive_max_pool2d when the input size is not a multiple of the output size).
+  from torch._decomp import decomposition_table
+  op = torch.ops.bridge_test_declines.twice.default
+  monkeypatch.setitem(decomposition_table, op, lambda x: NotImplemented)
+  x = torch.randn(5)
+  with pytest.warns(bridge.FallbackWarning, match="twice"):
+    torch.testing.assert_close(op(x.to("jax")).cpu(), x * 2)
+  with bridge.config(fallback="error"), pytest.raises(bridge.OperatorNotFound, match="twice"):
+    op(torch.randn(6).to("jax"))  # (another shape: a new trace, which sees the policy)

@@ -323,6 +323,12 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
         lambda x: make(x, device) if isinstance(x, jax.core.Tracer)
         and (np.ndim(x) > 0 or not x.aval.weak_type) else x, (args, kwargs))
     out = decomp(*targs, **tkwargs)
+    if out is NotImplemented:  # torch's decomposition does not cover these arguments
+      from bridge._src import fallback
+      lowering = fallback.lowering(func)
+      if lowering is None:
+        _raise_not_found(func)
+      return lowering.fn(*args, **kwargs)
     return jax.tree_util.tree_map(lambda t: value(t) if isinstance(t, Tensor) else t, out,
                                   is_leaf=lambda t: isinstance(t, torch.Tensor))
   return run
@@ -562,9 +568,15 @@ class _ViewPlan:
     numel = int(np.prod(t._storage.array.shape))
     base = torch.empty(numel, dtype=t.dtype, device="meta")
     m = base.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
-    out = self.func(m, *rest, **kwargs)
-    if any(not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])) and \
-        torch._C._dispatch_has_kernel_for_dispatch_key(self.func.name(), "CompositeImplicitAutograd"):
+    composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+        self.func.name(), "CompositeImplicitAutograd")
+    try:
+      out = self.func(m, *rest, **kwargs)
+    except (NotImplementedError, RuntimeError):
+      if composite:  # `to(device="cpu")`: no meta answer, a copy
+        return _COPIES
+      raise
+    if composite and any(not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])):
       return _COPIES
     if isinstance(out, (list, tuple)):
       return [(tuple(o.shape), tuple(o.stride()), o.storage_offset()) for o in out]

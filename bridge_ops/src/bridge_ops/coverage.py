@@ -239,8 +239,17 @@ def _jit(info: Any, tree: tuple) -> Any:
   tensors, rebuild = _substitute(tree, lambda t: not cpu_args or t is first)
   with jax.enable_x64(True):
     arrays = [bridge.to_jax(t.detach().clone(), copy=True) for t in tensors]
-    out = jax.jit(lambda *a: _keyed(lambda *ts: _call(info, rebuild(ts)), *a))(*arrays)
-    return bridge.to_torch(out, copy=True)
+    found: dict = {}
+
+    def program(*a):
+      # Non-tensor results (a `torch.Size`, a Python bool) are known while tracing.
+      leaves, found["spec"] = jax.tree_util.tree_flatten(
+          _keyed(lambda *ts: _call(info, rebuild(ts)), *a))
+      found["leaves"] = [None if isinstance(v, jax.Array) else v for v in leaves]
+      return [v for v in leaves if isinstance(v, jax.Array)]
+    arrays_out = iter(jax.jit(program)(*arrays))
+    leaves = [next(arrays_out) if v is None else v for v in found["leaves"]]
+    return bridge.to_torch(jax.tree_util.tree_unflatten(found["spec"], leaves), copy=True)
 
 
 def _differentiable(out: Any) -> list:
@@ -250,33 +259,38 @@ def _differentiable(out: Any) -> list:
 
 def _grad(info: Any, tree: tuple, seed: int) -> tuple[list, list] | None:
   """(bridge's gradients, torch's) of `sum(out * cotangent)` over the floating outputs,
-  with respect to the sample's tensors that require grad; None when there are none."""
+  with respect to the sample's tensors that require grad; None when there are none.
+  Every tensor of the sample enters the JAX program as an array; JAX differentiates
+  with respect to those that require grad."""
   import jax
   import bridge
-  tensors, rebuild = _substitute(tree, lambda t: t.requires_grad)
-  if not tensors:
+  tensors, rebuild = _substitute(tree, lambda t: True)
+  wrt = [i for i, t in enumerate(tensors) if t.requires_grad]
+  if not wrt:
     return None
-  ins = [t.detach().clone().requires_grad_(True) for t in tensors]
+  ins = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
   try:
-    outs = [o for o in _differentiable(_call(info, rebuild(ins))) if o.requires_grad]
+    floats = _differentiable(_call(info, rebuild(ins)))
   except Exception as err:  # noqa: BLE001 - torch refuses the sample
     raise _TorchRefused() from err
+  keep = [i for i, o in enumerate(floats) if o.requires_grad]  # torch's differentiable outputs
+  outs = [floats[i] for i in keep]
   if not outs:
     return None
   gen = torch.Generator().manual_seed(seed)
   cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
-  expected = torch.autograd.grad(outs, ins, cots, allow_unused=True)
-  expected = [torch.zeros_like(t) if g is None else g for t, g in zip(ins, expected)]
+  expected = torch.autograd.grad(outs, [ins[i] for i in wrt], cots, allow_unused=True)
+  expected = [torch.zeros_like(ins[i]) if g is None else g for i, g in zip(wrt, expected)]
 
   def loss(*ts):
     got = _differentiable(_call(info, rebuild(ts)))
-    if len(got) != len(outs):
-      raise _Mismatch(f"{len(got)} differentiable outputs where torch gives {len(outs)}")
-    return sum((x * c.to(x.device)).sum() for x, c in zip(got, cots))
+    if len(got) != len(floats):
+      raise _Mismatch(f"{len(got)} floating outputs where torch gives {len(floats)}")
+    return sum((got[i] * c.to(got[i].device)).sum() for i, c in zip(keep, cots))
 
   with jax.enable_x64(True):
     arrays = [bridge.to_jax(t.detach().clone(), copy=True) for t in ins]
-    grads = jax.jit(jax.grad(lambda *a: _keyed(loss, *a), argnums=tuple(range(len(arrays)))))(*arrays)
+    grads = jax.jit(jax.grad(lambda *a: _keyed(loss, *a), argnums=tuple(wrt)))(*arrays)
     return [bridge.to_torch(g, copy=True) for g in grads], expected
 
 
