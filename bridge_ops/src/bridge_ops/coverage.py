@@ -427,7 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m bridge_ops.coverage", description=__doc__.split("\n")[0])
   parser.add_argument("--ops", nargs="*", help="only these OpInfo names (default: all)")
   parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
-  parser.add_argument("--out", default=None, help="write the markdown table here too")
+  parser.add_argument("--out", default=None,
+                      help="where the markdown page goes (default: COVERAGE.md beside bridge_ops' "
+                           "pyproject.toml in a source checkout, else ./COVERAGE.md)")
   parser.add_argument("--failures", action="store_true", help="print every failing (op, dtype, mode)")
   parser.add_argument("--json", default=None, help="write every outcome here as JSON lines")
   parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
@@ -457,11 +459,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         f.write(json.dumps(dataclasses.asdict(o)) + "\n")
   text = markdown(outcomes)
   print(text)
-  print(f"\n{len(infos)} OpInfo entries, {len(outcomes)} (op, dtype, mode) runs in {time.time() - start:.0f} s")
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+  took = time.time() - start
+  print(f"\n{len(infos)} OpInfo entries, {len(outcomes)} (op, dtype, mode) runs in {took:.0f} s")
+  if not args.ops:  # a partial run does not replace the page
+    out = args.out or _default_page()
+    with open(out, "w") as f:
+      f.write(_page(text, len(infos)))
+    print(f"wrote {out}")
   return 0
+
+
+def _default_page() -> str:
+  import pathlib
+  checkout = pathlib.Path(__file__).resolve().parents[2]
+  if (checkout / "pyproject.toml").exists() and checkout.name == "bridge_ops":
+    return str(checkout / "COVERAGE.md")
+  return "COVERAGE.md"
+
+
+def _page(table: str, n_ops: int) -> str:
+  import jax
+  import platform
+  dtypes = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
+  return (
+      "# bridge_ops coverage of torch's OpInfo database\n\n"
+      f"Written by `python -m bridge_ops.coverage` (torch {torch.__version__}, JAX {jax.__version__}, "
+      f"{platform.machine()} CPU). Each of the {n_ops} OpInfo entries of `op_db` (variants "
+      f"included) runs for every dtype torch supports for it on CPU among {dtypes}, on up to "
+      f"{SAMPLES['eager']} sample inputs eagerly on the `jax` device, {SAMPLES['jit']} under "
+      "`jax.jit` through `bridge.call_torch`, and, for differentiable ops, "
+      f"{SAMPLES['grad']} under `jax.grad` (float64) against torch autograd. A pair passes "
+      "when every sample gives torch's values (torch.testing tolerances) with torch's exact "
+      "dtype. *Silently wrong* counts (op, dtype, mode) results with wrong values; a pair that "
+      "raises is a failure, not a wrong number. The failures, each with its reason, are listed "
+      "in [`tests/ops/opinfo_known.py`](../tests/ops/opinfo_known.py).\n\n"
+      + table + "\n")
 
 
 if __name__ == "__main__":
