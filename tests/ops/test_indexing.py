@@ -109,6 +109,15 @@ CASES = [
     (aten.scatter_add.default, (X, 1, ri(5, 4, 8), r(4, 8)), {}),
     (aten.scatter_add.default, (X3, 0, ri(3, 5, 2, 3), r(5, 3, 4)), {}),
     (aten.scatter.src, (torch.tensor(1.0), 0, torch.tensor(0), torch.tensor(5.0)), {}),
+    # bool: torch adds with logical or and multiplies with logical and
+    (aten.scatter_add.default, (m(4, 5), 1, ri(5, 4, 8), m(4, 8)), {}),
+    (aten.scatter.reduce, (m(4, 5), 0, ri(4, 6, 5), m(6, 5)), {"reduce": "multiply"}),
+    (aten.scatter.value_reduce, (m(4, 5), 1, ri(5, 4, 3), True), {"reduce": "add"}),
+    (aten.index_add.default, (m(4, 5), 0, i(0, 0, 3), m(3, 5)), {}),
+    (aten.index_put.default, (m(4, 5), [i(0, 0, 2), i(1, 1, 3)], m(3)), {"accumulate": True}),
+    (aten.put.default, (X, i(0, 19, -1, 7), r(4)), {}),
+    (aten.put.default, (X3, ri(60, 2, 3), r(2, 3), True), {}),
+    (aten.put.default, (m(4, 5), i(0, 0, 3), m(3), True), {}),
     # masks
     (aten.masked_scatter.default, (X, MASK45, r(20)), {}),
     (aten.masked_scatter.default, (X, MASK4[:, None], r(30)), {}),
@@ -208,3 +217,30 @@ INDEX_REDUCE = [
 def test_index_reduce(case, reduce, include_self):
   self, dim, index, source = INDEX_REDUCE[case]
   check(aten.index_reduce.default, self, dim, index, source, reduce, include_self=include_self)
+
+
+def _scatter_prod_grads(self, index, src, include_self):
+  """(bridge's, torch's) gradients of scatter_reduce "prod" along dim 0, repeated indices."""
+  import bridge
+  import jax
+  ins = [self.clone().requires_grad_(), src.clone().requires_grad_()]
+  out = torch.scatter_reduce(ins[0], 0, index, ins[1], "prod", include_self=include_self)
+  cot = torch.randn(out.shape, generator=_gen, dtype=out.dtype)
+  expected = torch.autograd.grad(out, ins, cot)
+
+  def loss(a, b):
+    fn = lambda x, y: torch.scatter_reduce(x, 0, index, y, "prod", include_self=include_self)
+    return (bridge.call_torch(fn, a, b) * bridge.to_jax(cot)).sum()
+  with jax.enable_x64(True):
+    got = jax.grad(loss, argnums=(0, 1))(bridge.to_jax(self), bridge.to_jax(src))
+  return [bridge.to_torch(g) for g in got], expected
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_prod_grad_with_repeats_and_zeros(include_self):
+  self = torch.tensor([2.0, 0.0, 3.0, 1.5], dtype=torch.float64)
+  index = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+  src = torch.tensor([1.5, -2.0, 0.0, 4.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+  got, expected = _scatter_prod_grads(self, index, src, include_self)
+  for g, e in zip(got, expected):
+    torch.testing.assert_close(g, e)

@@ -6,10 +6,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
-from tests.ops.harness import check, lowering_of
+from tests.ops.harness import check, lowering_of, run_direct
 
 aten = torch.ops.aten
 nan = math.nan
@@ -133,3 +134,160 @@ def test_traced_beta_alpha(op):
   assert got.dtype == jnp.float32
   torch.testing.assert_close(torch.from_numpy(jax.device_get(got).copy()),
                              op(s, a, b, beta=0, alpha=1.5), **tol(F32))
+
+
+# ----------------------------------------------------------------------------- decompositions
+
+C128 = torch.complex128
+
+
+def spd(n, dtype, batch=(), seed=0):
+  a = make(batch + (n, n), dtype, seed)
+  return a @ a.mH + n * torch.eye(n, dtype=dtype)
+
+
+def lu_args(n, dtype, batch=(2,)):
+  lu, piv = torch.linalg.lu_factor(make(batch + (n, n), dtype))
+  return lu, piv
+
+
+def tri(n, dtype, upper, batch=(2,)):
+  a = make(batch + (n, n), dtype) + 3 * torch.eye(n, dtype=dtype)
+  return a.triu() if upper else a.tril()
+
+
+def qr_args(m, n, dtype):
+  return torch.geqrf(make((m, n), dtype))
+
+
+# op: (arguments, keyword arguments) builders by dtype; outputs compared with torch on CPU.
+# (Eigenvectors and singular vectors are left out: their signs are LAPACK-implementation
+# defined, and torch's MKL and JAX's LAPACK may pick others.)
+DECOMPOSITIONS = {
+    "lu_factor_ex": (aten.linalg_lu_factor_ex.default, lambda d: [make((2, 5, 5), d)], {}),
+    "lu_factor_ex_wide": (aten.linalg_lu_factor_ex.default, lambda d: [make((3, 5), d)], {}),
+    "lu": (aten.linalg_lu.default, lambda d: [make((2, 5, 3), d)], {}),
+    "lu_unpack": (aten.lu_unpack.default, lambda d: list(lu_args(4, d)), {}),
+    "lu_unpack_nodata": (aten.lu_unpack.default, lambda d: list(lu_args(4, d)),
+                         dict(unpack_data=False)),
+    "lu_solve": (aten.linalg_lu_solve.default, lambda d: [*lu_args(4, d), make((4, 2), d)], {}),
+    "lu_solve_adjoint": (aten.linalg_lu_solve.default,
+                         lambda d: [*lu_args(4, d), make((2, 4, 3), d)], dict(adjoint=True)),
+    "lu_solve_right": (aten.linalg_lu_solve.default,
+                       lambda d: [*lu_args(4, d), make((2, 3, 4), d)], dict(left=False)),
+    "solve_ex": (aten._linalg_solve_ex.default, lambda d: [make((2, 4, 4), d), make((2, 4, 3), d)],
+                 {}),
+    "solve_ex_vector": (aten._linalg_solve_ex.default, lambda d: [make((2, 4, 4), d),
+                                                                  make((2, 4), d)], {}),
+    "solve_ex_right": (aten._linalg_solve_ex.default,
+                       lambda d: [make((4, 4), d), make((2, 3, 4), d)], dict(left=False)),
+    "inv_ex": (aten.linalg_inv_ex.default, lambda d: [make((3, 4, 4), d)], {}),
+    "det": (aten._linalg_det.default, lambda d: [make((3, 4, 4), d)], {}),
+    "slogdet": (aten._linalg_slogdet.default, lambda d: [make((3, 4, 4), d)], {}),
+    "cholesky_ex": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d, (2,))], {}),
+    "cholesky_ex_upper": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d)],
+                          dict(upper=True)),
+    "cholesky": (aten.cholesky.default, lambda d: [spd(4, d, (2,))], {}),
+    "cholesky_solve": (aten.cholesky_solve.default,
+                       lambda d: [make((2, 4, 3), d), torch.linalg.cholesky(spd(4, d))], {}),
+    "cholesky_solve_upper": (aten.cholesky_solve.default,
+                             lambda d: [make((4, 3), d),
+                                        torch.linalg.cholesky(spd(4, d)).mH.resolve_conj()],
+                             dict(upper=True)),
+    "cholesky_inverse": (aten.cholesky_inverse.default,
+                         lambda d: [torch.linalg.cholesky(spd(4, d, (2,)))], {}),
+    "solve_triangular": (aten.linalg_solve_triangular.default,
+                         lambda d: [tri(4, d, True), make((4, 3), d)], dict(upper=True)),
+    "solve_triangular_right_unit": (aten.linalg_solve_triangular.default,
+                                    lambda d: [tri(4, d, False), make((2, 3, 4), d)],
+                                    dict(upper=False, left=False, unitriangular=True)),
+    "triangular_solve": (aten.triangular_solve.default,
+                         lambda d: [make((2, 4, 3), d), tri(4, d, False, ())],
+                         dict(upper=False, transpose=True)),
+    "qr": (aten.linalg_qr.default, lambda d: [make((2, 5, 3), d)], {}),
+    "qr_complete": (aten.linalg_qr.default, lambda d: [make((5, 3), d)], dict(mode="complete")),
+    "qr_r": (aten.linalg_qr.default, lambda d: [make((3, 5), d)], dict(mode="r")),
+    "geqrf": (aten.geqrf.default, lambda d: [make((2, 5, 3), d)], {}),
+    "householder_product": (aten.linalg_householder_product.default,
+                            lambda d: list(qr_args(5, 3, d)), {}),
+    "ormqr": (aten.ormqr.default, lambda d: [*qr_args(5, 3, d), make((5, 2), d)], {}),
+    "ormqr_right_transpose": (aten.ormqr.default, lambda d: [*qr_args(5, 3, d), make((2, 5), d)],
+                              dict(left=False, transpose=True)),
+    "svdvals": (aten._linalg_svd.default, lambda d: [make((2, 5, 3), d)],
+                dict(compute_uv=False)),
+    "eigvalsh": (aten._linalg_eigh.default, lambda d: [make((2, 4, 4), d)],
+                 dict(compute_v=False)),
+    "eigvalsh_upper": (aten._linalg_eigh.default, lambda d: [make((4, 4), d)],
+                       dict(UPLO="U", compute_v=False)),
+    "pinv": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [make((2, 5, 3), d)], {}),
+    "pinv_hermitian": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [spd(4, d)],
+                       dict(hermitian=True)),
+    "matrix_exp": (aten.linalg_matrix_exp.default, lambda d: [make((2, 4, 4), d) / 4], {}),
+}
+
+
+@pytest.mark.parametrize("name", list(DECOMPOSITIONS))
+@pytest.mark.parametrize("dtype", [F64, F32, C64], ids=str)
+def test_decompositions(name, dtype):
+  op, args, kwargs = DECOMPOSITIONS[name]
+  check(op, *args(dtype), **kwargs, **({} if dtype == F64 else dict(atol=1e-4, rtol=1e-4)))
+
+
+@pytest.mark.parametrize("driver", [None, "gelsy", "gels", "gelsd", "gelss"])
+def test_lstsq(driver):
+  # tall, full rank: every driver's outputs (residuals only for gels, gelsd and gelss)
+  check(aten.linalg_lstsq.default, make((2, 6, 3), F64), make((2, 6, 2), F64, seed=1),
+        driver=driver)
+
+
+def test_trilinear_is_bilinear():
+  x1, x2, w = make((3, 4), F32), make((3, 5), F32, 1), make((2, 4, 5), F32, 2)
+  check(aten._trilinear.default, x1, w, x2, [1, 3], [0], [1, 2], [2, 3], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, math.inf])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_renorm(p, dtype):
+  check(aten.renorm.default, make((4, 5, 3), dtype), p, 1, 2.0)
+
+
+def test_singular_info():
+  """getrf's and potrf's info: the first zero pivot, the first minor that is not positive
+  definite; the composite ops raise torch's LinAlgError on it."""
+  singular = torch.tensor([[1., 2, 3], [2, 4, 6], [1, 1, 1]], dtype=F64)
+  not_pd = torch.tensor([[1., 2, 0], [2, 1, 0], [0, 0, 1]], dtype=F64)
+  out, expected = run_direct(aten.linalg_lu_factor_ex.default, singular)
+  assert out[2].item() == expected[2].item() == 3
+  out, expected = run_direct(aten.linalg_cholesky_ex.default, not_pd)
+  assert out[1].item() == expected[1].item() == 2
+  with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+    torch.linalg.inv(singular.to("jax"))
+  with pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
+    torch.linalg.cholesky(not_pd.to("jax"))
+
+
+@pytest.mark.parametrize("fn", ["eig", "eigh", "svd", "svd_full", "qr", "pinv_hermitian"])
+def test_gauge_invariant_gradients(fn):
+  """jax.grad through call_torch matches torch autograd for losses that do not depend on the
+  signs/phases of eigen- or singular vectors."""
+  import bridge
+  k = torch.arange(4, dtype=F64)
+  losses = {
+      "eig": lambda a: ((torch.linalg.eig(a)[1].abs() ** 2 * k).sum()
+                        + torch.linalg.eig(a)[0].abs().sum()),
+      "eigh": lambda a: (torch.linalg.eigh(a)[1] ** 2 * k).sum() + torch.linalg.eigh(a)[0].sum(),
+      "svd": lambda a: (torch.linalg.svd(a, full_matrices=False)[0] ** 2 * k[:3]).sum(),
+      "svd_full": lambda a: ((torch.linalg.svd(a)[2] ** 2 * k[:3, None]).sum()
+                             + torch.linalg.svd(a)[1].sum()),
+      "qr": lambda a: (torch.linalg.qr(a)[0] * k[:3]).sum() + torch.linalg.qr(a)[1].sum(),
+      "pinv_hermitian": lambda a: (torch.linalg.pinv(a, hermitian=True) * k).sum(),
+  }
+  loss = losses[fn]
+  a = make((4, 4) if fn in ("eig", "eigh", "pinv_hermitian") else (4, 3), F64)
+  if fn in ("eigh", "pinv_hermitian"):
+    a = a + a.mT
+  t = a.clone().requires_grad_(True)
+  loss(t).backward()
+  with jax.enable_x64(True):
+    got = jax.grad(lambda x: bridge.call_torch(loss, x))(jnp.asarray(a.numpy()))
+  torch.testing.assert_close(torch.from_numpy(np.asarray(got).copy()), t.grad)

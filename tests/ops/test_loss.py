@@ -126,3 +126,73 @@ def test_nll_loss(name, reduction, dtype):
   op, shape, weighted, ignore_index, all_ignored = NLL[name]
   logp, target, weight = _nll_args(shape, weighted, ignore_index, all_ignored, dtype, _gen())
   check(op, logp, target, weight, reduction, ignore_index)
+
+
+@pytest.mark.parametrize("reduction", list(REDUCTIONS.values()))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_soft_margin_loss(reduction, dtype):
+  g = _gen(3)
+  x = (torch.randn(6, 5, generator=g) * 6).to(dtype)  # large enough that half `exp` overflows
+  target = torch.where(torch.rand(6, 5, generator=g) > 0.5, 1.0, -1.0).to(dtype)
+  check(aten.soft_margin_loss.default, x, target, reduction)
+
+
+P_NORMS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")]
+
+
+@pytest.mark.parametrize("p", P_NORMS)
+@pytest.mark.parametrize("shapes,mode", [(((2, 5, 4), (1, 6, 4)), None),
+                                         (((30, 3), (7, 3)), None),  # > 25 rows: matmul form
+                                         (((5, 3), (7, 3)), 1), (((30, 3), (7, 3)), 2),
+                                         (((3, 0), (4, 0)), None)])
+def test_cdist_forward(p, shapes, mode):
+  g = _gen(4)
+  x1, x2 = (torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes)
+  if x1.shape[-1]:
+    x2[..., 0, :] = x1.reshape(-1, x1.shape[-1])[0]  # a zero distance
+  check(aten._cdist_forward.default, x1, x2, p, mode)
+
+
+@pytest.mark.parametrize("p", P_NORMS)
+def test_pdist_forward(p):
+  x = torch.randn(6, 4, generator=_gen(5), dtype=torch.float64)
+  x[5] = x[1]
+  check(aten._pdist_forward.default, x, p)
+
+
+_CTC_TARGETS = torch.tensor([[1, 2, 2, 4], [3, 1, 4, 2], [4, 4, 1, 3]])
+CTC_CASES = {  # (targets, input_lengths, target_lengths, kwargs)
+    "padded": (_CTC_TARGETS, [12, 10, 7], [4, 3, 0], {}),
+    "mean": (_CTC_TARGETS, [12, 10, 7], [4, 3, 1], {"reduction": "mean"}),
+    "concatenated": (torch.tensor([1, 3, 3, 2, 4, 1, 2]), [12, 10, 7], [4, 3, 0], {}),
+    "blank": (torch.tensor([[0, 1, 3], [3, 3, 3], [1, 0, 4]]), [12, 5, 7], [3, 3, 2],
+              {"blank": 2}),
+    "impossible": (torch.tensor([[1, 1, 1, 1], [1, 2, 3, 4], [1, 2, 3, 4]]), [12, 5, 3],
+                   [4, 4, 4], {}),
+    "impossible_zero_infinity": (torch.tensor([[1, 1, 1, 1], [1, 2, 3, 4], [1, 2, 3, 4]]),
+                                 [12, 5, 3], [4, 4, 4], {"zero_infinity": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CTC_CASES))
+def test_ctc_loss_and_torch_gradient(case):
+  """The loss, and torch's gradient (exp(log_probs) - posterior, not the exact derivative)."""
+  import bridge
+  import jax
+  targets, input_lengths, target_lengths, kwargs = CTC_CASES[case]
+  kwargs = {"reduction": "none", **kwargs}
+  g = _gen(6)
+  log_probs = torch.randn(12, 3, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+
+  def fn(lp):
+    return torch.nn.functional.ctc_loss(lp, targets, input_lengths, target_lengths, **kwargs)
+  x = log_probs.clone().requires_grad_()
+  expected = fn(x)
+  cot = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+  expected_grad, = torch.autograd.grad(expected, x, cot)
+  with jax.enable_x64(True):
+    out = bridge.to_torch(bridge.call_torch(fn, bridge.to_jax(log_probs)))
+    grad = jax.grad(lambda a: (bridge.call_torch(fn, a) * bridge.to_jax(cot)).sum())(
+        bridge.to_jax(log_probs))
+  torch.testing.assert_close(out, expected.detach(), equal_nan=True)
+  torch.testing.assert_close(bridge.to_torch(grad), expected_grad, equal_nan=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.ops.harness import _to_jax, device_available, lowering_of, run_direct
+from tests.ops.harness import _to_jax, check, device_available, lowering_of, run_direct
 
 aten = torch.ops.aten
 N = 200_000
@@ -266,3 +266,31 @@ def test_native_dropout(p, train, dtype):
     scale = 0.0 if keep == 0 else 1.0 / keep
     expected = (x * mk.to(dtype)).float() * scale
     torch.testing.assert_close(o.float(), expected.to(dtype).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32,
+                                   torch.bool])
+@pytest.mark.parametrize("scale", [2.5, 1 / 0.3])
+def test_native_dropout_backward(dtype, scale):
+  g = torch.Generator().manual_seed(1)
+  grad = (torch.randn(5, 7, generator=g) * 4).to(dtype)
+  mask = torch.rand(5, 7, generator=g) > 0.4
+  check(aten.native_dropout_backward.default, grad, mask, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rrelu_eval_is_leaky_relu(dtype):
+  x = torch.randn(200, generator=torch.Generator().manual_seed(2)).to(dtype)
+  check(aten.rrelu_with_noise_functional.default, x, torch.zeros_like(x), 0.1, 0.3, False)
+
+
+def test_rrelu_training_slopes_and_noise():
+  x = torch.randn(4000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+  (out, noise), _ = run_direct(aten.rrelu_with_noise_functional.default, x, torch.zeros_like(x),
+                               0.1, 0.3, True)
+  neg = x <= 0
+  assert torch.equal(out[~neg], x[~neg]) and bool((noise[~neg] == 1).all())
+  slopes = noise[neg]
+  assert bool(((slopes >= 0.1) & (slopes <= 0.3)).all())
+  assert abs(slopes.mean().item() - 0.2) < 0.01
+  torch.testing.assert_close(out[neg], x[neg] * slopes)

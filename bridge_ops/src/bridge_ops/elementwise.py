@@ -96,6 +96,7 @@ def _isnan(x: jax.Array) -> jax.Array:
 
 
 def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
+  a, b = jnp.broadcast_arrays(a, b)  # lax.div/rem need equal shapes
   if _inexact(a):
     # c10::div_floor_floating (Python's float floordiv); x / 0 stays inf/nan.
     mod = lax.rem(a, b)
@@ -111,6 +112,7 @@ def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _remainder(a: jax.Array, b: jax.Array) -> jax.Array:
   # fmod, then moved into the divisor's sign (torch's remainder, ints and floats alike).
+  a, b = jnp.broadcast_arrays(a, b)
   mod = lax.rem(a, b)
   return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
 
@@ -166,12 +168,14 @@ def _sigmoid(x: jax.Array) -> jax.Array:
 
 
 def _lshift(a: jax.Array, b: jax.Array) -> jax.Array:
+  a, b = jnp.broadcast_arrays(a, b)
   bits = jnp.iinfo(a.dtype).bits
   out = lax.shift_left(a, b)
   return jnp.where((b < 0) | (b >= bits), jnp.zeros((), a.dtype), out)
 
 
 def _rshift(a: jax.Array, b: jax.Array) -> jax.Array:
+  a, b = jnp.broadcast_arrays(a, b)
   signed = jnp.issubdtype(a.dtype, jnp.signedinteger)
   max_shift = jnp.iinfo(a.dtype).bits - int(signed)
   b = jnp.where((b < 0) | (b >= max_shift), jnp.asarray(max_shift, b.dtype), b)
@@ -222,7 +226,7 @@ def div_mode(self, other, *, rounding_mode=None):
       # torch rounds the quotient to the result dtype before truncating: in bfloat16,
       # -100 / -0.8789 = 113.78 rounds to 114 first.
       return jnp.trunc((a / b).astype(result))
-    return lax.div(a, b)  # C division: rounds towards zero
+    return lax.div(*jnp.broadcast_arrays(a, b))  # C division: rounds towards zero
   if rounding_mode == "floor":
     return floor_divide(self, other)
   raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
@@ -244,7 +248,7 @@ def remainder(self, other):
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 @_promote("self", "other")
 def fmod(self, other):
-  return lax.rem(self, other)
+  return lax.rem(*jnp.broadcast_arrays(self, other))
 
 
 @lowering(aten.neg.default)
@@ -454,8 +458,10 @@ def sigmoid(self):
 
 
 @lowering(aten.logit.default)
-@promote("self", kind="int_to_float")
 def logit(self, eps=None):
+  # torch's vectorized CPU kernel rounds each step (1 - x, the quotient, log) to the tensor's
+  # own dtype, float16/bfloat16 included: no float32 opmath here.
+  self = self.astype(result_dtypes(self, kind="int_to_float")[1])
   if eps is not None:  # traced like a Scalar: a negative eps means no clamping, like None
     lo = _as(eps, self.dtype)
     hi = 1 - lo
@@ -963,3 +969,190 @@ def logit_backward(grad_output, self, eps=None):
   lo = _as(eps, self.dtype)  # `float? eps` is traced like a Scalar
   with_eps = jnp.where((self >= lo) & (self <= 1 - lo), grad, jnp.zeros((), grad.dtype))
   return jnp.where(lo < 0, no_eps, with_eps)
+
+
+# ----------------------------------------------------------------------------- more math
+
+@lowering(aten.sinc.default)
+@promote("self", kind="int_to_float")
+def sinc(self):
+  # torch: 1 at 0, else sin(pi x) / (pi x), in opmath (float32 for float16/bfloat16).
+  # The 0 branch gets a harmless input, so the gradient there is 0 as torch's, not nan.
+  zero = self == 0
+  product = jnp.pi * jnp.where(zero, jnp.ones((), self.dtype), self)
+  return jnp.where(zero, jnp.ones((), self.dtype), jnp.sin(product) / product)
+
+
+@lowering(aten.logaddexp.default)
+@_promote("self", "other")
+def logaddexp(self, other):
+  # torch's _log_add_exp_helper (aten/src/ATen/native/cpu/LogAddExp.h).
+  x, y = jnp.broadcast_arrays(self, other)
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    x_nan, y_nan = jnp.isnan(x), jnp.isnan(y)
+    lo = jnp.where(y_nan, y, jnp.where(x_nan, x, jnp.where(x.real < y.real, x, y)))
+    hi = jnp.where(y_nan, y, jnp.where(x_nan, x, jnp.where(x.real < y.real, y, x)))
+    nan = lax.complex(*(jnp.full((), jnp.nan, x.real.dtype),) * 2)
+    both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
+    finite_hi = jnp.where(both_inf, jnp.zeros((), x.dtype), hi)
+    general = jnp.log1p(jnp.exp(jnp.where(both_inf, jnp.zeros((), x.dtype), lo) - finite_hi)) \
+        + finite_hi
+    inf_case = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    return jnp.where(jnp.isnan(lo), nan, jnp.where(both_inf, inf_case, general))
+  lo = jnp.where(jnp.isnan(y), y, jnp.minimum(x, y))
+  hi = jnp.where(jnp.isnan(y), y, jnp.maximum(x, y))
+  general = (lo != hi) | jnp.isfinite(lo)
+  safe_lo = jnp.where(general, lo, jnp.zeros((), lo.dtype))
+  safe_hi = jnp.where(general, hi, jnp.zeros((), hi.dtype))
+  return jnp.where(general, jnp.log1p(jnp.exp(safe_lo - safe_hi)) + safe_hi, x)
+
+
+@lowering(aten.angle.default)
+@promote("self", kind="int_to_float")
+def angle(self):
+  if jnp.issubdtype(self.dtype, jnp.complexfloating):
+    return jnp.arctan2(jnp.imag(self), jnp.real(self))
+  # torch: nan stays nan, pi for negatives, 0 otherwise (gradient 0 everywhere).
+  out = jnp.where(self < 0, jnp.full((), jnp.pi, self.dtype), jnp.zeros((), self.dtype))
+  return jnp.where(jnp.isnan(self), self, out)
+
+
+def _no_complex32(name: str, x: jax.Array) -> None:
+  if x.dtype == jnp.float16:
+    raise TypeError(
+        f"`torch.{name}`: float16 inputs give a torch.complex32 (chalf) result, and JAX has no "
+        f"complex32 type. Cast the inputs to float32 (complex64 result) first; got a float16 "
+        f"tensor of shape {tuple(x.shape)}.")
+
+
+@lowering(aten.complex.default)
+def complex(real, imag):  # noqa: A001 - named after the op
+  _no_complex32("complex", real)
+  real, imag = jnp.broadcast_arrays(real, imag)
+  return lax.complex(real, imag)
+
+
+@lowering(aten.polar.default)
+def polar(abs, angle):  # noqa: A002 - schema names
+  _no_complex32("polar", abs)
+  return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
+
+
+@lowering(aten._conj_physical.default, aten.conj_physical.default)
+def conj_physical(self):
+  return jnp.conj(self) if jnp.issubdtype(self.dtype, jnp.complexfloating) else self
+
+
+@lowering(aten.signbit.default)
+def signbit(self):
+  if self.dtype == jnp.bool_ or jnp.issubdtype(self.dtype, jnp.unsignedinteger):
+    return jnp.zeros(self.shape, jnp.bool_)
+  if _integer(self):
+    return self < 0
+  return jnp.signbit(self)
+
+
+@lowering(aten.frexp.Tensor)
+def frexp(self):
+  # std::frexp: (mantissa in [0.5, 1), int32 exponent); 0, inf and nan keep exponent 0.
+  # The mantissa's gradient is 2**-exponent, as torch's.
+  mantissa, exponent = jnp.frexp(self)
+  finite = jnp.isfinite(self)
+  exponent = jnp.where(finite, exponent, 0).astype(jnp.int32)
+  scale = jnp.ldexp(jnp.ones((), self.dtype), -exponent)
+  scale = jnp.where(jnp.isfinite(scale), scale, jnp.zeros((), self.dtype))
+  safe = jnp.where(finite, self, jnp.zeros((), self.dtype))
+  linear = lax.stop_gradient(mantissa) + (safe - lax.stop_gradient(safe)) * scale
+  return jnp.where(finite, linear, self), exponent
+
+
+@lowering(aten.nextafter.default)
+@_promote("self", "other")
+def nextafter(self, other):
+  # torch's derivative: 1 for self, 0 for other.
+  out = jnp.nextafter(lax.stop_gradient(self), lax.stop_gradient(other))
+  return out + (self - lax.stop_gradient(self))
+
+
+def _gcd(a: jax.Array, b: jax.Array) -> jax.Array:
+  # Euclid on absolute values, like torch's calc_gcd.
+  a, b = jnp.broadcast_arrays(jnp.abs(a), jnp.abs(b))
+
+  def cond(state):
+    return jnp.any(state[0] != 0)
+
+  def body(state):
+    x, y = state
+    nonzero = x != 0
+    safe = jnp.where(nonzero, x, jnp.ones((), x.dtype))
+    return jnp.where(nonzero, lax.rem(y, safe), x), jnp.where(nonzero, x, y)
+
+  return lax.while_loop(cond, body, (a, b))[1]
+
+
+@lowering(aten.gcd.default)
+@_promote("self", "other")
+def gcd(self, other):
+  return _gcd(self, other)
+
+
+@lowering(aten.lcm.default)
+@_promote("self", "other")
+def lcm(self, other):
+  # torch: g == 0 ? 0 : abs(a / g * b).
+  a, b = jnp.broadcast_arrays(self, other)
+  g = _gcd(a, b)
+  safe = jnp.where(g == 0, jnp.ones((), g.dtype), g)
+  return jnp.where(g == 0, jnp.zeros((), g.dtype), jnp.abs(lax.div(a, safe) * b))
+
+
+# ----------------------------------------------------------------------------- whole-tensor tests
+
+@lowering(aten.equal.default, dynamic_shape=True)
+def equal(self, other):
+  # torch.equal: same shape and the same elements (nan is not equal to itself). The result is
+  # a Python `bool`, which depends on the values: eager only (under jit, TracedValueError).
+  if self.shape != other.shape:
+    return jnp.zeros((), jnp.bool_)
+  a, b = _promoted(self, other)
+  return jnp.all(a == b)
+
+
+@lowering(aten.allclose.default, dynamic_shape=True)
+def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+  # torch.isclose's rule, reduced with all(): equal values (infinities included) are close,
+  # finite ones when |a - b| <= atol + rtol * |b|, nans only with equal_nan.
+  a, b = _promoted(self, other)
+  close = a == b
+  if equal_nan and _inexact(a):
+    close = close | (jnp.isnan(a) & jnp.isnan(b))
+  if _inexact(a):
+    diff = jnp.abs(a - b)
+    tol = _as(atol, diff.dtype) + _as(rtol, diff.dtype) * jnp.abs(b)
+    close = close | (jnp.isfinite(diff) & (diff <= tol))
+  else:
+    diff = jnp.abs(a.astype(jnp.float64) - b.astype(jnp.float64))
+    close = close | (diff <= _as(atol, jnp.float64) + _as(rtol, jnp.float64) * jnp.abs(
+        b.astype(jnp.float64)))
+  return jnp.all(close)
+
+
+@lowering(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+  # torch: elements widened to their 64-bit float/integer type, bit-cast to uint64, reduced
+  # with xor (mode 0, the only one).
+  if mode != 0:
+    raise ValueError(f"`torch.hash_tensor`: only mode=0 (xor reduction) exists, got {mode}")
+  if _inexact(self):
+    bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
+  elif jnp.issubdtype(self.dtype, jnp.unsignedinteger):
+    bits = self.astype(jnp.uint64)
+  else:
+    bits = lax.bitcast_convert_type(self.astype(jnp.int64), jnp.uint64)
+  if self.ndim == 0:
+    return bits  # a 0-d tensor's dim 0 / -1 reduces nothing
+  dims = tuple(d % self.ndim for d in dim) if dim else tuple(range(self.ndim))
+  out = lax.reduce(bits, jnp.zeros((), jnp.uint64), lax.bitwise_xor, dims)
+  if keepdim:
+    out = jnp.expand_dims(out, dims)
+  return out

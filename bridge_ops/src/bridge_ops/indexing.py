@@ -18,6 +18,7 @@ NaN compares false there, where JAX's sort order would put it last.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,6 +41,20 @@ def _masks_to_bool(indices):
 
 def _getitem_tuple(indices):
   return tuple(slice(None) if i is None else i for i in indices)
+
+
+def _add_at(x, idx, values, mode=None):
+  """`x.at[idx].add(values)`; on bool, torch's addition is logical or."""
+  if x.dtype == jnp.bool_:
+    return x.at[idx].max(values.astype(jnp.bool_), mode=mode)
+  return x.at[idx].add(values, mode=mode)
+
+
+def _mul_at(x, idx, values, mode=None):
+  """`x.at[idx].multiply(values)`; on bool, torch's multiplication is logical and."""
+  if x.dtype == jnp.bool_:
+    return x.at[idx].min(values.astype(jnp.bool_), mode=mode)
+  return x.at[idx].multiply(values, mode=mode)
 
 
 # --- advanced indexing ------------------------------------------------------------------------
@@ -99,10 +114,9 @@ def _put_tuple(self, indices, values):
 
 def _index_put(self, indices, values, accumulate):
   idx, padded = _put_tuple(self, indices, values)
-  ref = self.at[idx]
   values = jnp.asarray(values).astype(self.dtype)
   mode = "drop" if padded else None
-  return ref.add(values, mode=mode) if accumulate else ref.set(values, mode=mode)
+  return _add_at(self, idx, values, mode) if accumulate else self.at[idx].set(values, mode=mode)
 
 
 @lowering(aten.index_put.default, aten.index_put.hacked_twin)
@@ -165,8 +179,10 @@ def index_select(self, dim, index):
 def index_add(self, dim, index, source, *, alpha=1):
   if self.ndim == 0:
     return index_add(self.reshape(1), 0, index, source.reshape(1), alpha=alpha).reshape(())
-  src = (source * alpha).astype(self.dtype)
-  return self.at[_along(self, dim, index)].add(src.reshape(_indexed_shape(self, dim, index)))
+  # bool: torch's `source * alpha` is a logical and, its addition a logical or
+  src = jnp.logical_and(source, alpha) if self.dtype == jnp.bool_ else source * alpha
+  src = src.astype(self.dtype)
+  return _add_at(self, _along(self, dim, index), src.reshape(_indexed_shape(self, dim, index)))
 
 
 def _indexed_shape(self, dim, index):
@@ -211,6 +227,17 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 @lowering(aten.take.default)
 def take(self, index):
   return jnp.reshape(self, (-1,))[index]
+
+
+@lowering(aten.put.default)
+def put(self, index, source, accumulate=False):
+  """Writes `source` at flat positions `index` of `self` (negative ones count from the end)."""
+  flat = jnp.reshape(self, (-1,))
+  idx = jnp.reshape(index, (-1,))
+  idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
+  src = jnp.reshape(source, (-1,)).astype(self.dtype)
+  out = _add_at(flat, idx, src) if accumulate else flat.at[idx].set(src)
+  return jnp.reshape(out, self.shape)
 
 
 @lowering(aten.embedding.default)
@@ -274,11 +301,11 @@ def gather(self, dim, index, *, sparse_grad=False):
   return self[_scatter_index(self, dim, index)]
 
 
-def _reduce_ref(ref, values, reduce):
+def _reduce_at(x, idx, values, reduce):
   if reduce == "add":
-    return ref.add(values)
+    return _add_at(x, idx, values)
   if reduce == "multiply":
-    return ref.multiply(values)
+    return _mul_at(x, idx, values)
   raise ValueError(f"bridge: scatter reduce must be 'add' or 'multiply', got {reduce!r}")
 
 
@@ -297,22 +324,21 @@ def scatter_value(self, dim, index, value):
 @lowering(aten.scatter.reduce)
 @_as_1d("self")
 def scatter_reduce(self, dim, index, src, *, reduce):
-  ref = self.at[_scatter_index(self, dim, index)]
-  return _reduce_ref(ref, _src_part(src, index).astype(self.dtype), reduce)
+  idx = _scatter_index(self, dim, index)
+  return _reduce_at(self, idx, _src_part(src, index).astype(self.dtype), reduce)
 
 
 @lowering(aten.scatter.value_reduce)
 @_as_1d("self")
 def scatter_value_reduce(self, dim, index, value, *, reduce):
-  ref = self.at[_scatter_index(self, dim, index)]
   vals = jnp.broadcast_to(jnp.asarray(value).astype(self.dtype), index.shape)
-  return _reduce_ref(ref, vals, reduce)
+  return _reduce_at(self, _scatter_index(self, dim, index), vals, reduce)
 
 
 @lowering(aten.scatter_add.default)
 @_as_1d("self")
 def scatter_add(self, dim, index, src):
-  return self.at[_scatter_index(self, dim, index)].add(_src_part(src, index).astype(self.dtype))
+  return _add_at(self, _scatter_index(self, dim, index), _src_part(src, index).astype(self.dtype))
 
 
 def _lowest(dtype):
@@ -333,6 +359,36 @@ def _highest(dtype):
   return np.iinfo(dtype).max
 
 
+@jax.custom_vjp
+def _scatter_prod(base, idx, src):
+  """`base.at[idx].multiply(src)`, differentiable with repeated indices (JAX's scatter-multiply
+  gradient needs unique ones) by torch's `scatter_reduce_backward` formula for "prod"."""
+  return base.at[idx].multiply(src)
+
+
+def _scatter_prod_fwd(base, idx, src):
+  result = base.at[idx].multiply(src)
+  return result, (base, idx, src, result)
+
+
+def _scatter_prod_bwd(res, g):
+  base, idx, src, result = res
+  one = jnp.ones((), base.dtype)
+  # torch: an element's gradient is the product of the others, computed without dividing by 0.
+  masked_base = jnp.where(base == 0, one, base)
+  grad_base = g * masked_base.at[idx].multiply(src) / masked_base
+  src_zero = src == 0
+  zeros_in_slot = jnp.zeros(base.shape, jnp.int32).at[idx].add(src_zero.astype(jnp.int32))[idx]
+  single_zero = src_zero & (zeros_in_slot == 1)
+  others = base.at[idx].multiply(jnp.where(single_zero, one, src))
+  grad_src = jnp.where(single_zero, (g * others)[idx],
+                       (g * result)[idx] / jnp.where(src_zero, one, src))
+  return grad_base, tuple(None for _ in idx), grad_src
+
+
+_scatter_prod.defvjp(_scatter_prod_fwd, _scatter_prod_bwd)
+
+
 @lowering(aten.scatter_reduce.two)
 @_as_1d("self")
 def scatter_reduce_two(self, dim, index, src, reduce, *, include_self=True):
@@ -344,9 +400,11 @@ def scatter_reduce_two(self, dim, index, src, reduce, *, include_self=True):
     return self if include_self else self.at[idx].set(jnp.asarray(init, dt))
 
   if reduce == "sum":
-    return base(0).at[idx].add(src)
+    return _add_at(base(0), idx, src)
   if reduce == "prod":
-    return base(1).at[idx].multiply(src)
+    if dt == jnp.bool_:
+      return _mul_at(base(1), idx, src)
+    return _scatter_prod(base(1), idx, src)
   if reduce == "amax":
     return base(_lowest(dt)).at[idx].max(src)
   if reduce == "amin":

@@ -1,5 +1,6 @@
-"""Matrix products: mm, bmm, mv, dot, vdot and the fused add* forms (addmm, addmv, addbmm,
-baddbmm, addr).
+"""Linear algebra: matrix products (mm, bmm, mv, dot, vdot, the fused add* forms) and the
+`torch.linalg` primitives (LU, Cholesky, QR, SVD, eigendecompositions, solves, inverses,
+determinants, pinv, lstsq, matrix_exp, Householder products).
 
 * Products run at `Precision.HIGHEST` (no TF32 / bf16 passes on accelerators) so float32
   matches torch on CPU; float16/bfloat16 accumulate in float32 and round once, as torch's CPU
@@ -8,16 +9,25 @@ baddbmm, addr).
   not propagate) and, where torch's CPU kernels call BLAS, `alpha == 0` ignores the product.
   torch's `addr` (elementwise) and its small-`baddbmm` loop (k*m*n < 400) do multiply by
   `alpha`, so NaN propagates there. `beta` and `alpha` may be traced, so these are `where`s,
-  not Python branches.
+  not Python branches; for integer tensors they truncate to integers first, as torch's do.
 * `matmul`, `linear`, `outer`, `ger` are composite in torch (they decompose into the ops
   here before reaching the device), and the `.dtype` (`out_dtype`) overloads are CUDA-only in
   torch, so none of them is registered.
+* Decompositions return exactly the outputs of their aten schema (LU and 1-based int32
+  pivots, LAPACK's `info`, empty tensors for outputs not asked for). The composite ops
+  (`linalg.inv`, `linalg.solve`, `linalg.cholesky`...) check `info` through
+  `_linalg_check_errors`, which raises torch's `LinAlgError` on concrete values; inside a
+  staged program (`jax.jit`) it cannot, and the result holds JAX's NaN/inf instead.
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from bridge_ops._lowering import aten, lowering
@@ -49,10 +59,18 @@ def _product(subscripts, a, b):
   return jnp.einsum(subscripts, a, b, precision=_HIGHEST, preferred_element_type=_acc(a.dtype))
 
 
+def _scalar(x, dtype):
+  """torch's `Scalar.to<scalar_t>()` for integer tensors: a float beta/alpha truncates."""
+  if jnp.issubdtype(dtype, jnp.integer):
+    return jnp.asarray(x).astype(dtype)
+  return x
+
+
 def _add_scaled(self, product, beta, alpha, out_dtype, zero_alpha_ignores_product=True):
   """beta * self + alpha * product, with torch's semantics for beta == 0 and alpha == 0."""
   if out_dtype == jnp.bool_:  # torch: for bool tensors beta/alpha act as logical and
     return (jnp.logical_and(beta, self) | jnp.logical_and(alpha, product)).astype(jnp.bool_)
+  beta, alpha = _scalar(beta, out_dtype), _scalar(alpha, out_dtype)
   bias = self.astype(product.dtype)
   bias = jnp.where(beta == 0, jnp.zeros_like(bias), beta * bias)
   scaled = alpha * product
@@ -115,19 +133,605 @@ def addmv(self, mat, vec, *, beta=1, alpha=1):
 
 @lowering(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-  blas = batch1.shape[1] * batch1.shape[2] * batch2.shape[2] >= 400  # torch's own loop below
-  return _add_scaled(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha, batch1.dtype,
-                     zero_alpha_ignores_product=blas)
+  if batch1.shape[1] * batch1.shape[2] * batch2.shape[2] >= 400:  # BLAS
+    return _add_scaled(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha,
+                       batch1.dtype)
+  # torch's own loop for small products: each dot product summed in order over k (in the
+  # accumulation dtype), then `self * beta + alpha * acc`; alpha multiplies, so NaN propagates.
+  _same_dtype(batch1, batch2)
+  acc_dtype = _acc(batch1.dtype)
+  a, b = batch1.astype(acc_dtype), batch2.astype(acc_dtype)
+
+  def step(k, acc):
+    return acc + (lax.dynamic_index_in_dim(a, k, axis=2, keepdims=False)[:, :, None]
+                  * lax.dynamic_index_in_dim(b, k, axis=1, keepdims=False)[:, None, :])
+  acc = lax.fori_loop(0, a.shape[2], step, jnp.zeros(a.shape[:2] + b.shape[2:], acc_dtype))
+  return _add_scaled(self, acc, beta, alpha, batch1.dtype, zero_alpha_ignores_product=False)
 
 
 @lowering(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-  return _add_scaled(self, _product("bij,bjk->ik", batch1, batch2), beta, alpha, batch1.dtype)
+  # torch: `addmm_` once per batch entry, in order (beta for the first, 1 after), so the sum
+  # over the batch is rounded to the dtype at each step.
+  _same_dtype(batch1, batch2)
+  out = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2])).astype(batch1.dtype)
+  if not batch1.shape[0]:
+    return _add_scaled(out, jnp.zeros(out.shape, _acc(out.dtype)), beta, 0, out.dtype)
+  out = _add_scaled(out, _product("ij,jk->ik", batch1[0], batch2[0]), beta, alpha, out.dtype)
+
+  def step(out, mats):
+    return _add_scaled(out, _product("ij,jk->ik", *mats), 1, alpha, out.dtype), None
+  return lax.scan(step, out, (batch1[1:], batch2[1:]))[0]
 
 
 @lowering(aten.addr.default)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
   if vec1.dtype == jnp.bool_:
     return _add_scaled(self, vec1[:, None] & vec2[None, :], beta, alpha, jnp.bool_)
-  outer = vec1.astype(_acc(vec1.dtype))[:, None] * vec2.astype(_acc(vec2.dtype))[None, :]
-  return _add_scaled(self, outer, beta, alpha, vec1.dtype, zero_alpha_ignores_product=False)
+  # torch's elementwise kernel: `self * beta + alpha * vec1 * vec2` in the dtype itself, each
+  # operation rounded (beta == 0: `alpha * vec1 * vec2`)
+  dtype = vec1.dtype
+  beta, alpha = _scalar(beta, dtype), _scalar(alpha, dtype)
+
+  def rnd(x):
+    return x.astype(dtype)
+  outer = rnd(rnd(alpha * vec1[:, None]) * vec2[None, :])
+  return rnd(jnp.where(beta == 0, outer, rnd(rnd(self * beta) + outer)))
+
+
+# ----------------------------------------------------------------------------- decompositions
+# torch's CPU kernels call LAPACK (getrf, potrf, geqrf, gesdd, syevd, geev), and so do JAX's
+# CPU lowerings, so factors, pivots and signs match. torch's pivots are LAPACK's: 1-based int32.
+# `info` outputs are LAPACK's too (0, or the 1-based index of the failing pivot/minor).
+
+
+def _mT(x):
+  return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+  return jnp.conj(_mT(x))
+
+
+def _empty(dtype):
+  # torch returns a 0-element tensor for an output it was asked not to compute
+  return jnp.zeros((0,), dtype)
+
+
+def _batch_broadcast(a, b, a_core=2, b_core=2):
+  """`a`, `b` with their batch dims (all but the last `*_core`) broadcast to each other."""
+  batch = jnp.broadcast_shapes(a.shape[:a.ndim - a_core], b.shape[:b.ndim - b_core])
+  return (jnp.broadcast_to(a, batch + a.shape[a.ndim - a_core:]),
+          jnp.broadcast_to(b, batch + b.shape[b.ndim - b_core:]))
+
+
+def _lu(a):
+  """LAPACK getrf: (LU, 1-based int32 pivots, permutation, info) of a (batch of) matrices."""
+  lu, pivots, perm = lax.linalg.lu(a)
+  diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+  return lu, (pivots + 1).astype(jnp.int32), perm, _first_zero(diag == 0)
+
+
+def _first_zero(bad):
+  """LAPACK's info: the 1-based index of the first True along the last axis, else 0."""
+  if not bad.shape[-1]:
+    return jnp.zeros(bad.shape[:-1], jnp.int32)
+  return jnp.where(jnp.any(bad, axis=-1), jnp.argmax(bad, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+def _perm_from_pivots(pivots, m):
+  """The row permutation (`A[perm] = L @ U`) of torch's 1-based LAPACK pivots."""
+  return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+def _rows(b, perm):
+  return jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+
+
+def _unrows(b, perm):
+  """The inverse of `_rows`: out[perm] = b."""
+  inv = jnp.argsort(perm, axis=-1)
+  return jnp.take_along_axis(b, inv[..., :, None], axis=-2)
+
+
+def _lu_solve(lu, perm, b, adjoint=False):
+  """Solve A X = B (or A^H X = B) from A's LU factors (A[perm] = L U); batch dims broadcast."""
+  lu, b = _batch_broadcast(lu, b)
+  perm = jnp.broadcast_to(perm, lu.shape[:-1])
+  tri = lax.linalg.triangular_solve
+  if not adjoint:
+    y = tri(lu, _rows(b, perm), left_side=True, lower=True, unit_diagonal=True)
+    return tri(lu, y, left_side=True, lower=False)
+  # A^H = U^H L^H P^T
+  y = tri(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+  y = tri(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True,
+          conjugate_a=True)
+  return _unrows(y, perm)
+
+
+def _lu_factors(lu, pivots):
+  """(P, L, U) with A = P L U from a (batch of) m x n LU and its 1-based pivots."""
+  m, n = lu.shape[-2:]
+  k = min(m, n)
+  l = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+  u = jnp.triu(lu[..., :k, :])
+  perm = _perm_from_pivots(pivots, m)
+  p = _mT(jax.nn.one_hot(perm, m, dtype=lu.dtype))  # P[perm[i], i] = 1
+  return p, l, u
+
+
+@lowering(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
+  if not pivot:
+    raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+  lu, pivots, _, info = _lu(A)
+  return lu, pivots, info
+
+
+@lowering(aten.linalg_lu.default)
+def linalg_lu(A, *, pivot=True):
+  if not pivot:
+    raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+  lu, pivots, _, _ = _lu(A)
+  return _lu_factors(lu, pivots)
+
+
+@lowering(aten.lu_unpack.default)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+  p, l, u = _lu_factors(LU_data, LU_pivots)
+  if not unpack_data:
+    l = u = _empty(LU_data.dtype)
+  if not unpack_pivots:
+    p = _empty(LU_data.dtype)
+  return p, l, u
+
+
+@lowering(aten.linalg_lu_solve.default)
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+  perm = _perm_from_pivots(pivots, LU.shape[-1])
+  if left:
+    return _lu_solve(LU, perm, B, adjoint)
+  # X A = B  <=>  A^H X^H = B^H
+  return _mH(_lu_solve(LU, perm, _mH(B), not adjoint))
+
+
+def _is_vector_rhs(A, B):
+  # torch's linalg_solve_is_vector_rhs
+  return B.ndim == 1 or (A.ndim - 1 == B.ndim and B.shape == A.shape[:-1])
+
+
+@lowering(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
+  # (result, LU, pivots, info), LU and pivots those of A; a B that is a (batch of) vector(s)
+  # is solved as a column, as torch's linalg_solve_is_vector_rhs says.
+  lu, pivots, perm, info = _lu(A)
+  vector = _is_vector_rhs(A, B)
+  b = B[..., None] if vector else B
+  x = _lu_solve(lu, perm, b) if left else _mH(_lu_solve(lu, perm, _mH(b), True))
+  return (x[..., 0] if vector else x), lu, pivots, info
+
+
+@lowering(aten.linalg_inv_ex.default)
+def linalg_inv_ex(A, *, check_errors=False):
+  lu, _, perm, info = _lu(A)
+  eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+  return _lu_solve(lu, perm, eye), info
+
+
+def _lu_det_parts(lu, pivots):
+  """(sign of the permutation, diagonal of U)."""
+  n = lu.shape[-1]
+  swaps = jnp.sum(pivots != jnp.arange(1, n + 1, dtype=pivots.dtype), axis=-1)
+  parity = jnp.where(swaps % 2 == 0, 1, -1).astype(lu.dtype)
+  return parity, jnp.diagonal(lu, axis1=-2, axis2=-1)
+
+
+@lowering(aten._linalg_det.default)
+def _linalg_det(A):
+  # torch: LU of A^T for a contiguous real A (det A^T = det A), of A otherwise
+  use_t = not jnp.iscomplexobj(A)
+  lu, pivots, _, _ = _lu(_mT(A) if use_t else A)
+  parity, diag = _lu_det_parts(lu, pivots)
+  return parity * jnp.prod(diag, axis=-1), lu, pivots
+
+
+@lowering(aten._linalg_slogdet.default)
+def _linalg_slogdet(A):
+  use_t = not jnp.iscomplexobj(A)
+  lu, pivots, _, _ = _lu(_mT(A) if use_t else A)
+  parity, diag = _lu_det_parts(lu, pivots)
+  absdiag = jnp.abs(diag)
+  logabsdet = jnp.sum(jnp.log(absdiag), axis=-1)
+  if jnp.iscomplexobj(A):
+    phase = jnp.where(absdiag == 0, 0, diag / jnp.where(absdiag == 0, 1, absdiag).astype(A.dtype))
+    sign = parity * jnp.prod(phase, axis=-1)
+  else:
+    sign = parity * jnp.prod(jnp.sign(diag), axis=-1)
+  return sign, logabsdet, lu, pivots
+
+
+def _hermitian_from(a, upper):
+  """The Hermitian matrix whose `upper`/lower triangle is `a`'s (LAPACK reads only that one)."""
+  if upper:
+    tri = jnp.triu(a)
+    return tri + _mH(jnp.triu(a, 1))
+  tri = jnp.tril(a)
+  return tri + _mH(jnp.tril(a, -1))
+
+
+def _hermitian_input(a, upper):
+  """`a`'s `upper`/lower triangle as a Hermitian matrix, with torch's gradient: torch's
+  backward of cholesky/eigh returns a Hermitian gradient, which is the gradient through
+  `(a + a^H) / 2`."""
+  sym = (a + _mH(a)) / 2
+  return sym + lax.stop_gradient(_hermitian_from(a, upper) - sym)
+
+
+def _cholesky_info(a):
+  """potrf's info for a Hermitian `a`: the order of the first leading minor that is not
+  positive definite, else 0 (unblocked Cholesky, run only when the factorization failed)."""
+  n = a.shape[-1]
+
+  def failing(a):
+    def step(j, state):
+      l, info = state
+      d = jnp.real(a[..., j, j]) - jnp.sum(jnp.abs(l[..., j, :]) ** 2, axis=-1)
+      bad = ~(d > 0) & (info == 0)
+      info = jnp.where(bad, j + 1, info)
+      dj = jnp.sqrt(jnp.where(d > 0, d, 1)).astype(a.dtype)
+      col = a[..., :, j] - jnp.einsum("...ik,...k->...i", l, jnp.conj(l[..., j, :]))
+      col = col / dj[..., None]
+      col = jnp.where(jnp.arange(n) > j, col, 0).at[..., j].set(dj)
+      return l.at[..., :, j].set(col), info
+    return lax.fori_loop(0, n, step, (jnp.zeros_like(a), jnp.zeros(a.shape[:-2], jnp.int32)))[1]
+  return failing(lax.stop_gradient(a))
+
+
+def _cholesky(a, upper):
+  h = _hermitian_input(a, upper)
+  l = lax.linalg.cholesky(h, symmetrize_input=False)
+  info = jnp.zeros(a.shape[:-2], jnp.int32)
+  if a.shape[-1]:
+    info = lax.cond(jnp.all(jnp.isfinite(l)), lambda h: info, _cholesky_info,
+                    lax.stop_gradient(h))
+  return (_mH(l) if upper else l), info
+
+
+@lowering(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
+  # Where A is not positive definite torch leaves a partial factor; this gives NaN (info says).
+  return _cholesky(self, upper)
+
+
+@lowering(aten.cholesky.default)
+def cholesky(self, upper=False):
+  # torch raises on a matrix that is not positive definite; under `jit` that cannot be
+  # checked, so the factor is NaN there.
+  return _cholesky(self, upper)[0]
+
+
+def _cholesky_solve(b, l, upper):
+  l, b = _batch_broadcast(l, b)
+  tri = lax.linalg.triangular_solve
+  if upper:  # A = U^H U
+    y = tri(l, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    return tri(l, y, left_side=True, lower=False)
+  y = tri(l, b, left_side=True, lower=True)
+  return tri(l, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
+
+
+@lowering(aten.cholesky_solve.default)
+def cholesky_solve(self, input2, upper=False):
+  return _cholesky_solve(self, input2, upper)
+
+
+@lowering(aten.cholesky_inverse.default)
+def cholesky_inverse(self, upper=False):
+  eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+  return _cholesky_solve(eye, self, upper)
+
+
+@lowering(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
+  a, b = _batch_broadcast(self, B)
+  return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper,
+                                     unit_diagonal=unitriangular)
+
+
+@lowering(aten.triangular_solve.default)
+def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+  a, b = _batch_broadcast(A, self)
+  x = lax.linalg.triangular_solve(a, b, left_side=True, lower=not upper, transpose_a=transpose,
+                                  unit_diagonal=unitriangular)
+  return x, a  # (solution, cloned_coefficient: A broadcast to the batch shape)
+
+
+@lowering(aten.linalg_qr.default)
+def linalg_qr(A, mode="reduced"):
+  if mode == "r":
+    return _empty(A.dtype), jnp.linalg.qr(A, mode="r")
+  return jnp.linalg.qr(A, mode=mode)
+
+
+@lowering(aten.geqrf.default)
+def geqrf(self):
+  # LAPACK geqrf (JAX has it as a primitive, not yet in its public `lax.linalg`)
+  from jax._src.lax.linalg import geqrf as lapack_geqrf
+  return lapack_geqrf(self)
+
+
+def _householder_q(a, tau, cols):
+  """Q = H_1 ... H_k (H_i = I - tau_i v_i v_i^H, v_i below the diagonal of column i of `a`), its
+  first `cols` columns. Written as a loop of rank-1 updates so that it is differentiable."""
+  m, k = a.shape[-2], tau.shape[-1]
+  batch = jnp.broadcast_shapes(a.shape[:-2], tau.shape[:-1])
+  q = jnp.broadcast_to(jnp.eye(m, cols, dtype=a.dtype), batch + (m, cols))
+  rows = jnp.arange(m)
+
+  def step(i, q):
+    j = k - 1 - i
+    col = lax.dynamic_index_in_dim(a, j, axis=a.ndim - 1, keepdims=False)
+    v = jnp.where(rows > j, col, jnp.where(rows == j, 1, 0).astype(a.dtype))
+    t = lax.dynamic_index_in_dim(tau, j, axis=tau.ndim - 1, keepdims=False)
+    w = jnp.einsum("...i,...ij->...j", jnp.conj(v), q)
+    return q - (t[..., None] * v)[..., :, None] * w[..., None, :]
+  return lax.fori_loop(0, k, step, q)
+
+
+@lowering(aten.linalg_householder_product.default)
+def linalg_householder_product(input, tau):
+  return _householder_q(input, tau, input.shape[-1])
+
+
+@lowering(aten.ormqr.default)
+def ormqr(self, input2, input3, left=True, transpose=False):
+  # Q (m x m, m = the rows of `self`) applied to C = input3 from the left or the right
+  q = _householder_q(self, input2, self.shape[-2])
+  if transpose:
+    q = _mH(q)
+  return jnp.matmul(q, input3, precision=_HIGHEST) if left else \
+      jnp.matmul(input3, q, precision=_HIGHEST)
+
+
+@lowering(aten._linalg_svd.default)
+def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+  if not compute_uv:
+    return _empty(A.dtype), jnp.linalg.svd(A, compute_uv=False), _empty(A.dtype)
+  u, s, vh = jnp.linalg.svd(A, full_matrices=False)
+  m, n = A.shape[-2:]
+  if full_matrices and m != n:
+    # torch's backward uses the first min(m, n) singular vectors only; JAX has no derivative
+    # for the full ones, so the completion is a constant.
+    uf, _, vhf = jnp.linalg.svd(lax.stop_gradient(A), full_matrices=True)
+    k = min(m, n)
+    u = jnp.concatenate([u + (uf[..., :k] - lax.stop_gradient(u)), uf[..., k:]], axis=-1)
+    vh = jnp.concatenate([vh + (vhf[..., :k, :] - lax.stop_gradient(vh)), vhf[..., k:, :]],
+                         axis=-2)
+  return u, s, vh
+
+
+def _eigh(a, uplo, compute_v):
+  v, w = lax.linalg.eigh(_hermitian_input(a, uplo == "U"), lower=uplo != "U",
+                         symmetrize_input=False)
+  return w, v
+
+
+@lowering(aten._linalg_eigh.default)
+def _linalg_eigh(A, UPLO="L", compute_v=True):
+  w, v = _eigh(A, UPLO, compute_v)
+  return w, (v if compute_v else _empty(A.dtype))
+
+
+@jax.custom_vjp
+def _eig(a):
+  # LAPACK geev (JAX's CPU eig): eigenvectors of unit norm, largest component real.
+  w, v = jnp.linalg.eig(a)
+  return w, v
+
+
+def _eig_fwd(a):
+  w, v = _eig(a)
+  return (w, v), (w, v, jnp.zeros((0,), a.dtype))  # (the last: the input's dtype)
+
+
+def _eig_bwd(res, cts):
+  """torch's linalg_eig_backward (JAX has no derivative for eigenvectors): with torch's
+  cotangents (JAX's conjugated), gA = V^-H (diag(gw) + P(V^H gV) / conj(w_j - w_i)) V^H, where
+  P projects onto the tangent space of unit-norm columns."""
+  w, v, like = res
+  gw, gv = jnp.conj(cts[0]), jnp.conj(cts[1])
+  vh = _mH(v)
+  mm = functools.partial(jnp.matmul, precision=_HIGHEST)
+  vhgv = mm(vh, gv)
+  vhgv = vhgv - mm(vh, v * jnp.real(jnp.diagonal(vhgv, axis1=-2, axis2=-1))[..., None, :])
+  n = w.shape[-1]
+  eye = jnp.eye(n, dtype=bool)
+  econj = jnp.conj(jnp.where(eye, 1, w[..., None, :] - w[..., :, None]))
+  ga = jnp.where(eye, gw[..., None, :] * jnp.eye(n, dtype=w.dtype), vhgv / econj)
+  ga = jnp.linalg.solve(vh, mm(ga, vh))
+  ga = jnp.conj(ga)
+  return (ga if jnp.iscomplexobj(like) else jnp.real(ga)),
+
+
+_eig.defvjp(_eig_fwd, _eig_bwd)
+
+
+@lowering(aten.linalg_eig.default)
+def linalg_eig(self):
+  return _eig(self)
+
+
+@lowering(aten.linalg_eigvals.default)
+def linalg_eigvals(self):
+  return jnp.linalg.eigvals(self)
+
+
+def _pinv_tolerance(s_max, atol, rtol, m, n, dtype):
+  """torch's `max(atol, rtol * s_max)` (in float64, as torch's default tolerances are): rtol
+  defaults to eps * max(m, n), or to 0 where an `atol` > 0 is given."""
+  f64 = jnp.float64
+  default = jnp.asarray(jnp.finfo(jnp.finfo(dtype).dtype).eps * max(m, n), f64)
+  if rtol is None:
+    rtol = default if atol is None else jnp.where(jnp.asarray(atol) > 0, 0, default)
+  atol = jnp.zeros((), f64) if atol is None else jnp.asarray(atol)
+  rtol = jnp.asarray(rtol)
+  return jnp.maximum(atol[..., None], rtol[..., None] * s_max)
+
+
+@lowering(aten.linalg_pinv.atol_rtol_tensor, aten.linalg_pinv.atol_rtol_float)
+def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
+  # torch: singular values (|eigenvalues| where hermitian) at or below max(atol, rtol * s_max)
+  # are dropped. Its derivative is pinv's own (torch's pinv_backward), not the one through
+  # the SVD/eigh, so it is the same for `hermitian` and for any A.
+  m, n = self.shape[-2:]
+  atol = None if atol is None else jnp.asarray(atol)
+  rtol = None if rtol is None else jnp.asarray(rtol)
+
+  @jax.custom_jvp
+  def pinv(a):
+    if hermitian:
+      w, v = _eigh(a, "L", True)
+      s = jnp.abs(w)
+      tol = _pinv_tolerance(jnp.max(s, axis=-1, keepdims=True, initial=0), atol, rtol, m, n,
+                            a.dtype)
+      inv = jnp.where(s > tol, 1 / jnp.where(s > tol, w, 1), 0).astype(a.dtype)
+      return jnp.matmul(v * inv[..., None, :], _mH(v), precision=_HIGHEST)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    tol = _pinv_tolerance(s[..., :1], atol, rtol, m, n, a.dtype)  # s sorted descending
+    inv = jnp.where(s > tol, 1 / jnp.where(s > tol, s, 1), 0).astype(a.dtype)
+    return jnp.matmul(_mH(vh) * inv[..., None, :], _mH(u), precision=_HIGHEST)
+
+  @pinv.defjvp
+  def pinv_jvp(primals, tangents):
+    (a,), (da,) = primals, tangents
+    p = pinv(a)
+    mm = functools.partial(jnp.matmul, precision=_HIGHEST)
+    dp = (-mm(mm(p, da), p)
+          + mm(mm(mm(jnp.eye(n, dtype=a.dtype) - mm(p, a), _mH(da)), _mH(p)), p)
+          + mm(mm(mm(p, _mH(p)), _mH(da)), jnp.eye(m, dtype=a.dtype) - mm(a, p)))
+    return p, dp
+  return pinv(self)
+
+
+@lowering(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(self):
+  # float16/bfloat16 in float32, rounded once
+  return jax.scipy.linalg.expm(self.astype(_acc(self.dtype))).astype(self.dtype)
+
+
+@lowering(aten.linalg_lstsq.default, static_argnames=("rcond",))
+def linalg_lstsq(self, b, rcond=None, *, driver=None):
+  """The minimum-norm least-squares solution, by SVD with singular values below
+  `rcond * s_max` dropped (torch's default rcond: eps * max(m, n)). torch's drivers differ in
+  what else they return: `gelsy` (the CPU default) the rank only, `gels` the residuals only,
+  `gelsd`/`gelss` all of rank, singular values and residuals; residuals are computed for
+  m > n only, and only where every matrix has full rank (under `jit` the shape cannot depend
+  on that, so they are NaN there instead of empty)."""
+  driver = driver or "gelsy"
+  m, n = self.shape[-2:]
+  vector = _is_vector_rhs(self, b)
+  rhs = b[..., None] if vector else b
+  a, rhs = _batch_broadcast(self, rhs)
+  u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+  real = s.dtype
+  cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond)
+  keep = s > cutoff * s[..., :1] if min(m, n) else s > 0
+  inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+  x = jnp.matmul(_mH(vh) * inv[..., None, :], jnp.matmul(_mH(u), rhs, precision=_HIGHEST),
+                 precision=_HIGHEST)
+  rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+  residuals = _empty(real)
+  if m > n and driver != "gelsy":
+    residuals = jnp.sum(jnp.abs(jnp.matmul(a, x, precision=_HIGHEST) - rhs) ** 2, axis=-2)
+    if driver != "gels":
+      residuals = jnp.where(jnp.all(rank == n), residuals, jnp.nan)
+    if vector:
+      residuals = residuals[..., 0]
+  return ((x[..., 0] if vector else x), residuals,
+          rank if driver != "gels" else _empty(jnp.int64),
+          s if driver in ("gelsd", "gelss") else _empty(real))
+
+
+@lowering(aten._trilinear.default)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+  """sum over `sumdim` of i1 * i2 * i3, each first unsqueezed at its `expand` dims (the
+  kernel of `bilinear`). As torch: i1 and i2 are contracted first over the summed dims that i3
+  lacks, the result rounded to the dtype, then contracted with i3 (16-bit floats accumulate
+  in float32 in each step)."""
+  ndim = i1.ndim + len(expand1)
+  letters = "abcdefghijklmnopqrstuvwxyz"[:ndim]
+  summed = {d % ndim for d in sumdim}
+  dims = [[d for d in range(ndim) if d not in {e % ndim for e in expand}]
+          for expand in (expand1, expand2, expand3)]
+  first = [d for d in range(ndim) if (d in dims[0] or d in dims[1])
+           and not (d in summed and d not in dims[2])]
+  keep = [d for d in range(ndim) if d not in summed]
+  second = [d for d in keep if d in first or d in dims[2]]
+
+  def sub(ds):
+    return "".join(letters[d] for d in ds)
+
+  def contract(spec, *xs):
+    return jnp.einsum(spec, *xs, precision=_HIGHEST,
+                      preferred_element_type=_acc(i1.dtype)).astype(i1.dtype)
+  buf = contract(f"{sub(dims[0])},{sub(dims[1])}->{sub(first)}", i1, i2)
+  out = contract(f"{sub(first)},{sub(dims[2])}->{sub(second)}", buf, i3)
+  return jnp.expand_dims(out, [k for k, d in enumerate(keep) if d not in second])
+
+
+@lowering(aten._linalg_check_errors.default, dynamic_shape=True)
+def _linalg_check_errors(info, api_name, *, is_matrix):
+  """torch's check of the `info` of a factorization (`linalg.inv`, `linalg.solve`,
+  `linalg.cholesky`, ... call it): raises torch's `LinAlgError` on a concrete failing `info`.
+  Inside a staged JAX program the value is unknown, so nothing is checked there and the result
+  holds NaN/inf as JAX's own linear algebra gives."""
+  if isinstance(info, jax.core.Tracer):
+    return None
+  flat = np.asarray(info).reshape(-1)
+  bad = np.flatnonzero(flat)
+  if not bad.size:
+    return None
+  code = int(flat[bad[0]])
+  where = "" if is_matrix else f": (Batch element {bad[0]})"
+  if code < 0:
+    raise RuntimeError(f"{api_name}{where}: Argument {-code} has illegal value.")
+  if "inv" in api_name:
+    msg = (f"The diagonal element {code} is zero, the inversion could not be completed because "
+           "the input matrix is singular.")
+  elif "solve" in api_name:
+    msg = "The solver failed because the input matrix is singular."
+  elif "cholesky" in api_name:
+    msg = ("The factorization could not be completed because the input is not "
+           f"positive-definite (the leading minor of order {code} is not positive-definite).")
+  elif "lu_factor" in api_name:
+    raise RuntimeError(
+        f"{api_name}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
+        "division by zero. If you still want to perform the factorization, consider calling "
+        "linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)")
+  else:
+    msg = f"The algorithm failed (error code: {code})."
+  raise torch.linalg.LinAlgError(f"{api_name}{where}: {msg}")
+
+
+@lowering(aten.renorm.default, static_argnames=("p",))
+def renorm(self, p, dim, maxnorm):
+  """torch: each slice along `dim` whose p-norm exceeds `maxnorm` is scaled by
+  maxnorm / (norm + 1e-7); norms of 16-bit floats are taken in float32 and the factor rounded
+  to the dtype before the multiplication."""
+  dim = dim % self.ndim
+  axes = tuple(d for d in range(self.ndim) if d != dim)
+  x = jnp.abs(self.astype(_acc(self.dtype)))
+  if p == float("inf"):
+    norm = jnp.max(x, axis=axes, keepdims=True, initial=0)
+  elif p == float("-inf"):
+    norm = jnp.min(x, axis=axes, keepdims=True)
+  elif p == 0:
+    norm = jnp.sum(x != 0, axis=axes, keepdims=True).astype(x.dtype)
+  elif p == 1:
+    norm = jnp.sum(x, axis=axes, keepdims=True)
+  elif p == 2:
+    norm = jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=True))
+  else:
+    norm = jnp.sum(x ** p, axis=axes, keepdims=True) ** (1.0 / p)
+  factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(self.dtype)
+  return self * factor

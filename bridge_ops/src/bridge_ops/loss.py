@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from bridge_ops._lowering import aten, lowering, promote
+from bridge_ops._lowering import aten, lowering, promote, result_dtypes
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -82,6 +83,15 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
   return _reduce(loss, reduction)
 
 
+@lowering(aten.soft_margin_loss.default)
+def soft_margin_loss(self, target, reduction=_MEAN):
+  """torch's kernel: `neg(self).mul_(target).exp_().log1p_()` in `self`'s dtype, step by step,
+  so that a half `exp` overflows to inf as in torch (a fused float computation would not)."""
+  z = (-self).astype(result_dtypes(self, target)[0]) * target
+  loss = jnp.log1p(jnp.exp(z.astype(self.dtype)))
+  return _reduce(loss, reduction)
+
+
 def _nll(logp, target, weight, reduction, ignore_index):
   """`logp` (..., C) with the classes last, `target` (...): (output, total_weight) as torch."""
   target = target.astype(jnp.int64)
@@ -111,3 +121,171 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
   # self (N, C, H, W), target (N, H, W).
   return _nll(jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index)
+
+
+# --- distances (`torch.cdist`, `F.pdist`: what metric losses and k-NN code build on) -----------
+
+
+def _safe_root(s, p):
+  """`s ** (1 / p)` with a zero gradient at s == 0, as torch's distance backward."""
+  zero = s == 0
+  root = jnp.sqrt(jnp.where(zero, 1, s)) if p == 2 else jnp.where(zero, 1, s) ** (1.0 / p)
+  return jnp.where(zero, jnp.zeros((), s.dtype), root)
+
+
+def _p_norm(diff, p, axis=-1):
+  """torch's `cdist`/`pdist` p-norm of `diff` along `axis`, with its special cases of p.
+
+  Gradients follow torch's backward: |x| has slope sign(x) (0 at 0, where JAX's `abs` has 1),
+  and p = inf gives every tied maximum the whole gradient (JAX's `max` would share it).
+  """
+  a = diff * jnp.sign(diff)
+  if p == 0:
+    return jnp.sum((a != 0).astype(diff.dtype), axis=axis)
+  if p == 1:
+    return jnp.sum(a, axis=axis)
+  if p == float("inf"):
+    top = jax.lax.stop_gradient(jnp.max(a, axis=axis, keepdims=True, initial=0))
+    ties = jnp.where(a == top, a - jax.lax.stop_gradient(a), jnp.zeros((), a.dtype))
+    return jnp.squeeze(top, axis) + jnp.sum(ties, axis=axis)
+  if p == 2:
+    return _safe_root(jnp.sum(a * a, axis=axis), 2)
+  # |0| ** p has a zero gradient in torch even where p < 1 makes its derivative infinite.
+  zero = a == 0
+  powered = jnp.where(zero, jnp.zeros((), a.dtype), jnp.where(zero, 1, a) ** p)
+  return _safe_root(jnp.sum(powered, axis=axis), p)
+
+
+def _euclidean_dist(x1, x2):
+  """torch's `_euclidean_dist` (the matrix-product form of the p=2 distance)."""
+  x1_norm = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+  x2_norm = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+  x1_ = jnp.concatenate([-2 * x1, x1_norm, jnp.ones_like(x1_norm)], axis=-1)
+  x2_ = jnp.concatenate([x2, jnp.ones_like(x2_norm), x2_norm], axis=-1)
+  r = jnp.matmul(x1_, jnp.swapaxes(x2_, -1, -2), precision=jax.lax.Precision.HIGHEST)
+  return jnp.sqrt(jnp.maximum(r, 1e-30))
+
+
+@lowering(aten._cdist_forward.default, static_argnames=("p",))
+def _cdist_forward(x1, x2, p, compute_mode=None):
+  """Distances between the rows of `x1` (..., P, M) and `x2` (..., R, M). As torch, p = 2 uses
+  the matrix-product form when `compute_mode` is 1, or 0/None and P or R exceeds 25."""
+  mode = 0 if compute_mode is None else compute_mode
+  batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+  x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+  x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+  if p == 2 and (mode == 1 or (mode == 0 and (x1.shape[-2] > 25 or x2.shape[-2] > 25))):
+    return _euclidean_dist(x1, x2)
+  return _p_norm(x1[..., :, None, :] - x2[..., None, :, :], p)
+
+
+@lowering(aten._pdist_forward.default, static_argnames=("p",))
+def _pdist_forward(self, p=2.0):
+  """The distances between rows i < j of `self` (N, M), in row-major order of (i, j)."""
+  i, j = np.triu_indices(self.shape[0], 1)
+  return _p_norm(self[i] - self[j], p)
+
+
+# --- CTC --------------------------------------------------------------------------------------
+
+
+def _logsumexp(*xs):
+  """log(sum(exp(x))) of same-shaped arrays; all -inf gives -inf with zero (not NaN) gradients."""
+  x = jnp.stack(xs)
+  m = jnp.max(x, axis=0)
+  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, jnp.zeros((), m.dtype)))
+  s = jnp.sum(jnp.exp(x - m), axis=0)
+  empty = s == 0
+  return jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1, s)) + m)
+
+
+def _ctc_alpha(log_probs, labels, input_lengths, target_lengths, blank):
+  """torch's CTC forward pass: (nll (N,), log_alpha (N, T, 2S+1)) for `labels` (N, S)."""
+  t_max, n, _ = log_probs.shape
+  ninf = jnp.full((), -jnp.inf, log_probs.dtype)
+  ext = jnp.full((n, 2 * labels.shape[1] + 1), blank, labels.dtype).at[:, 1::2].set(labels)
+  width = ext.shape[1]
+  lp_ext = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (t_max, n, width)), axis=2)
+  pos = jnp.arange(width)
+  prev2 = jnp.concatenate([jnp.full((n, 2), -1, ext.dtype), ext[:, :-2]], axis=1)
+  skip = (ext != blank) & (pos >= 2) & (ext != prev2)
+  in_len = input_lengths[:, None]
+  first = jnp.where((pos == 0) | ((pos == 1) & (target_lengths[:, None] > 0)), lp_ext[0], ninf)
+
+  def step(alpha, t):
+    a1 = jnp.concatenate([jnp.full((n, 1), ninf), alpha[:, :-1]], axis=1)
+    a2 = jnp.where(skip, jnp.concatenate([jnp.full((n, 2), ninf), alpha[:, :-2]], axis=1), ninf)
+    new = _logsumexp(alpha, a1, a2) + lp_ext[t]
+    new = jnp.where(t < in_len, new, alpha)  # past its input length a sample keeps its alpha
+    return new, jnp.where(t < in_len, new, ninf)
+
+  last, rest = jax.lax.scan(step, first, jnp.arange(1, t_max))
+  history = jnp.concatenate([jnp.where(in_len > 0, first, ninf)[None], rest], axis=0)
+  history = jnp.where(pos <= 2 * target_lengths[:, None], history, ninf)
+  end = jnp.take_along_axis(last, (2 * target_lengths)[:, None], axis=1)[:, 0]
+  before = jnp.take_along_axis(last, jnp.maximum(2 * target_lengths - 1, 0)[:, None], axis=1)[:, 0]
+  before = jnp.where(target_lengths > 0, before, ninf)
+  return -_logsumexp(end, before), jnp.moveaxis(history, 0, 1)
+
+
+def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+  lengths = [int(v) for v in target_lengths]
+  width = max(lengths, default=0)
+  if targets.ndim == 1:  # concatenated targets: pad them to (N, max length)
+    starts = np.cumsum([0] + lengths[:-1])
+    cols = np.arange(width)
+    idx = np.minimum(starts[:, None] + cols, max(targets.shape[0] - 1, 0))
+    labels = jnp.where(cols < np.asarray(lengths)[:, None], targets[idx], blank)
+  else:
+    labels = targets[:, :width]
+  labels = labels.astype(jnp.int32)
+  in_len = jnp.asarray(np.asarray([int(v) for v in input_lengths]), jnp.int32)
+  tgt_len = jnp.asarray(np.asarray(lengths, dtype=np.int64), jnp.int32)
+  batched = log_probs.ndim == 3
+  lp = log_probs if batched else log_probs[:, None]
+  labels = labels if labels.ndim == 2 else labels[None]
+
+  # The integer arrays are arguments (not closed over): a custom_vjp's rules cannot capture
+  # values traced outside them.
+  @jax.custom_vjp
+  def ctc(lp, labels, in_len, tgt_len):
+    return _ctc_alpha(lp, labels, in_len, tgt_len, blank)
+
+  def fwd(lp, labels, in_len, tgt_len):
+    out = _ctc_alpha(lp, labels, in_len, tgt_len, blank)
+    return out, (lp, labels, in_len, tgt_len, out[0])
+
+  def bwd(res, cts):
+    # torch's gradient is exp(log_probs) - posterior (the gradient with respect to the logits
+    # of a log_softmax), where the exact derivative is -posterior; 0 past an input's length.
+    lp, labels, in_len, tgt_len, nll = res
+    g = cts[0]
+    _, vjp = jax.vjp(lambda x: _ctc_alpha(x, labels, in_len, tgt_len, blank)[0], lp)
+    grad = vjp(g)[0] + jnp.exp(lp) * g[None, :, None]
+    live = jnp.arange(lp.shape[0])[:, None] < in_len[None, :]
+    infinite = jnp.isinf(nll)[None, :]
+    if zero_infinity:
+      live = live & ~infinite
+    else:  # torch: exp(-inf + inf) is NaN for an impossible alignment
+      grad = jnp.where(infinite[..., None], jnp.nan, grad)
+    return jnp.where(live[..., None], grad, jnp.zeros((), lp.dtype)), None, None, None
+
+  ctc.defvjp(fwd, bwd)
+  nll, log_alpha = ctc(lp, labels, in_len, tgt_len)
+  if zero_infinity:
+    nll = jnp.where(jnp.isinf(nll), jnp.zeros((), nll.dtype), nll)
+  return (nll, log_alpha) if batched else (nll[0], log_alpha[0])
+
+
+@lowering(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+  """torch's CTC loss (`F.ctc_loss` before its reduction), with torch's gradient."""
+  return _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+
+
+@lowering(aten._ctc_loss.Tensor, dynamic_shape=True)
+def _ctc_loss_Tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
+                     zero_infinity=False):
+  """`_ctc_loss` with the lengths as tensors: log_alpha's shape depends on their values."""
+  return _ctc_loss_impl(log_probs, targets, np.asarray(input_lengths).tolist(),
+                        np.asarray(target_lengths).tolist(), blank, zero_infinity)

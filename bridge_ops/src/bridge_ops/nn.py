@@ -1,13 +1,9 @@
-"""Lowerings of the NN family: convolution, pooling and normalization.
+"""Lowerings of the NN family: convolution and normalization (pooling is `pooling.py`).
 
 What torch's `nn` modules reach on a non-CPU device (checked with a logging
 `TorchDispatchMode`, forward and backward):
 
 * `Conv{1,2,3}d`, `ConvTranspose*d` -> `convolution` / `convolution_backward`;
-* `MaxPool*d` -> `max_pool2d_with_indices` (+ `_backward`, left to torch's
-  decomposition), `AvgPool2d` -> `avg_pool2d` / `avg_pool2d_backward`,
-  `AdaptiveAvgPool2d` -> `_adaptive_avg_pool2d` / `_adaptive_avg_pool2d_backward`
-  (an output size of 1 becomes `mean` instead);
 * `LayerNorm` -> `native_layer_norm`, `GroupNorm` -> `native_group_norm`, their
   backward ops are decomposed by torch;
 * `BatchNorm*d` -> `native_batch_norm`, whose schema claims to be functional but
@@ -74,20 +70,40 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
       feature_group_count=groups, precision=_HIGHEST)
 
 
+def _real_convolution(input, weight, bias, *params):
+  """A real convolution; 16-bit floats accumulate in float32 (bias included) and round once,
+  as torch's CPU kernels do."""
+  ct = _opmath(input.dtype)
+  out = _conv(input.astype(ct), weight.astype(ct), *params)
+  if bias is not None:
+    out = out + bias.astype(ct).reshape((1, -1) + (1,) * (out.ndim - 2))
+  return out.astype(input.dtype)
+
+
 @lowering(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
-  out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
-  if bias is not None:
-    out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
-  return out
+  params = (stride, padding, dilation, transposed, output_padding, groups)
+  if not jnp.iscomplexobj(input):
+    return _real_convolution(input, weight, bias, *params)
+  # torch's `complex_convolution`: three real convolutions (Gauss's trick),
+  # a = conv(x_r, w_r) + b_r, b = conv(x_i, w_i), c = conv(x_r + x_i, w_r + w_i) + b_r + b_i,
+  # result a - b + i (c - a - b).
+  x_r, x_i = jnp.real(input), jnp.imag(input)
+  w_r, w_i = jnp.real(weight), jnp.imag(weight)
+  b_r = None if bias is None else jnp.real(bias)
+  b_ri = None if bias is None else jnp.real(bias) + jnp.imag(bias)
+  a = _real_convolution(x_r, w_r, b_r, *params)
+  b = _real_convolution(x_i, w_i, None, *params)
+  c = _real_convolution(x_r + x_i, w_r + w_i, b_ri, *params)
+  return lax.complex(a - b, c - a - b)
 
 
 @lowering(aten.convolution_backward.default)
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
   def f(x, w):
-    return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    return convolution(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
   _, vjp = jax.vjp(f, input, weight)
   grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
   grad_bias = None
@@ -96,144 +112,6 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
   return (grad_input if output_mask[0] else None,
           grad_weight if output_mask[1] else None,
           grad_bias)
-
-
-# ----------------------------------------------------------------------------- pooling
-
-def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-  """torch's `pooling_output_shape`."""
-  out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
-  if ceil_mode and (out - 1) * s >= size + p:
-    out -= 1
-  return out
-
-
-def _pool_params(x, kernel_size, stride, padding, dilation, ceil_mode):
-  k = _expand(kernel_size, 2)
-  s = _expand(stride, 2) if stride else k  # an empty stride means stride = kernel_size
-  p = _expand(padding, 2)
-  d = _expand(dilation, 2)
-  (h, w) = x.shape[-2:]
-  out = [_pool_out(n, kk, ss, pp, dd, ceil_mode) for n, kk, ss, pp, dd in zip((h, w), k, s, p, d)]
-  # Padding on the high side: enough for the last (ceil_mode) window, never negative.
-  hi = [max(0, (o - 1) * ss + dd * (kk - 1) + 1 - pp - n)
-        for o, ss, dd, kk, pp, n in zip(out, s, d, k, p, (h, w))]
-  return k, s, p, d, out, hi
-
-
-def _windows(x, k, s, p, d, out, hi, fill):
-  """Stacks the k[0]*k[1] strided views of the padded `x`: (..., K, OH, OW)."""
-  lead = x.ndim - 2
-  xp = jnp.pad(x, [(0, 0)] * lead + [(p[0], hi[0]), (p[1], hi[1])], constant_values=fill)
-  views = []
-  for i in range(k[0]):
-    for j in range(k[1]):
-      start = (0,) * lead + (i * d[0], j * d[1])
-      limit = xp.shape[:lead] + (i * d[0] + (out[0] - 1) * s[0] + 1,
-                                 j * d[1] + (out[1] - 1) * s[1] + 1)
-      views.append(lax.slice(xp, start, limit, (1,) * lead + tuple(s)))
-  return jnp.stack(views, axis=-3)
-
-
-@lowering(aten.max_pool2d_with_indices.default)
-def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
-                            ceil_mode=False):
-  x = self
-  k, s, p, d, out, hi = _pool_params(x, kernel_size, stride, padding, dilation, ceil_mode)
-  h, w = x.shape[-2:]
-  floating = jnp.issubdtype(x.dtype, jnp.floating)
-  fill = -jnp.inf if floating else jnp.iinfo(x.dtype).min
-  v = _windows(x, k, s, p, d, out, hi, fill)
-  # Static geometry: row/column of every window element, and whether it is inside the input.
-  ki, kj = np.divmod(np.arange(k[0] * k[1]), k[1])
-  rows = np.arange(out[0])[None, :, None] * s[0] - p[0] + ki[:, None, None] * d[0]
-  cols = np.arange(out[1])[None, None, :] * s[1] - p[1] + kj[:, None, None] * d[1]
-  valid = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
-  flat = (rows * w + cols).astype(np.int64)
-  values = jnp.max(v, axis=-3)  # NaN propagates, as in torch
-  # torch scans the window in order and takes `val > max || isnan(val)`: the first
-  # maximum, or the last NaN; a window of only -inf gives its first valid element.
-  first_max = jnp.argmax(valid & (v == values[..., None, :, :]), axis=-3)
-  if floating:
-    nan = valid & jnp.isnan(v)
-    kk = v.shape[-3]
-    last_nan = kk - 1 - jnp.argmax(jnp.flip(nan, axis=-3), axis=-3)
-    first_max = jnp.where(jnp.any(nan, axis=-3), last_nan, first_max)
-  flat = jnp.broadcast_to(jnp.asarray(flat, dtype=jnp.int64), v.shape)
-  indices = jnp.take_along_axis(flat, first_max[..., None, :, :].astype(jnp.int64), axis=-3)
-  return values, indices[..., 0, :, :]
-
-
-def _avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                divisor_override):
-  k, s, p, _, out, hi = _pool_params(x, kernel_size, stride, padding, 1, ceil_mode)
-  h, w = x.shape[-2:]
-  lead = x.ndim - 2
-  summed = lax.reduce_window(  # a concrete 0 init keeps it a differentiable window sum
-      x, np.zeros((), x.dtype), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
-      [(0, 0)] * lead + [(p[0], hi[0]), (p[1], hi[1])])
-  if divisor_override is not None:
-    div = np.full(out, divisor_override, np.int64)
-  else:
-    # torch: the window clipped to the padded input (pool_size) or to the input itself.
-    def sizes(o, kk, ss, pp, n):
-      start = np.arange(o) * ss - pp
-      end = np.minimum(start + kk, n + pp)
-      full = end - start
-      valid = np.minimum(end, n) - np.maximum(start, 0)
-      return full if count_include_pad else valid
-    div = np.outer(sizes(out[0], k[0], s[0], p[0], h), sizes(out[1], k[1], s[1], p[1], w))
-    div = np.maximum(div, 1)
-  if jnp.issubdtype(x.dtype, jnp.integer):
-    # torch divides integers in C++: truncating, as lax.div.
-    return lax.div(summed, jnp.broadcast_to(jnp.asarray(div, x.dtype), summed.shape))
-  return summed / jnp.asarray(div, x.dtype)
-
-
-@lowering(aten.avg_pool2d.default)
-def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-  return _avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override)
-
-
-@lowering(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                        count_include_pad, divisor_override):
-  _, vjp = jax.vjp(lambda x: _avg_pool2d(x, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override), self)
-  return vjp(grad_output.astype(self.dtype))[0]
-
-
-def _adaptive_matrix(n: int, o: int):
-  """(o, n) 0/1 matrix of torch's adaptive windows [floor(i n/o), ceil((i+1) n/o)), and sizes."""
-  i = np.arange(o)
-  start = (i * n) // o
-  end = ((i + 1) * n + o - 1) // o
-  j = np.arange(n)
-  m = (j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])
-  return m, end - start
-
-
-def _adaptive_avg(x, output_size):
-  oh, ow = _expand(output_size, 2)
-  mh, ch = _adaptive_matrix(x.shape[-2], oh)
-  mw, cw = _adaptive_matrix(x.shape[-1], ow)
-  summed = jnp.einsum("...hw,ah,bw->...ab", x, jnp.asarray(mh, x.dtype), jnp.asarray(mw, x.dtype),
-                      precision=_HIGHEST)
-  return summed / jnp.asarray(np.outer(ch, cw), x.dtype)
-
-
-@lowering(aten._adaptive_avg_pool2d.default)
-def _adaptive_avg_pool2d(self, output_size):
-  return _adaptive_avg(self, output_size)
-
-
-@lowering(aten._adaptive_avg_pool2d_backward.default)
-def _adaptive_avg_pool2d_backward(grad_output, self):
-  size = grad_output.shape[-2:]
-  _, vjp = jax.vjp(lambda x: _adaptive_avg(x, size), self)
-  return vjp(grad_output.astype(self.dtype))[0]
 
 
 # ----------------------------------------------------------------------- normalization

@@ -285,3 +285,29 @@ def native_dropout(input, p, train, *, key):
   kept = input * mask.astype(input.dtype)
   compute = jnp.float32 if np.dtype(input.dtype).itemsize < 4 else input.dtype
   return (kept.astype(compute) * scale.astype(compute)).astype(input.dtype), mask
+
+
+@lowering(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+  """torch's kernel: `grad_output * mask * scale`; the scalar product in float for half types,
+  an integer or bool gradient giving the default float dtype (a float `scale` promotes it)."""
+  _, out = result_dtypes(grad_output, scale)
+  compute = jnp.float32 if np.dtype(out).itemsize < 4 else out
+  kept = jnp.where(mask.astype(jnp.bool_), grad_output, jnp.zeros((), grad_output.dtype))
+  return (kept.astype(compute) * scale).astype(out)
+
+
+@lowering(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
+                                generator=None, *, key):
+  """torch `rrelu`: training, each x <= 0 is scaled by r ~ U(lower, upper) and `noise` records
+  r (1 elsewhere); otherwise a leaky relu of slope (lower + upper) / 2 and `noise` unchanged."""
+  compute = jnp.float32 if np.dtype(self.dtype).itemsize < 4 else self.dtype
+  x = self.astype(compute)
+  if not training:
+    slope = (lower + upper) / 2
+    return jnp.where(x > 0, x, x * slope).astype(self.dtype), jnp.copy(noise)
+  r = jax.random.uniform(key, self.shape, compute) * (upper - lower) + lower
+  neg = x <= 0
+  out = jnp.where(neg, x * r, x).astype(self.dtype)
+  return out, jnp.where(neg, r, jnp.ones((), compute)).astype(noise.dtype)

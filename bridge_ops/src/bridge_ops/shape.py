@@ -111,6 +111,17 @@ def view_copy_dtype(self, dtype):
   return out.astype(jnp.bool_) if new == np.bool_ else out
 
 
+@lowering(aten.resize.default)
+def resize(self, size, *, memory_format=None):
+  """torch `resize_`: the elements keep their flat (contiguous) order; the ones torch leaves
+  uninitialized when the tensor grows are zeros here."""
+  n = math.prod(size)
+  flat = jnp.reshape(self, (-1,))
+  if n > flat.shape[0]:
+    flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), self.dtype)])
+  return _fresh(jnp.reshape(flat[:n], tuple(size)))
+
+
 @lowering(aten.expand_copy.default)
 def expand_copy(self, size, *, implicit=False):
   lead = len(size) - self.ndim
@@ -194,6 +205,18 @@ def narrow_copy(self, dim, start, length):
 @lowering(aten.diagonal_copy.default)
 def diagonal_copy(self, offset=0, dim1=0, dim2=1):
   return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))
+
+
+@lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+  """`self` with its `diagonal(offset, dim1, dim2)` replaced by `src` (the diagonal last)."""
+  d1, d2 = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+  x = jnp.moveaxis(self, (d1, d2), (-2, -1))
+  n = max(0, min(x.shape[-2] - max(-offset, 0), x.shape[-1] - max(offset, 0)))
+  rows = np.arange(n) + max(-offset, 0)
+  cols = np.arange(n) + max(offset, 0)
+  x = x.at[..., rows, cols].set(src.astype(self.dtype))
+  return jnp.moveaxis(x, (-2, -1), (d1, d2))
 
 
 @lowering(aten.unfold_copy.default)
