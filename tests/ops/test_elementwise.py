@@ -666,7 +666,10 @@ def test_more_binary_float(op, dtype):
 
 
 def test_logaddexp_complex():
+  # Finite values only (see test_complex): torch's std::exp/log1p follow C99's complex inf
+  # rules, and even give nan for some finite far-apart pairs (logaddexp(-100j, -100)).
   z = torch.complex(values(F32), values(F32).flip(0))
+  z = z[torch.isfinite(z) & (z.abs() < 20)]
   check(aten.logaddexp.default, z, z.flip(0))
 
 
@@ -703,7 +706,10 @@ def test_integer_ops_broadcast(op, dtype):
 
 @pytest.mark.parametrize("dtype", ALL + (U8, F16), ids=_ids)
 def test_hash_tensor(dtype):
-  x = values(dtype).reshape(2, -1) if len(values(dtype)) % 2 == 0 else values(dtype)[None]
+  x = values(dtype)
+  if dtype is BF16:  # the test's bfloat16 transfer (through float32) changes nan's bits
+    x = x[~x.isnan()][:-1]
+  x = x.reshape(2, -1) if len(x) % 2 == 0 else x[None]
   check(aten.hash_tensor.default, x)
   check(aten.hash_tensor.default, x, [1], keepdim=True)
 

@@ -196,3 +196,21 @@ def test_ctc_loss_and_torch_gradient(case):
         bridge.to_jax(log_probs))
   torch.testing.assert_close(out, expected.detach(), equal_nan=True)
   torch.testing.assert_close(bridge.to_torch(grad), expected_grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("targets", [_CTC_TARGETS, torch.tensor([1, 3, 3, 2, 4, 1, 2])],
+                         ids=["padded", "concatenated"])
+def test_ctc_loss_tensor_lengths_under_jit(targets):
+  """Tensor lengths (`_ctc_loss.Tensor`) are traced under `jax.jit`: the loss still matches."""
+  import bridge
+  import jax
+  log_probs = torch.randn(12, 3, 5, generator=_gen(7), dtype=torch.float64).log_softmax(-1)
+  lengths = (torch.tensor([12, 10, 7]), torch.tensor([4, 3, 0]))
+  expected = torch.nn.functional.ctc_loss(log_probs, targets, *lengths, reduction="none")
+
+  def fn(lp, il, tl):
+    return torch.nn.functional.ctc_loss(lp, targets, il, tl, reduction="none")
+  with jax.enable_x64(True):
+    out = jax.jit(lambda *a: bridge.call_torch(fn, *a))(
+        bridge.to_jax(log_probs), *(bridge.to_jax(t) for t in lengths))
+  torch.testing.assert_close(bridge.to_torch(out), expected)

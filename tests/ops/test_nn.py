@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.ops.harness import check, device_available, lowering_of
+from tests.ops.harness import check, device_available, lowering_of, run_direct
 
 aten = torch.ops.aten
 
@@ -274,3 +274,130 @@ def test_native_group_norm(shape, groups, affine, dtype):
   # and JAX's two-pass ones differ by a few ulps, which rstd amplifies.
   tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else {}
   check(aten.native_group_norm.default, x, w, b, n, c, hxw, groups, 1e-5, **tol)
+
+
+# ------------------------------------------------------------------- more pooling (pooling.py)
+
+# (op, input shape, arguments): 3-D average pools, adaptive pools with uneven windows,
+# fractional pools (their random samples are an input), unpooling.
+POOLING = [
+    ("avg3d_pad", aten.avg_pool3d.default, (2, 2, 5, 6, 5),
+     ([3, 2, 3], [2, 1, 2], [1, 1, 1], False, True, None)),
+    ("avg3d_ceil_exclude", aten.avg_pool3d.default, (1, 2, 5, 7, 6),
+     ([3, 2, 3], [2, 3, 2], [1, 1, 1], True, False, None)),
+    ("avg3d_divisor", aten.avg_pool3d.default, (2, 1, 4, 4, 4), ([2, 2, 2], [], [0, 0, 0], True,
+                                                                 True, 3)),
+    ("adaptive_avg3d", aten._adaptive_avg_pool3d.default, (2, 3, 5, 7, 6), ([3, 4, 4],)),
+    ("adaptive_max2d", aten.adaptive_max_pool2d.default, (2, 3, 7, 9), ([3, 4],)),
+    ("adaptive_max2d_grow", aten.adaptive_max_pool2d.default, (3, 4, 5), ([6, 7],)),
+    ("adaptive_max3d", aten.adaptive_max_pool3d.default, (1, 2, 5, 7, 6), ([2, 3, 4],)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", POOLING, ids=[c[0] for c in POOLING])
+def test_pooling(cfg, dtype):
+  _, op, shape, args = cfg
+  x = _randn(shape, dtype, _gen())
+  if "max" in cfg[0]:
+    x.view(-1)[::7] = float("nan")  # NaN wins the window
+  check(op, x, *args)
+
+
+@pytest.mark.parametrize("nd,kernel,size", [(2, [2, 3], [4, 5]), (2, [2, 2], [6, 1]),
+                                            (3, [2, 3, 2], [3, 4, 3])])
+def test_fractional_max_pool(nd, kernel, size):
+  g = _gen()
+  x = _randn((2, 3, 7, 9, 6)[: 2 + nd], torch.float64, g)
+  samples = torch.rand(2, 3, nd, generator=g, dtype=torch.float64)
+  op = aten.fractional_max_pool2d.default if nd == 2 else aten.fractional_max_pool3d.default
+  check(op, x, kernel, size, samples)
+
+
+def test_max_unpool():
+  g = _gen()
+  x = _randn((2, 3, 8, 8), torch.float64, g)
+  values, indices = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+  check(aten.max_unpool2d.default, values, indices, [8, 8])
+  x = _randn((2, 3, 4, 6, 4), torch.float64, g)
+  values, indices = torch.nn.functional.max_pool3d(x, 2, return_indices=True)
+  check(aten.max_unpool3d.default, values, indices, [4, 6, 4], [2, 2, 2], [0, 0, 0])
+
+
+# --------------------------------------------------------------- interpolation (interpolation.py)
+
+# (op, input shape, arguments after the input): sizes that shrink, grow, keep; given scales.
+UPSAMPLE = [
+    ("nearest1d", aten.upsample_nearest1d.default, (2, 3, 5), ([7], None)),
+    ("nearest2d_scale", aten.upsample_nearest2d.default, (2, 3, 4, 5), ([8, 9], 2.1, 1.9)),
+    ("nearest2d_large", aten.upsample_nearest2d.default, (1, 2, 50, 61), ([70, 90], None, None)),
+    ("nearest3d", aten.upsample_nearest3d.default, (1, 2, 3, 4, 5), ([5, 3, 7], None, None, None)),
+    ("nearest_exact2d", aten._upsample_nearest_exact2d.default, (2, 3, 6, 5), ([4, 9], None, 1.7)),
+    ("linear1d_corners", aten.upsample_linear1d.default, (2, 3, 5), ([9], True, None)),
+    ("bilinear2d", aten.upsample_bilinear2d.default, (2, 3, 5, 6), ([3, 10], False, None, None)),
+    ("bilinear2d_large", aten.upsample_bilinear2d.default, (1, 2, 50, 61), ([70, 90], False, None,
+                                                                            None)),
+    ("trilinear3d", aten.upsample_trilinear3d.default, (1, 2, 3, 4, 5), ([5, 3, 7], False, 1.5,
+                                                                        None, None)),
+    ("bicubic2d_corners", aten.upsample_bicubic2d.default, (2, 3, 5, 6), ([7, 4], True, None,
+                                                                         None)),
+    ("bilinear_aa", aten._upsample_bilinear2d_aa.default, (2, 3, 9, 10), ([4, 13], False, None,
+                                                                          None)),
+    ("bicubic_aa", aten._upsample_bicubic2d_aa.default, (2, 3, 9, 10), ([5, 3], False, None,
+                                                                        None)),
+    ("bilinear2d_vec", aten.upsample_bilinear2d.vec, (2, 3, 5, 6), (None, False, [1.5, 0.7])),
+    ("nearest2d_backward", aten.upsample_nearest2d_backward.default, (2, 3, 8, 13),
+     ([8, 13], [2, 3, 5, 6], None, None)),
+    ("bicubic2d_backward", aten.upsample_bicubic2d_backward.default, (2, 3, 8, 13),
+     ([8, 13], [2, 3, 5, 6], False, None, None)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cfg", UPSAMPLE, ids=[c[0] for c in UPSAMPLE])
+def test_upsample(cfg, dtype):
+  name, op, shape, args = cfg
+  if dtype in (torch.float16, torch.bfloat16) and ("aa" in name or "backward" in name):
+    pytest.skip("torch's CPU kernel has no 16-bit version")
+  check(op, _randn(shape, dtype, _gen()), *args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", [0, 1, 2])  # bilinear, nearest, bicubic
+@pytest.mark.parametrize("padding", [0, 1, 2])  # zeros, border, reflection
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_2d(mode, padding, align_corners, dtype):
+  g = _gen()
+  x = _randn((2, 3, 5, 6), dtype, g)
+  grid = torch.rand((2, 4, 7, 2), generator=g, dtype=dtype) * 2.6 - 1.3
+  check(aten.grid_sampler_2d.default, x, grid, mode, padding, align_corners)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+def test_grid_sampler_3d(mode, padding):
+  g = _gen()
+  x = _randn((2, 3, 5, 6, 4), torch.float64, g)
+  grid = torch.rand((2, 4, 7, 3, 3), generator=g, dtype=torch.float64) * 2.6 - 1.3
+  check(aten.grid_sampler_3d.default, x, grid, mode, padding, False)
+
+
+# ------------------------------------------------------------------------------ embedding bag
+
+# (mode, include_last_offset, padding_idx, per_sample_weights)
+EMBEDDING_BAG = [(0, False, -1, False), (1, False, 2, False), (2, False, -1, False),
+                 (0, True, -1, True), (1, True, 3, False)]
+
+
+@pytest.mark.parametrize("mode,last,padding_idx,weighted", EMBEDDING_BAG)
+def test_embedding_bag(mode, last, padding_idx, weighted):
+  g = _gen()
+  weight = _randn((10, 4), torch.float64, g)
+  indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
+  offsets = torch.tensor([0, 3, 3, 7] + ([10] if last else []))
+  psw = _randn((10,), torch.float64, g) if weighted else None
+  out, expected = run_direct(aten._embedding_bag_forward_only.default, weight, indices, offsets,
+                             False, mode, False, psw, last, padding_idx)
+  torch.testing.assert_close(out[0], expected[0])  # the other outputs follow the meta layout
+  if mode == 2:
+    torch.testing.assert_close(out[3], expected[3])

@@ -412,3 +412,101 @@ def test_traced_scalar_correction():
     assert got.dtype == jax.numpy.float32
     torch.testing.assert_close(torch.from_numpy(jax.device_get(got).copy()),
                                aten.var.correction(x, [1], correction=correction))
+
+
+# ----------------------------------------------------------------------------- order of ties
+
+# torch's CPU kernels pick among equal values with libstdc++'s std::sort (sort, stable=False, for
+# dtypes x86-simd-sort does not take), nth_element / partial_sort (topk) and a quickselect
+# (kthvalue); the lowerings replay those algorithms, so indices match exactly.
+
+@pytest.mark.parametrize("dtype", [BF16, torch.int16, BOOL])
+@pytest.mark.parametrize("n", [16, 17, 40, 300])
+@pytest.mark.parametrize("descending", [False, True])
+def test_unstable_sort_ties(dtype, n, descending):
+  check(aten.sort.default, make((3, n), dtype, low=0, high=3), -1, descending)
+
+
+@pytest.mark.parametrize("n,k", [(10, 3), (10, 10), (40, 5), (200, 2)])
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("sorted_", [True, False])
+def test_topk_ties(n, k, largest, sorted_):
+  x = make((3, n), F32, low=0, high=3).round()
+  x[0, ::7] = nan
+  check(aten.topk.default, x, k, -1, largest, sorted_)
+
+
+@pytest.mark.parametrize("n", [2, 5, 9, 40])
+@pytest.mark.parametrize("dtype", [I64, F32])
+def test_kthvalue_ties(n, dtype):
+  x = make((4, n), I64, low=0, high=3).to(dtype)
+  for k in sorted({1, (n + 1) // 2, n}):
+    check(aten.kthvalue.default, x, k, -1)
+
+
+# ----------------------------------------------------------------------------- complex logsumexp
+
+def test_logsumexp_complex():
+  x = make((5, 5), C64) * 1000
+  check(aten.logsumexp.default, x, [1], False)
+
+
+def test_logcumsumexp_complex():
+  x = make((5, 6), C64)
+  x[0] = complex(10000, 0)
+  x[1, 2] = complex(-inf, 0)
+  check(aten.logcumsumexp.default, x, 1)
+
+
+# ----------------------------------------------------------------------------- histograms, counts
+
+@pytest.mark.parametrize("bins,lo,hi", [(5, 0, 0), (4, -1, 1), (1, 0, 0), (7, 0.5, 0.5)])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_histc(bins, lo, hi, dtype):
+  check(aten.histc.default, make((30,), dtype), bins, lo, hi)
+
+
+@pytest.mark.parametrize("density", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_histogram(density, weighted):
+  x = make((4, 5), F32)
+  w = make((4, 5), F32, seed=1).abs() if weighted else None
+  check(aten.histogram.bin_ct, x, 6, weight=w, density=density)
+  check(aten.histogram.bin_ct, x, 3, range=[-1.0, 1.0], weight=w, density=density)
+  check(aten.histogram.bins_tensor, x, torch.tensor([-2.0, -0.5, 0.0, 3.0]), weight=w,
+        density=density)
+
+
+def test_histogramdd():
+  x = make((6, 2), F64)
+  check(aten._histogramdd_from_bin_cts.default, x, [3, 2])
+  check(aten._histogramdd_from_bin_tensors.default, x,
+        [torch.tensor([-1.0, 0.0, 1.0], dtype=F64), torch.tensor([-3.0, 3.0], dtype=F64)])
+
+
+@pytest.mark.parametrize("weights", [None, F32, I64])
+@pytest.mark.parametrize("minlength", [0, 9])
+def test_bincount(weights, minlength):
+  x = make((12,), I64, low=0, high=6)
+  w = None if weights is None else make((12,), weights, seed=1)
+  check(aten.bincount.default, x, w, minlength)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(reduce, initial):
+  x = make((6, 3), F32)
+  lengths = torch.tensor([2, 0, 3, 1])
+  check(aten.segment_reduce.default, x, reduce, lengths=lengths, initial=initial)
+  check(aten.segment_reduce.default, x, reduce, offsets=torch.tensor([0, 2, 2, 5, 6]),
+        initial=initial)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("counts", [False, True])
+def test_unique(inverse, counts):
+  x = make((4, 5), F32, low=0, high=3).round()
+  x[0, 0] = x[1, 1] = nan  # NaNs stay distinct
+  check(aten._unique2.default, x, True, inverse, counts)
+  check(aten.unique_consecutive.default, x, inverse, counts)
+  check(aten.unique_consecutive.default, make((5, 2), I64, low=0, high=2), inverse, counts, 0)

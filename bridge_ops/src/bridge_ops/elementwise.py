@@ -1067,11 +1067,14 @@ def frexp(self):
 
 
 @lowering(aten.nextafter.default)
-@_promote("self", "other")
 def nextafter(self, other):
+  # In the result dtype itself (no float32 opmath: the next bfloat16 is not the next float32).
   # torch's derivative: 1 for self, 0 for other.
+  _, result = result_dtypes(self, other)
+  self, other = _as(self, result), _as(other, result)
   out = jnp.nextafter(lax.stop_gradient(self), lax.stop_gradient(other))
-  return out + (self - lax.stop_gradient(self))
+  safe = jnp.where(jnp.isfinite(self), self, jnp.zeros((), self.dtype))
+  return out + (safe - lax.stop_gradient(safe))
 
 
 def _gcd(a: jax.Array, b: jax.Array) -> jax.Array:

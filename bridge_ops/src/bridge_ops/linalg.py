@@ -613,10 +613,126 @@ def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
   return pinv(self)
 
 
+# torch's matrix_exp (Bader, Blanes, Casas 2019): Taylor polynomials of degree 1, 2, 4, 8, 12
+# or 18 (with scaling and squaring), picked per matrix by its 1-norm; the same evaluation
+# schemes here, so that float32 rounds as torch's does.
+_MEXP_THETAS = {
+    np.dtype(np.float32): (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
+                           5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00),
+    np.dtype(np.float64): (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
+                           4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00),
+}
+_MEXP_T12 = (
+    (9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+    (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
+     0.01108844528519167989),
+    (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968,
+     0.00610700528898058230),
+    (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079,
+     -0.00675951846863086359))
+_MEXP_T18 = (
+    (0., -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04,
+     0.),
+    (0., 3.97849749499645077844e-01, 1.36783778460411720168e+00, 4.98289622525382669416e-01,
+     -6.37898194594723280150e-04),
+    (-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
+     -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+    (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+     2.95552570429315521194e-02, -1.39180257516060693404e-05),
+    (0., 0., -9.23364619367118555360e-02, -1.69364939002081722752e-02,
+     -1.40086798182036094347e-05))
+
+
+def _mexp_taylor(a, degree):
+  """torch's compute_T{degree}."""
+  mm = functools.partial(jnp.matmul, precision=_HIGHEST)
+  eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+  def lin(mats, coeffs):
+    out = jnp.zeros_like(a)
+    for m, c in zip(mats, coeffs):
+      out = out + c * m
+    return out
+  if degree == 1:
+    return eye + a
+  a2 = mm(a, a)
+  if degree == 2:
+    return eye + a + a2 / 2
+  if degree == 4:
+    return lin([eye, a, a2, mm(a2, lin([eye, a, a2], [1 / 2.0, 1 / 6.0, 1 / 24.0]))],
+               [1.0, 1.0, 0.0, 1.0])
+  if degree == 8:
+    sqrt_177 = 0.1330413469565007072504e+2
+    x3 = 2. / 3.
+    x1, x2 = x3 * ((1. + sqrt_177) / 88.), x3 * ((1. + sqrt_177) / 352.)
+    x4, x5 = (-271. + 29. * sqrt_177) / (315. * x3), (-11. + 11. * sqrt_177) / (1260. * x3)
+    x6, x7 = (-99. + 11. * sqrt_177) / (5040. * x3), (89. - sqrt_177) / (5040. * x3)
+    y2 = (857. - 58. * sqrt_177) / 630.
+    a4 = mm(a2, lin([a, a2], [x1, x2]))
+    a8 = mm(lin([a2, a4], [x3, 1.0]), lin([eye, a, a2, a4], [x4, x5, x6, x7]))
+    return lin([eye, a, a2, a4, a8], [1.0, 1.0, y2, 0.0, 1.0])
+  a3 = mm(a, a2)
+  if degree == 12:
+    b = [lin([eye, a, a2, a3], row) for row in _MEXP_T12]
+    a6 = b[2] + mm(b[3], b[3])
+    return b[0] + mm(b[1] + a6, a6)
+  b = [lin([eye, a, a2, a3, mm(a3, a3)], row) for row in _MEXP_T18]
+  a9 = b[3] + mm(b[0], b[4])
+  return b[1] + mm(b[2] + a9, a9)
+
+
+def _mexp(a):
+  """torch's mexp on a batch of matrices in float32/float64 (complex too)."""
+  thetas = _MEXP_THETAS[np.dtype(jnp.finfo(a.dtype).dtype)]
+  norm = jnp.max(jnp.sum(jnp.abs(a), axis=-2), axis=-1)[..., None, None]
+  # degree 18: scale by 2^-s, square s times (s <= 64 for any finite norm)
+  s = jnp.maximum(0, jnp.ceil(jnp.log2(norm / thetas[5])))
+  s = jnp.where(jnp.isfinite(s), s, 0)
+  out = _mexp_taylor(a / (2.0 ** s).astype(a.dtype), 18)
+  max_s = jnp.max(s).astype(jnp.int32) if s.size else 0
+  out = lax.fori_loop(0, max_s, lambda i, m: jnp.where(
+      i < s, jnp.matmul(m, m, precision=_HIGHEST), m), out)
+  out = jnp.where(norm >= thetas[4], out, jnp.nan)
+  lower = -1
+  for degree, upper in zip((1, 2, 4, 8, 12), thetas):
+    pick = (lower < norm) & (norm <= upper) & (norm < thetas[4])
+    out = jnp.where(pick, _mexp_taylor(a, degree), out)
+    lower = upper
+  return out
+
+
+@jax.custom_vjp
+def _matrix_exp(a):
+  return _mexp(a)
+
+
+def _matrix_exp_fwd(a):
+  return _mexp(a), a
+
+
+def _matrix_exp_bwd(a, g):
+  # torch's backward: the upper right block of exp([[A^H, G], [0, A^H]]) (in JAX's
+  # conjugated convention for complex cotangents: A^T and g).
+  n = a.shape[-1]
+  at = _mT(a)
+  top = jnp.concatenate([at, g], axis=-1)
+  bottom = jnp.concatenate([jnp.zeros_like(at), at], axis=-1)
+  return _mexp(jnp.concatenate([top, bottom], axis=-2))[..., :n, n:],
+
+
+_matrix_exp.defvjp(_matrix_exp_fwd, _matrix_exp_bwd)
+
+
 @lowering(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(self):
-  # float16/bfloat16 in float32, rounded once
-  return jax.scipy.linalg.expm(self.astype(_acc(self.dtype))).astype(self.dtype)
+  # float16/bfloat16: in float32, rounded once (torch's own 16-bit evaluation is not usable:
+  # it overflows to NaN on inputs whose exponential is representable).
+  n = self.shape[-1]
+  if n == 0:
+    return self
+  if n == 1:
+    return jnp.exp(self)
+  return _matrix_exp(self.astype(_acc(self.dtype))).astype(self.dtype)
 
 
 @lowering(aten.linalg_lstsq.default, static_argnames=("rcond",))

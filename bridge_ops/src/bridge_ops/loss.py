@@ -228,19 +228,21 @@ def _ctc_alpha(log_probs, labels, input_lengths, target_lengths, blank):
   return -_logsumexp(end, before), jnp.moveaxis(history, 0, 1)
 
 
-def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
-  lengths = [int(v) for v in target_lengths]
-  width = max(lengths, default=0)
-  if targets.ndim == 1:  # concatenated targets: pad them to (N, max length)
-    starts = np.cumsum([0] + lengths[:-1])
-    cols = np.arange(width)
-    idx = np.minimum(starts[:, None] + cols, max(targets.shape[0] - 1, 0))
-    labels = jnp.where(cols < np.asarray(lengths)[:, None], targets[idx], blank)
+def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, blank,
+                   zero_infinity):
+  """`width`: the targets' padded length (log_alpha has 2 * width + 1 columns)."""
+  in_len = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int32)
+  tgt_len = jnp.reshape(jnp.asarray(target_lengths), (-1,)).astype(jnp.int32)
+  cols = jnp.arange(width)
+  if targets.ndim == 1 and targets.shape[0] == 0:
+    labels = jnp.full((tgt_len.shape[0], width), blank, jnp.int32)
+  elif targets.ndim == 1:  # concatenated targets: pad them to (N, width)
+    starts = jnp.cumsum(tgt_len) - tgt_len
+    idx = jnp.clip(starts[:, None] + cols, 0, targets.shape[0] - 1)
+    labels = jnp.where(cols < tgt_len[:, None], targets[idx], blank)
   else:
     labels = targets[:, :width]
   labels = labels.astype(jnp.int32)
-  in_len = jnp.asarray(np.asarray([int(v) for v in input_lengths]), jnp.int32)
-  tgt_len = jnp.asarray(np.asarray(lengths, dtype=np.int64), jnp.int32)
   batched = log_probs.ndim == 3
   lp = log_probs if batched else log_probs[:, None]
   labels = labels if labels.ndim == 2 else labels[None]
@@ -280,12 +282,21 @@ def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, zer
 @lowering(aten._ctc_loss.default)
 def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
   """torch's CTC loss (`F.ctc_loss` before its reduction), with torch's gradient."""
-  return _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+  width = max((int(v) for v in target_lengths), default=0)
+  return _ctc_loss_impl(log_probs, targets, np.asarray(input_lengths, np.int64),
+                        np.asarray(target_lengths, np.int64), width, blank, zero_infinity)
 
 
 @lowering(aten._ctc_loss.Tensor, dynamic_shape=True)
 def _ctc_loss_Tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
                      zero_infinity=False):
-  """`_ctc_loss` with the lengths as tensors: log_alpha's shape depends on their values."""
-  return _ctc_loss_impl(log_probs, targets, np.asarray(input_lengths).tolist(),
-                        np.asarray(target_lengths).tolist(), blank, zero_infinity)
+  """`_ctc_loss` with the lengths as tensors. Eagerly log_alpha (the buffer torch's backward
+  reads) is (N, T, 2 * max(target_lengths) + 1) as in torch; under `jax.jit` the lengths are
+  not known, so it is padded to the targets' own width (the extra columns -inf, where torch
+  leaves uninitialized memory). The loss is the same either way."""
+  if isinstance(target_lengths, jax.core.Tracer):
+    width = targets.shape[-1] if targets.ndim == 2 else targets.shape[0]
+  else:
+    width = int(np.max(np.asarray(target_lengths), initial=0))
+  return _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, blank,
+                        zero_infinity)

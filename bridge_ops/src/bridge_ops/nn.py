@@ -127,9 +127,11 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
   shape = _channel_shape(input.ndim)
   if training:
     axes = (0,) + tuple(range(2, input.ndim))
-    mean = jnp.mean(x, axis=axes)
+    # torch's CPU kernel keeps the batch mean and invstd in the input's dtype (16-bit floats
+    # round them; the variance is taken around the rounded mean).
+    mean = jnp.mean(x, axis=axes).astype(input.dtype).astype(ct)
     var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes)  # biased, for normalizing
-    invstd = 1 / jnp.sqrt(var + eps)
+    invstd = (1 / jnp.sqrt(var + eps)).astype(input.dtype).astype(ct)
     n = input.size // input.shape[1] if input.shape[1] else 0
     new_mean = new_var = None
     if running_mean is not None:
@@ -170,6 +172,24 @@ def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, runn
   return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
+@lowering(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum,
+                                       eps):
+  """`BatchNorm` training with running stats (the functional twin of `_batch_norm_with_update`):
+  (out, save_mean, save_invstd, reserve (empty), new running mean, new running var)."""
+  out, mean, invstd, new_mean, new_var = _batch_norm(input, weight, bias, running_mean,
+                                                     running_var, True, momentum, eps)
+  return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+@lowering(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+  """`BatchNorm` in eval mode: normalized with the running stats."""
+  out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var,
+                                        False, momentum, eps)
+  return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
+
+
 @lowering(aten.native_layer_norm.default)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
   ct = _opmath(input.dtype)
@@ -199,3 +219,55 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
   if bias is not None:
     out = out + bias.astype(ct)[:, None]
   return out.reshape(input.shape).astype(input.dtype), mean, rstd
+
+
+# ------------------------------------------------------------------------------ embedding bag
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+  """`F.embedding_bag`: rows of `weight` gathered by `indices` and reduced per bag (bag `b` is
+  `indices[offsets[b]:offsets[b + 1]]`, the last one to the end, or to `offsets[-1]` with
+  `include_last_offset`); entries equal to `padding_idx` (>= 0) are left out (and not
+  counted by "mean"); an empty bag gives zeros. `per_sample_weights` scale rows ("sum").
+
+  Returns (output, offset2bag, bag_size, max_indices) shaped as torch's meta kernel (its
+  CUDA layout): the bag of every index, the entries per bag, the row index of each maximum
+  ("max"; 0 for an empty bag, as torch's CPU kernel). Sums run in float32 for the 16-bit floats.
+  """
+  n = indices.shape[0]
+  n_offsets = offsets.shape[0]
+  n_bags = n_offsets - 1 if include_last_offset else n_offsets
+  starts = offsets[:n_bags].astype(jnp.int64)
+  end = offsets[n_bags].astype(jnp.int64) if include_last_offset else n
+  pos = jnp.arange(n)
+  bag = jnp.searchsorted(starts, pos, side="right") - 1
+  valid = (bag >= 0) & (pos < end)
+  if padding_idx is not None and padding_idx >= 0:
+    valid = valid & (indices != padding_idx)
+  segment = jnp.where(valid, bag, n_bags)  # n_bags: dropped
+  ct = _opmath(weight.dtype)
+  rows = weight[indices].astype(ct)
+  if per_sample_weights is not None:
+    rows = rows * per_sample_weights.astype(ct)[:, None]
+  count = jax.ops.segment_sum(valid.astype(jnp.int64), segment, n_bags + 1)[:n_bags]
+  max_indices = jnp.zeros((0,), indices.dtype)
+  if mode == _BAG_MAX:
+    out = jax.ops.segment_max(rows, segment, n_bags + 1)[:n_bags]
+    empty = (count == 0)[:, None]
+    out = jnp.where(empty, jnp.zeros((), ct), out)
+    # torch keeps the first maximum of each bag (`val > max` replaces it).
+    is_max = valid[:, None] & (rows == out[jnp.clip(bag, 0, n_bags - 1)])
+    first = jax.ops.segment_min(jnp.where(is_max, pos[:, None], n), segment, n_bags + 1)[:n_bags]
+    max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, n - 1)]).astype(indices.dtype)
+  else:
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, jnp.zeros((), ct)), segment,
+                              n_bags + 1)[:n_bags]
+    if mode == _BAG_MEAN:
+      out = jnp.where(count[:, None] > 0, out / jnp.maximum(count, 1)[:, None].astype(ct),
+                      jnp.zeros((), ct))
+  bag_size = jnp.zeros((n_offsets,), indices.dtype).at[:n_bags].set(count.astype(indices.dtype))
+  return out.astype(weight.dtype), bag.astype(indices.dtype), bag_size, max_indices

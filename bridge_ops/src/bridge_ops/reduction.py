@@ -568,11 +568,75 @@ def _introselect_order(key, nth: int):
   return perm[final]
 
 
+def _adjust_heap(a, p, hole, length, value, vp, steps: int):
+  """libstdc++'s __adjust_heap on the heap a[:length] (and its payload p): sift the hole at
+  `hole` down to a leaf, then push `value` up from there (`<` on keys as comparator). `length`
+  may be traced; `steps` bounds the depth of the heap."""
+  top = hole
+  child = hole
+  last = jnp.maximum(length - 1, 0)
+  for _ in range(steps):
+    go = child < (length - 1) // 2
+    c2 = 2 * (child + 1)
+    c2 = jnp.where(a[jnp.minimum(c2, last)] < a[jnp.clip(c2 - 1, 0, last)], c2 - 1, c2)
+    c2 = jnp.minimum(c2, last)
+    a = jnp.where(go, a.at[hole].set(a[c2]), a)
+    p = jnp.where(go, p.at[hole].set(p[c2]), p)
+    hole = jnp.where(go, c2, hole)
+    child = jnp.where(go, c2, child)
+  odd_child = ((length & 1) == 0) & (child == (length - 2) // 2)
+  c2 = jnp.clip(2 * (child + 1) - 1, 0, last)
+  a = jnp.where(odd_child, a.at[hole].set(a[c2]), a)
+  p = jnp.where(odd_child, p.at[hole].set(p[c2]), p)
+  hole = jnp.where(odd_child, c2, hole)
+  for _ in range(steps):  # __push_heap
+    parent = jnp.maximum((hole - 1) // 2, 0)
+    go = (hole > top) & (a[parent] < value)
+    a = jnp.where(go, a.at[hole].set(a[parent]), a)
+    p = jnp.where(go, p.at[hole].set(p[parent]), p)
+    hole = jnp.where(go, parent, hole)
+  return a.at[hole].set(value), p.at[hole].set(vp)
+
+
+def _partial_sort_order(key, k: int):
+  """The first k of the permutation libstdc++'s `std::partial_sort(first, first + k, last)`
+  leaves the 1-d int `key` in (`<` as comparator): make_heap of the first k, each later element
+  smaller than the heap's top replaces it (pop_heap), then sort_heap."""
+  n = key.shape[0]
+  steps = k.bit_length() + 1
+  a, p = key[:k], jnp.arange(k, dtype=jnp.int32)
+
+  def make(t, state):  # __make_heap: parents (k - 2) // 2 down to 0
+    a, p = state
+    parent = (k - 2) // 2 - t
+    return _adjust_heap(a, p, parent, k, a[parent], p[parent], steps)
+  if k >= 2:
+    a, p = lax.fori_loop(0, (k - 2) // 2 + 1, make, (a, p))
+
+  def select(i, state):  # __heap_select
+    a, p = state
+    na, np_ = _adjust_heap(a, p, jnp.int32(0), k, key[i], i.astype(jnp.int32), steps)
+    take = key[i] < a[0]
+    return jnp.where(take, na, a), jnp.where(take, np_, p)
+  a, p = lax.fori_loop(k, n, select, (a, p))
+
+  def pop(t, state):  # __sort_heap
+    a, p = state
+    last = k - 1 - t
+    va, vp = a[last], p[last]
+    a, p = a.at[last].set(a[0]), p.at[last].set(p[0])
+    return _adjust_heap(a, p, jnp.int32(0), last, va, vp, steps)
+  a, p = lax.fori_loop(0, k - 1, pop, (a, p))
+  return p
+
+
 def _topk_row(x, k: int, largest: bool, sorted: bool):
-  """torch's CPU topk of one row: std::nth_element to put the k-th in place, then std::sort of
-  the k - 1 before it when `sorted` (the order of ties follows both)."""
+  """torch's CPU topk of one row: std::partial_sort when k * 64 <= n, else std::nth_element to
+  put the k-th in place, then std::sort of the k - 1 before it when `sorted`."""
   n = x.shape[0]
   keys = _order_keys(x, descending=largest)
+  if k * 64 <= n:
+    return _partial_sort_order(keys, k)
   order = _introselect_order(keys, k - 1)[:k]
   if sorted and k > 1:
     head = _introsort_order(keys[order[:k - 1]])
@@ -583,12 +647,11 @@ def _topk_row(x, k: int, largest: bool, sorted: bool):
 @lowering(aten.topk.default)
 def topk(self, k, dim=-1, largest=True, sorted=True):
   """The k largest (smallest) values, NaN largest, with the order of ties (and, for
-  sorted=False, of the values) that torch's CPU kernel gives when k * 64 > n (nth_element then
-  sort). For k * 64 <= n torch heap-selects (std::partial_sort); the order of ties there is not
-  reproduced: ties come in index order."""
+  sorted=False, of the values) that torch's CPU kernel (libstdc++ partial_sort, or nth_element
+  then sort) gives."""
   x1, axis = _one_axis(self, dim)
   n = x1.shape[axis]
-  if k == 0 or k * 64 <= n:
+  if k == 0:
     if largest:
       xm = jnp.moveaxis(x1, axis, -1)
       v, i = lax.top_k(xm.astype(jnp.uint8) if xm.dtype == jnp.bool_ else xm, k)

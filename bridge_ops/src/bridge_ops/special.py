@@ -7,8 +7,9 @@ Each lowering reproduces torch's CPU kernel (aten/src/ATen/native/Math.h), not S
 * the orthogonal polynomials take an integer degree `n` (a float `n` is truncated toward 0,
   like torch's `static_cast<int64_t>`), give 0 for `n < 0`, and run torch's recurrences (a
   loop up to the largest `n`, stopped per element where torch stops: at `n` or at a nan);
-* `digamma(+-0)` is -+inf, `zeta(x, q)` is inf at x == 1 and for q a non-positive integer,
-  nan for x < 1; `igamma`/`igammac` follow torch's boundary values (a or x zero or infinite).
+* `digamma(+-0)` is -+inf; `zeta` is torch's Euler-Maclaurin sum in float64 (inf at x == 1
+  and for q a non-positive integer, nan for x < 1), which `polygamma` (n >= 2) uses too;
+  `igamma`/`igammac` follow torch's boundary values (a or x zero or infinite).
 
 Arguments are promoted like torch (`int_to_float`); float16/bfloat16 are computed in
 float32, as torch's opmath does, and the core casts the result back.
@@ -333,7 +334,7 @@ def igammac(self, other):
   return _igamma_edges(a, x, jsp.gammaincc(a, x), upper=True)
 
 
-# ----------------------------------------------------------------------------- error function family
+# ------------------------------------------------------------------------- error function family
 
 @lowering(aten.special_erfcx.default, prims.erfcx.default)
 @promote("self", kind="int_to_float")
@@ -455,8 +456,9 @@ _SQ2OPI = 0.797884560802865355879892119868763737
 _2OPI = 0.636619772367581343075535053490057448
 
 
-def _asymptotic(x, order, phase):
-  """The x > 5 branch of J/Y of order 0/1: (P cos - 5/x Q sin)(phase) * sqrt(2/(pi x))."""
+def _asymptotic(x, order):
+  """The x > 5 pieces of J/Y of order 0/1 (Hankel's expansion): P, 5/x Q and the phase angle,
+  for J = (P cos - 5/x Q sin)(angle) sqrt(2/(pi x)) and Y = (P sin + 5/x Q cos)(angle) ..."""
   pp, pq, qp, qq = (_J0_PP, _J0_PQ, _J0_QP, _J0_QQ) if order == 0 else \
       (_J1_PP, _J1_PQ, _J1_QP, _J1_QQ)
   z = 25.0 / (x * x) if order == 0 else 5.0 / x * (5.0 / x)
@@ -475,7 +477,7 @@ def _j0(x):
   lo = (z - 5.78318596294678452118e+00) * (z - 3.04712623436620863991e+01) * \
       _horner(z, _J0_RP) / _horner(z, _J0_RQ)
   lo = jnp.where(xs < 0.00001, 1.0 - z / 4.0, lo)
-  p, q, angle = _asymptotic(xl, 0, _PIO4)
+  p, q, angle = _asymptotic(xl, 0)
   hi = (p * jnp.cos(angle) - q * jnp.sin(angle)) * _SQ2OPI / jnp.sqrt(xl)
   return jnp.where(small, lo, hi)
 
@@ -489,7 +491,7 @@ def _j1(x):
   z = xs * xs
   lo = _horner(z, _J1_RP) / _horner(z, _J1_RQ) * xs * (z - 1.46819706421238932572e+01) * \
       (z - 4.92184563216946036703e+01)
-  p, q, angle = _asymptotic(xl, 1, _3PIO4)
+  p, q, angle = _asymptotic(xl, 1)
   hi = (p * jnp.cos(angle) - q * jnp.sin(angle)) * _SQ2OPI / jnp.sqrt(xl)
   return sign * jnp.where(small, lo, hi)
 
@@ -504,7 +506,7 @@ def _y(x, order):
   else:
     lo = xs * (_horner(z, _Y1_YP) / _horner(z, _Y1_YQ)) + \
         _2OPI * (_j1(xs) * jnp.log(xs) - 1.0 / xs)
-  p, q, angle = _asymptotic(xl, order, None)
+  p, q, angle = _asymptotic(xl, order)
   hi = (p * jnp.sin(angle) + q * jnp.cos(angle)) * _SQ2OPI / jnp.sqrt(xl)
   out = jnp.where(small, lo, hi)
   out = jnp.where(small & (x < 0), _nan(x), out)
