@@ -160,8 +160,8 @@ def _window(flat: Any, window: tuple | None) -> Any:
 
 def read(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   """The view (size, stride, offset) of the contiguous storage array `base`."""
-  if math.prod(size) == 0:
-    return jnp.zeros(size, base.dtype)
+  if math.prod(size) == 0:  # (sliced from `base`: `jnp.zeros` would narrow float64 outside x64)
+    return lax.slice(base.reshape(-1), (0,), (0,)).reshape(size)
   plan = _plan(tuple(base.shape), size, stride, offset)
   flat = base.reshape(-1)
   if plan is None:
