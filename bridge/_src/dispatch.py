@@ -320,7 +320,7 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
     device = tensor_lib.jax_device(0)
     # Traced arrays become tensors again; a weakly typed 0-d tracer is a traced Python scalar.
     targs, tkwargs = jax.tree_util.tree_map(
-        lambda x: make(x, device) if isinstance(x, jax.core.Tracer)
+        lambda x: make(x, device) if isinstance(x, (jax.core.Tracer, jax.Array))
         and (np.ndim(x) > 0 or not x.aval.weak_type) else x, (args, kwargs))
     out = decomp(*targs, **tkwargs)
     if out is NotImplemented:  # torch's decomposition does not cover these arguments

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import config as _jax_config
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -220,5 +221,24 @@ def _set_strided(base: Any, new: Any, plan: _Strided) -> Any:
 
 # Jitted forms for concrete arrays; a tracer (JAX is already building a program) calls
 # `read`/`write` directly, so the ops land in that program instead of nested programs.
-gather = jax.jit(read, static_argnums=(1, 2, 3))
-scatter = jax.jit(write, static_argnums=(2, 3, 4))
+_gather = jax.jit(read, static_argnums=(1, 2, 3))
+_scatter = jax.jit(write, static_argnums=(2, 3, 4))
+_x64_state = _jax_config.enable_x64
+
+
+def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  """`read`, jitted, with 64-bit types on (a float64 storage stays float64)."""
+  prev = _x64_state.swap_local(True)
+  try:
+    return _gather(base, size, stride, offset)
+  finally:
+    _x64_state.set_local(prev)
+
+
+def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
+  """`write`, jitted, with 64-bit types on (a float64 storage stays float64)."""
+  prev = _x64_state.swap_local(True)
+  try:
+    return _scatter(base, new, size, stride, offset)
+  finally:
+    _x64_state.set_local(prev)

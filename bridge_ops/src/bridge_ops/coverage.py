@@ -52,6 +52,8 @@ RANDOM = frozenset({
     "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu", "poisson",
     "randn", "rand", "randperm", "nn.functional.multi_head_attention_forward",
     "svd_lowrank", "pca_lowrank",  # a random projection inside: the signs of U and V vary
+    # random window offsets, drawn by the functional form on each device separately
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
 })
 # Ops that return uninitialized memory: compared by shape and dtype only.
 UNINITIALIZED = frozenset({
@@ -65,6 +67,8 @@ TOLERANCES: dict[tuple[str, torch.dtype | None], tuple[float, float]] = {
     ("addbmm", torch.float32): (3e-5, 1.3e-6),
     # complex alpha/beta scale entries to ~750 that cancel to ~4: 7e-5 absolute after rounding.
     ("baddbmm", torch.complex64): (1e-4, 1.3e-6),
+    # torch sums its three real convolutions (Gauss's trick) in another order
+    ("nn.functional.conv_transpose3d", torch.complex64): (1e-5, 1e-5),
 }
 
 
@@ -79,9 +83,29 @@ def _unit_phase(vectors: torch.Tensor) -> torch.Tensor:
   return vectors / phase
 
 
-# Ops compared normwise, |got - torch| <= tol * max|torch| (errors of a matrix function are
-# normwise: small entries of exp(A) carry the rounding of the largest ones).
-NORMWISE: dict[str, float] = {"matrix_exp": 1e-5}
+# (op, dtype or None for all) compared normwise, |got - torch| <= tol * max|torch|, where
+# small entries carry the rounding of the largest terms that cancelled into them.
+NORMWISE: dict[tuple[str, torch.dtype | None], float] = {
+    ("matrix_exp", None): 1e-5,  # errors of a matrix function are normwise
+    # torch's CPU transposed convolution rounds its partial sums (gemm, then col2im) to 16
+    # bits: up to one ulp of the largest partial term.
+    **{(f"nn.functional.conv_transpose{d}d", torch.float16): 2e-3 for d in (1, 2, 3)},
+    **{(f"nn.functional.conv_transpose{d}d", torch.bfloat16): 1.6e-2 for d in (1, 2, 3)},
+    # torch's bfloat16 batch statistics round differently from a float32 accumulation
+    ("nn.functional.instance_norm", torch.bfloat16): 1.6e-2,
+}
+
+# Ops whose saved statistics (outputs after the first) torch's CPU kernel makes differently
+# from its meta (and CUDA) kernel, which the bridge follows: (0,)-shaped in eval mode on CPU,
+# (C,) in meta; float16 on CPU, float32 in meta. Their values are compared where CPU has any,
+# their dtypes are not.
+META_AUX = frozenset({"native_batch_norm", "_native_batch_norm_legit", "native_layer_norm",
+                      "_batch_norm_with_update"})
+
+# Samples whose values are random although the op is not (dropout inside attention).
+RANDOM_SAMPLES: dict[str, Callable[[Any], bool]] = {
+    "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0) > 0,
+}
 
 # (op, dtype) pairs not compared, with the reason.
 NOT_COMPARED: dict[tuple[str, torch.dtype], str] = {
@@ -202,14 +226,18 @@ def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: 
       continue
     if not isinstance(a, torch.Tensor):
       raise _Mismatch(f"output {i} is {type(a).__name__}, torch gives a tensor")
+    aux = name in META_AUX and i > 0
+    if aux and e.numel() == 0:
+      continue
     if tuple(a.shape) != tuple(e.shape):
       raise _Mismatch(f"output {i} has shape {tuple(a.shape)}, torch {tuple(e.shape)}")
-    if a.dtype != e.dtype:
+    if a.dtype != e.dtype and not aux:
       status = "dtype"
     if not values or e.numel() == 0:
       continue
-    if name in NORMWISE:
-      kw = {"atol": NORMWISE[name] * float(e.abs().max()), "rtol": 0}
+    normwise = NORMWISE.get((name, dtype), NORMWISE.get((name, None)))
+    if normwise is not None:
+      kw = {"atol": normwise * float(e.abs().max()), "rtol": 0}
     try:
       torch.testing.assert_close(a.detach().cpu().to(e.dtype).resolve_conj().resolve_neg(),
                                  e.detach().resolve_conj().resolve_neg(), equal_nan=True,
@@ -308,7 +336,8 @@ def _grad(info: Any, tree: tuple, seed: int, post: Callable = lambda out: out
   with respect to those that require grad."""
   import jax
   import bridge
-  tensors, rebuild = _substitute(tree, lambda t: True)
+  first, cpu_args = tree[0], full_name(info) in CPU_ARGS
+  tensors, rebuild = _substitute(tree, lambda t: not cpu_args or t is first)
   wrt = [i for i, t in enumerate(tensors) if t.requires_grad]
   if not wrt:
     return None
@@ -397,7 +426,8 @@ def check(info: Any, dtype: torch.dtype, mode: str) -> Outcome:
     warnings.simplefilter("ignore")
     for k, sample in enumerate(_samples(info, dtype, mode == "grad", SAMPLES[mode])):
       try:
-        s = _run(info, dtype, mode, sample, k, values)
+        random = name in RANDOM_SAMPLES and RANDOM_SAMPLES[name](sample)
+        s = _run(info, dtype, mode, sample, k, values and not random)
       except _TorchRefused:
         continue
       except _Mismatch as err:
