@@ -132,3 +132,13 @@ def test_in_place_metadata_ops(name, op):
   out_dev.mul_(10)
   torch.testing.assert_close(dev.cpu(), cpu)
   torch.testing.assert_close(dev_view.cpu(), cpu_view)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 3), (6,), (1, 6)])
+def test_resize_changes_the_shape_in_place(shape):
+  cpu = torch.arange(6.)
+  dev = cpu.to("jax")
+  out = dev.resize_(*shape)
+  assert out is dev and dev.shape == torch.Size(shape)
+  n = min(6, torch.Size(shape).numel())
+  torch.testing.assert_close(dev.cpu().flatten()[:n], cpu.flatten()[:n])

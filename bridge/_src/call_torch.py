@@ -79,7 +79,8 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
   with scope.trace_scope(api):
     try:
       return call(*args, **kwargs)
-    except jax.errors.ConcretizationTypeError as e:
+    except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
+            jax.errors.TracerArrayConversionError) as e:
       # an op whose output shape depends on values (`nonzero`, boolean indexing...).
       raise scope.traced_value_error(
           "an op whose result's shape depends on tensor values, e.g. `nonzero`, "

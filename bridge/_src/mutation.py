@@ -121,7 +121,8 @@ class MutatingPlan:
       results = outs[:len(outs) - len(targets)]
     else:
       new_values, results = outs[:len(targets)], None
-    resize = self.is_out  # torch resizes out= tensors; other results broadcast into place
+    # torch resizes out= tensors (and `resize_` its input); other results broadcast into place
+    resize = self.is_out or self.func._schema.name in _RESIZING
     for target, new in zip(targets, new_values):
       if isinstance(target, (list, tuple)):
         for t, n in zip(target, new):
@@ -150,6 +151,9 @@ class RestridePlan:
       target.data = view  # torch copies the view's sizes, strides and offset
     target._storage, target._whole, target._cache = view._storage, view._whole, None
     return target
+
+
+_RESIZING = frozenset({"aten::resize_", "aten::resize_as_"})
 
 
 def restride_twin(func: Any) -> Any:
