@@ -21,7 +21,7 @@ def test_exactly_two_setup_commands_pinning_torch():
   for cmd in (demo, tests):
     assert "torch==2.13.0" in cmd and "-e ./bridge_ops" in cmd
   assert demo.endswith("python -m bridge")
-  assert '".[test]"' in tests and tests.endswith("python -m pytest")
+  assert '".[test]"' in tests and tests.endswith("python -m pytest -n auto")
 
 
 def test_ci_runs_the_readme_test_command():
