@@ -299,3 +299,9 @@ def test_linear_and_matmul_run_whole_unless_autograd_records_them(requires_grad)
     torch.testing.assert_close(wj.grad.cpu(), w.grad)
   with pytest.raises(RuntimeError, match="dtype"):
     torch.nn.functional.linear(xj, wj.detach().double())
+
+
+def test_ops_returning_python_values_return_them():
+  a = torch.arange(4.0, device="jax")
+  assert torch.equal(a, a) is True and torch.equal(a, a + 1) is False
+  assert torch.allclose(a, a + 1e-9) is True and torch.allclose(a, a + 1) is False

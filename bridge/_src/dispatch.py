@@ -396,6 +396,10 @@ class _FunctionalPlan:
     lowering = REGISTRY.lookup(func)
     self.static_names = lowering.static_argnames if lowering is not None else frozenset()
     self.like = func in _LIKE_OPS  # its result goes where its first argument is
+    # `-> bool` (equal, allclose, is_nonzero...): torch code receives a Python value
+    rets = func._schema.returns
+    self.python_result = (len(rets) == 1 and isinstance(
+        rets[0].type, (torch.BoolType, torch.IntType, torch.FloatType)))
     # Decompositions are torch code: they need Python numbers, so scalars stay static.
     self.trace_scalars = lowering is not None
 
@@ -508,7 +512,18 @@ class _FunctionalPlan:
         quiet.__exit__(None, None, None)
     if self.like and dyn and type(out) is _ArrayImpl and type(dyn[0]) is _ArrayImpl:
       out = _placed_like(out, dyn[0])
+    if self.python_result:
+      return _python_value(self.func, out)
     return wrap(out, device)
+
+
+def _python_value(func: Any, out: Any) -> Any:
+  """The Python bool/int/float an op's schema returns, from its lowering's 0-d array."""
+  if isinstance(out, jax.core.Tracer):
+    raise scope.traced_value_error(f"`{func}` returns a Python value")
+  kind = func._schema.returns[0].type
+  cast = bool if isinstance(kind, torch.BoolType) else int if isinstance(kind, torch.IntType) else float
+  return cast(np.asarray(out))
 
 
 class _HashableBox:
