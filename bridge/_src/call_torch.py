@@ -65,7 +65,8 @@ def _output(x: Any, where: Callable[[], str], api: str) -> Any:
       return transfer.tensor_to_jax(x.detach(), copy=True, api=api,
                                     where=lambda: f"output {where()}")
   if type(x).__module__ == "torch.return_types":  # torch's named tuples (values, indices)
-    return tuple(_output(v, where, api) for v in x)
+    # (their fields may be lists of tensors: histogramdd's bin edges)
+    return tree_lib.tree_map(lambda v, w: _output(v, w, api), tuple(x))
   return x
 
 

@@ -38,4 +38,6 @@ def test_fft_r2c(dtype, dim, normalization, onesided):
 def test_fft_c2r(dtype, dim, shape, normalization):
   # A Hermitian one-sided input, as torch.fft.irfftn passes it; the last dim's size is given.
   x = torch.fft.rfftn(make(shape, torch.float64), dim=dim).to(dtype)
-  check(aten._fft_c2r.default, x, dim, normalization, shape[dim[-1]])
+  # float32: an unnormalized 4-d transform sums 180 terms; the FFT algorithms round differently.
+  tol = dict(atol=1e-4, rtol=1e-5) if dtype is torch.complex64 else {}
+  check(aten._fft_c2r.default, x, dim, normalization, shape[dim[-1]], **tol)

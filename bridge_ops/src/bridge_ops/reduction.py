@@ -243,10 +243,13 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
     r = jnp.sum(a != 0, axis=axes, keepdims=keepdim, dtype=a.dtype)
   elif ord == 1:
     r = jnp.sum(a, axis=axes, keepdims=keepdim)
-  elif ord == 2:
-    r = jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
   else:
-    r = jnp.sum(a ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+    # torch's gradient at a zero norm is 0 (a subgradient), where d sqrt(s) at s = 0 is
+    # inf * 0 = nan: the root sees a safe value there (a double `where`).
+    s = jnp.sum(a * a if ord == 2 else a ** ord, axis=axes, keepdims=keepdim)
+    zero = s == 0
+    safe = jnp.where(zero, jnp.ones_like(s), s)
+    r = jnp.where(zero, jnp.zeros_like(s), jnp.sqrt(safe) if ord == 2 else safe ** (1.0 / ord))
   return r.astype(out)
 
 
@@ -380,8 +383,10 @@ def _safe_softmax(self, dim, dtype=None):
   """softmax, except that a slice of only -inf gives zeros instead of NaN (SDPA's masked rows)."""
   x = self.astype(jax_dtype(dtype, self.dtype))
   axes = _axes(x, dim)
-  out = _softmax(x, dim, False)
   masked = jnp.all(x == -jnp.inf, axis=axes, keepdims=True)
+  # The masked rows are softmaxed as zeros: their NaN would otherwise poison the gradient
+  # (torch's backward gives them 0).
+  out = _softmax(jnp.where(masked, jnp.zeros_like(x), x), dim, False)
   return jnp.where(masked, jnp.zeros_like(out), out)
 
 
@@ -390,7 +395,12 @@ def _log_softmax(self, dim, half_to_float):
   x = self.astype(_acc(self.dtype))
   axes = _axes(x, dim)
   shifted = x - jnp.max(x, axis=axes, keepdims=True)
-  r = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axes, keepdims=True))
+  total = jnp.sum(jnp.exp(shifted), axis=axes, keepdims=True)
+  if x.dtype != self.dtype and not half_to_float and axes == (self.ndim - 1,):
+    # torch's CPU kernel over the last dim keeps the sum of exps in the 16-bit type before its
+    # log (its kernel over other dims does not): an output near 0 then differs by up to 5%.
+    total = total.astype(self.dtype).astype(x.dtype)
+  r = shifted - jnp.log(total)
   return r.astype(jnp.float32 if half_to_float else self.dtype)
 
 
@@ -1076,7 +1086,5 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
   group = jnp.cumsum(starts) - 1
   k = int(jnp.sum(starts))
   values = jnp.moveaxis(x[jnp.nonzero(starts, size=k)[0]], 0, axis)
-  empty = jnp.zeros((0,), jnp.int64)
-  inverse = group.astype(jnp.int64) if return_inverse else empty
-  counts = jnp.zeros((k,), jnp.int64).at[group].add(1) if return_counts else empty
-  return values, inverse, counts
+  # with `dim`, torch's CPU kernel returns the inverse and the counts whether asked or not
+  return values, group.astype(jnp.int64), jnp.zeros((k,), jnp.int64).at[group].add(1)
