@@ -41,7 +41,7 @@ DTYPES: dict[torch.dtype, str] = {
     torch.int64: "i64", torch.int32: "i32", torch.bool: "bool", torch.complex64: "c64",
 }
 MODES = ("eager", "jit", "grad")
-SAMPLES = {"eager": 3, "jit": 2, "grad": 2}
+SAMPLES = {"eager": 2, "jit": 1, "grad": 2}  # bounded so the test fits in CI
 
 # Ops whose values are random: compared by shape and dtype only.
 RANDOM = frozenset({

@@ -851,3 +851,24 @@ def renorm(self, p, dim, maxnorm):
     norm = jnp.sum(x ** p, axis=axes, keepdims=True) ** (1.0 / p)
   factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(self.dtype)
   return self * factor
+
+
+# ----------------------------------------------------------------------------- cross product
+
+_MANTISSA = {np.dtype(jnp.float16): (5, 10), np.dtype(jnp.bfloat16): (8, 7)}
+
+
+def _rounded(x):
+  """`x` rounded to its 16-bit dtype now: XLA would otherwise keep a fused chain of 16-bit
+  ops in float32, where torch rounds after every op."""
+  bits = _MANTISSA.get(np.dtype(x.dtype))
+  return lax.reduce_precision(x, *bits) if bits else x
+
+
+@lowering(aten.linalg_cross.default)
+def linalg_cross(self, other, dim=-1):
+  """torch's `a[i+1] b[i+2] - a[i+2] b[i+1]`, each product rounded in 16-bit dtypes."""
+  a, b = jnp.broadcast_arrays(self, other)
+  a1, a2 = jnp.roll(a, -1, axis=dim), jnp.roll(a, -2, axis=dim)
+  b1, b2 = jnp.roll(b, -1, axis=dim), jnp.roll(b, -2, axis=dim)
+  return _rounded(_rounded(a1 * b2) - _rounded(a2 * b1))
