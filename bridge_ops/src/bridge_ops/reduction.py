@@ -529,6 +529,17 @@ def sort(self, dim=-1, descending=False, *, stable=None):
   return v.reshape(self.shape), i.reshape(self.shape)
 
 
+def _pointer_stops(left, right, pos, n, big):
+  """Hoare partition's pointer stops, vectorised: the positions where the left pointer stops
+  (ascending, `big` past the last) and where the right one stops (descending, `-big` past)."""
+  lrank = jnp.cumsum(left.astype(jnp.int32)) - left
+  rrank = jnp.sum(right.astype(jnp.int32)) - jnp.cumsum(right.astype(jnp.int32))
+  nl, nr = jnp.sum(left.astype(jnp.int32)), jnp.sum(right.astype(jnp.int32))
+  lpos = jnp.full((n,), big).at[jnp.where(left, lrank, n)].set(pos, mode="drop")
+  rpos = jnp.full((n,), -big).at[jnp.where(right, rrank, n)].set(pos, mode="drop")
+  return jnp.where(pos >= nl, big, lpos), jnp.where(pos >= nr, -big, rpos)
+
+
 def _introselect_order(key, nth: int):
   """The permutation libstdc++'s `std::nth_element(first, first + nth, last)` (introselect)
   leaves the 1-d int `key` in, `<` as comparator: median-of-3 Hoare partitions (as in
@@ -549,12 +560,7 @@ def _introselect_order(key, nth: int):
     piv = a[first]
     left = (pos > first) & (pos < last) & ~(a < piv)
     right = (pos >= first) & (pos < last) & ~(piv < a)
-    lrank = jnp.cumsum(left.astype(jnp.int32)) - left
-    rrank = jnp.sum(right.astype(jnp.int32)) - jnp.cumsum(right.astype(jnp.int32))
-    nl, nr = jnp.sum(left.astype(jnp.int32)), jnp.sum(right.astype(jnp.int32))
-    lpos = jnp.full((n,), big).at[jnp.where(left, lrank, n)].set(pos, mode="drop")
-    rpos = jnp.full((n,), -big).at[jnp.where(right, rrank, n)].set(pos, mode="drop")
-    lpos, rpos = jnp.where(pos >= nl, big, lpos), jnp.where(pos >= nr, -big, rpos)
+    lpos, rpos = _pointer_stops(left, right, pos, n, big)
     swaps = jnp.sum((lpos < rpos).astype(jnp.int32))
     l_k = jnp.where(swaps < n, lpos[jnp.minimum(swaps, n - 1)], big)
     r_prev = jnp.where(swaps > 0, rpos[jnp.maximum(swaps - 1, 0)], last)
@@ -720,12 +726,7 @@ def _quickselect_order(key, kth: int):
     piv = a[lo]
     left = (pos >= lo + 2) & (pos <= hi) & (a >= piv)
     right = (pos >= lo + 1) & (pos <= hi - 1) & (a <= piv)
-    lrank = jnp.cumsum(left.astype(jnp.int32)) - left
-    rrank = jnp.sum(right.astype(jnp.int32)) - jnp.cumsum(right.astype(jnp.int32))
-    nl, nr = jnp.sum(left.astype(jnp.int32)), jnp.sum(right.astype(jnp.int32))
-    lpos = jnp.full((n,), big).at[jnp.where(left, lrank, n)].set(pos, mode="drop")
-    rpos = jnp.full((n,), -big).at[jnp.where(right, rrank, n)].set(pos, mode="drop")
-    lpos, rpos = jnp.where(pos >= nl, big, lpos), jnp.where(pos >= nr, -big, rpos)
+    lpos, rpos = _pointer_stops(left, right, pos, n, big)
     swaps = jnp.sum((lpos < rpos).astype(jnp.int32))      # pairs swapped before the pointers meet
     meet = (lpos[jnp.minimum(swaps, n - 1)] == rpos[jnp.minimum(swaps, n - 1)]) & (swaps < n)
     t = swaps + meet.astype(jnp.int32)                     # the round in which they cross
