@@ -142,3 +142,19 @@ def test_resize_changes_the_shape_in_place(shape):
   assert out is dev and dev.shape == torch.Size(shape)
   n = min(6, torch.Size(shape).numel())
   torch.testing.assert_close(dev.cpu().flatten()[:n], cpu.flatten()[:n])
+
+
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "strided", "offset", "expanded"])
+def test_as_strided_scatter_addresses_self_storage_like_torch(view):
+  # torch clones self's whole storage and keeps its strides: the scatter's offset and
+  # strides address that storage, elements outside the view included.
+  make = {"contiguous": lambda x: x, "transposed": lambda x: x.t(),
+          "strided": lambda x: x[:, ::2], "offset": lambda x: x.t()[:, 1:],
+          "expanded": lambda x: x[0].expand(3, 5)}[view]
+  x = torch.randn(4, 5)
+  src = torch.randn(3, 2)
+  expected = torch.as_strided_scatter(make(x), src, (3, 2), (1, 3), 2)
+  got = torch.as_strided_scatter(make(x.to("jax")), src.to("jax"), (3, 2), (1, 3), 2)
+  torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+  assert (got.shape, got.stride(), got.storage_offset()) == (
+      expected.shape, expected.stride(), expected.storage_offset())

@@ -245,15 +245,23 @@ def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
 # tensor would expand a weight to every batch element for `bmm`): when autograd is not
 # recording them and a lowering exists, they run as one op.
 _WHOLE_WHEN_NOT_RECORDING = ("linear", "matmul")
+# Composite ops whose torch code reads tensor values to decide (`cov` checks its weights and
+# its degrees of freedom with `.item()`-like calls): inside a JAX trace, where those values
+# are unknown, they run whole through their lowering; on concrete values torch's own code
+# runs, with its checks and warnings.
+_WHOLE_WHEN_TRACED = ("cov",)
 
 
 def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   op = packet.default
   from bridge._src import dispatch, tensor
-  tensors = [a for a in args if isinstance(a, torch.Tensor)]
-  whole = (all(type(t) is tensor.Tensor for t in tensors)
-           and len({t.dtype for t in tensors}) == 1
-           and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+  tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+  ours = all(type(t) is tensor.Tensor for t in tensors)
+  if packet.__name__ in _WHOLE_WHEN_TRACED:
+    whole = ours and any(isinstance(t._storage.array, jax.core.Tracer) for t in tensors)
+  else:
+    whole = ours and len({t.dtype for t in tensors}) == 1
+  whole = (whole and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
            and dispatch.REGISTRY.lookup(op) is not None)
   if whole:
     with torch._C._AutoDispatchBelowAutograd():
@@ -292,7 +300,7 @@ def register() -> None:
     _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
     _quantized_library.impl("empty_quantized", _no_quantized)
     _autograd_library = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
-    for name in _WHOLE_WHEN_NOT_RECORDING:
+    for name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
       _autograd_library.impl(name, functools.partial(_composite, getattr(torch.ops.aten, name)))
     _library = (_library, _quantized_library, _autograd_library)
     from bridge._src import autocast

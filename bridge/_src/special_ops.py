@@ -113,8 +113,31 @@ def _view_as_real(args: tuple, kwargs: dict) -> Any:
 
 def _view_as_complex(args: tuple, kwargs: dict) -> Any:
   v = value(args[0])
+  if np.dtype(v.dtype) == np.float16:  # torch gives complex32 (chalf): refuse it clearly
+    dtypes.jax_dtype(torch.complex32, api="torch.view_as_complex", where="the result")
   with _x64():
     return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
+
+
+def _as_strided_scatter(args: tuple, kwargs: dict) -> Any:
+  """torch's `output = clone_preserve_strides(self); output.as_strided(size, stride,
+  offset).copy_(src)`.
+
+  torch clones `self`'s whole storage (elements outside the view included) and views the
+  copy with `self`'s size, strides and offset, so the scatter's storage offset and strides
+  address that storage. A jax tensor's storage array is exactly that storage. An expanded
+  `self` (internal overlap) is cloned contiguous first, as torch does.
+  """
+  names = ["self", "src", "size", "stride", "storage_offset"]
+  bound = dict(zip(names, args), **kwargs)
+  self, src = bound["self"], bound["src"]
+  if any(self.stride(d) == 0 and self.size(d) > 1 for d in range(self.dim())):
+    self = self.clone(memory_format=torch.contiguous_format)
+  n = int(np.size(self._storage.array))
+  storage = self.as_strided((n,), (1,), 0).clone()
+  out = storage.as_strided(self.size(), self.stride(), self.storage_offset())
+  storage.as_strided(bound["size"], bound["stride"], bound.get("storage_offset") or 0).copy_(src)
+  return out
 
 
 def _false(args: tuple, kwargs: dict) -> bool:
@@ -154,6 +177,7 @@ SPECIAL: dict[Any, Callable] = {
     aten.view.dtype: _view_dtype,
     aten.view_as_real.default: _view_as_real,
     aten.view_as_complex.default: _view_as_complex,
+    aten.as_strided_scatter.default: _as_strided_scatter,
     aten.is_pinned.default: _false,
     aten._has_compatible_shallow_copy_type.default:
         lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),

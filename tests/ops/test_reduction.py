@@ -510,3 +510,36 @@ def test_unique(inverse, counts):
   check(aten._unique2.default, x, True, inverse, counts)
   check(aten.unique_consecutive.default, x, inverse, counts)
   check(aten.unique_consecutive.default, make((5, 2), I64, low=0, high=2), inverse, counts, 0)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"correction": 0}, {"fweights": True},
+                                    {"aweights": True}, {"fweights": True, "aweights": True}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.complex64])
+def test_cov_under_jit_matches_torch(kwargs, dtype):
+  # torch's `cov` reads values (weight checks) in its composite code; under jax.jit it runs
+  # whole through its lowering, in torch's dtypes.
+  import jax.numpy as jnp
+  import bridge
+  gen = torch.Generator().manual_seed(0)
+  x = (torch.randn(3, 6, generator=gen) * 5).to(dtype)
+  weights = {"fweights": torch.randint(1, 4, (6,), generator=gen),
+             "aweights": torch.rand(6, generator=gen, dtype=torch.float64)}
+  kw = {k: weights[k] if v is True else v for k, v in kwargs.items()}
+  tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
+  statics = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+  fn = lambda a, ts: torch.cov(a, **ts, **statics)
+  with jax.enable_x64(True):
+    got = jax.jit(lambda a, ts: bridge.call_torch(fn, a, ts))(
+        bridge.to_jax(x), {k: bridge.to_jax(v) for k, v in tensors.items()})
+  torch.testing.assert_close(bridge.to_torch(got), fn(x, tensors))
+
+
+def test_cov_under_jit_gives_nan_for_weights_torch_refuses():
+  import jax.numpy as jnp
+  import bridge
+  x = jnp.ones((2, 4)) * jnp.arange(4.0)
+  fn = lambda a, w: torch.cov(a, fweights=w)
+  got = jax.jit(lambda a, w: bridge.call_torch(fn, a, w))(x, jnp.asarray([1, -1, 1, 1]))
+  assert bool(jnp.isnan(got).all())
+  with pytest.raises(RuntimeError, match="fweights cannot be negative"):
+    fn(bridge.torch_view(x), torch.tensor([1, -1, 1, 1], device="jax"))

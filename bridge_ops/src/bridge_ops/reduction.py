@@ -13,6 +13,7 @@ torch semantics kept here (each checked against torch on CPU in tests/ops/test_r
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -1089,3 +1090,86 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
   values = jnp.moveaxis(x[jnp.nonzero(starts, size=k)[0]], 0, axis)
   # with `dim`, torch's CPU kernel returns the inverse and the counts whether asked or not
   return values, group.astype(jnp.int64), jnp.zeros((k,), jnp.int64).at[group].add(1)
+
+
+# ----------------------------------------------------------------------------- covariance
+
+_BITS = {np.dtype(jnp.float16): (5, 10), np.dtype(jnp.bfloat16): (8, 7)}
+
+
+def _binary(fn, a, b, kind="default"):
+  """torch's elementwise `fn(a, b)`: its dtype promotion (0-d tensors and Python numbers by
+  category) and, in 16-bit dtypes, its rounding after the op (XLA would fuse in float32)."""
+  compute, result = result_dtypes(a, b, kind=kind)
+  v = fn(jnp.asarray(a).astype(compute), jnp.asarray(b).astype(compute))
+  bits = _BITS.get(np.dtype(compute))
+  return (lax.reduce_precision(v, *bits) if bits else v).astype(result)
+
+
+def _check_weights(w, name, n, integral):
+  if w.ndim > 1:
+    raise RuntimeError(f"cov(): expected {name} to have one or fewer dimensions but got {name} "
+                       f"with {w.ndim} dimensions")
+  if _is_int(w.dtype) != integral or w.dtype == jnp.bool_:
+    kind = "integral" if integral else "floating point"
+    raise RuntimeError(f"cov(): expected {name} to have {kind} dtype but got {name} with "
+                       f"{w.dtype} dtype")
+  if w.size != n:
+    raise RuntimeError(f"cov(): expected {name} to have the same numel as there are "
+                       f"observations in the input but got {w.size} != {n}")
+  return w.reshape(-1)
+
+
+@lowering(aten.cov.default)
+def cov(self, correction=1, fweights=None, aweights=None):
+  """torch's `cov` (`aten/src/ATen/native/Correlation.cpp`), step by step in its dtypes.
+
+  torch's code reads values to check the weights; it runs on concrete tensors. This
+  lowering runs where those values are traced (see `bridge._src.device._WHOLE_WHEN_TRACED`):
+  negative weights or weights summing to zero, which torch refuses, give NaN; degrees of
+  freedom <= 0 give torch's inf/NaN (it zeroes the normalization factor and warns)."""
+  if self.ndim > 2:
+    raise RuntimeError("cov(): expected input to have two or fewer dimensions but got an "
+                       f"input with {self.ndim} dimensions")
+  if self.dtype == jnp.bool_:
+    raise RuntimeError("cov(): bool dtype is not supported for input")
+  x = self.reshape(1, -1) if self.ndim < 2 else self
+  n = x.shape[1]
+  fw = None if fweights is None else _check_weights(fweights, "fweights", n, True)
+  aw = None if aweights is None else _check_weights(aweights, "aweights", n, False)
+  w = fw if aw is None else aw if fw is None else _binary(jnp.multiply, fw, aw)
+  invalid = jnp.asarray(False)
+  for v in (fw, aw):
+    if v is not None and n:
+      invalid = invalid | (jnp.min(v) < 0)
+  mul, sub = functools.partial(_binary, jnp.multiply), functools.partial(_binary, jnp.subtract)
+  div = functools.partial(_binary, jnp.true_divide, kind="int_to_float")
+  if w is None:
+    w_sum = jnp.asarray(n, jnp.int64)
+  else:
+    w_sum = sum_dim_IntList(w)
+    invalid = invalid | (w_sum == 0)
+  avg = div(sum_dim_IntList(x if w is None else mul(x, w), [1]), w_sum)
+  if w is None:
+    norm = jnp.asarray(n - correction, jnp.int64)
+  elif correction == 0:
+    norm = w_sum
+  elif aw is None:
+    norm = sub(w_sum, correction)
+  elif fw is None and n == 1 and correction == 1:
+    norm = jnp.asarray(0, jnp.int64)
+  else:
+    norm = sub(w_sum, div(mul(correction, sum_dim_IntList(mul(w, aw))), w_sum))
+  norm = jnp.where(norm <= 0, jnp.zeros_like(norm), norm)
+  if n == 1 and (fw is None) != (aw is None):
+    centred = jnp.zeros(x.shape, jnp.float32 if _is_int(x.dtype) else x.dtype)
+  else:
+    centred = sub(x, avg[:, None])
+  other = centred if w is None else mul(centred, w)
+  acc = _acc(centred.dtype)
+  c = jnp.matmul(centred, jnp.conj(other).T, precision=lax.Precision.HIGHEST,
+                 preferred_element_type=acc).astype(centred.dtype)
+  if jnp.iscomplexobj(c) and 1 in centred.shape:  # torch zeroes a vector's imaginary part
+    c = lax.complex(c.real, jnp.zeros_like(c.real))
+  out = jnp.squeeze(div(c, norm))
+  return jnp.where(invalid, jnp.asarray(jnp.nan, out.dtype), out)
