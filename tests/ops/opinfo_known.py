@@ -52,8 +52,6 @@ NO_LOWERING: dict = {
     'linalg.ldl_factor': '*',  # aten.linalg_ldl_factor_ex.default
     'linalg.ldl_factor_ex': '*',  # aten.linalg_ldl_factor_ex.default
     'linalg.ldl_solve': '*',  # aten.linalg_ldl_solve.default
-    'nn.functional.linear_cross_entropy.chunked': '*',  # 
-    'nn.functional.linear_cross_entropy.chunked_none': '*',  # 
     'to_sparse': '*',  # aten._to_sparse.default
 }
 

@@ -214,3 +214,90 @@ def test_ctc_loss_tensor_lengths_under_jit(targets):
     out = jax.jit(lambda *a: bridge.call_torch(fn, *a))(
         bridge.to_jax(log_probs), *(bridge.to_jax(t) for t in lengths))
   torch.testing.assert_close(bridge.to_torch(out), expected)
+
+
+# --- chunked linear cross entropy (`F.linear_cross_entropy(..., options=...)`) ----------------
+
+_LCE = torch.ops.torch_nn  # defined by torch.nn.modules.linear_cross_entropy (bridge_ops imports it)
+
+
+def _lce_args(n, ignore_index, weighted, biased, all_ignored, dtype, g):
+  """(input (n, 5), linear_weight (4, 5), target (n,), linear_bias, weight) with some targets
+  equal to `ignore_index` (all of them for `all_ignored`)."""
+  import torch.nn.modules.linear_cross_entropy  # noqa: F401
+  x, lw = _randn((n, 5), dtype, g), _randn((4, 5), dtype, g)
+  target = torch.randint(0, 4, (n,), generator=g)
+  target[::3] = ignore_index
+  if all_ignored:
+    target.fill_(ignore_index)
+  b = _randn((4,), dtype, g) if biased else None
+  w = torch.rand(4, dtype=dtype, generator=g) + 0.5 if weighted else None
+  return x, lw, target, b, w
+
+
+# id: (batch, ignore_index, weighted, biased, every target ignored)
+LCE = {
+    "plain": (6, -100, False, False, False),
+    "ignore_in_range": (7, 1, False, True, False),
+    "weight_bias": (6, -100, True, True, False),
+    "weight_ignore": (8, 2, True, False, False),
+    "all_ignored": (4, 0, True, True, True),  # mean: 0 / 0 = NaN, gradients too
+    "empty": (0, -100, False, True, False),
+}
+
+
+@pytest.mark.parametrize("grads", [True, False], ids=["grads", "loss_only"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name", LCE)
+def test_linear_cross_entropy_batch_chunked(name, reduction, grads):
+  n, ignore_index, weighted, biased, all_ignored = LCE[name]
+  x, lw, target, b, w = _lce_args(n, ignore_index, weighted, biased, all_ignored,
+                                  torch.float64, _gen(8))
+  check(_LCE._linear_cross_entropy_batch_chunked.default, x, lw, target, b, w, reduction,
+        ignore_index, 0.0, 2, "compact", torch.float64, True, grads, grads, grads and biased)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", LCE)
+def test_linear_cross_entropy_batch_chunked_no_reduction(name, dtype):
+  n, ignore_index, weighted, biased, all_ignored = LCE[name]
+  x, lw, target, b, w = _lce_args(n, ignore_index, weighted, biased, all_ignored, dtype, _gen(9))
+  check(_LCE._linear_cross_entropy_batch_chunked_no_reduction.default, x, lw, target, b, w,
+        ignore_index, 3, "compact", dtype)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_chunked_half_accumulates_in_float32(reduction):
+  """float16 inputs with torch CPU's float32 accumulation (`acc_policy="accurate"`)."""
+  x, lw, target, b, w = _lce_args(9, 1, True, True, False, torch.float16, _gen(10))
+  if reduction == "none":
+    check(_LCE._linear_cross_entropy_batch_chunked_no_reduction.default, x, lw, target, b, w,
+          1, 2, "accurate", torch.float32)
+  else:  # the loss only: torch rounds its float16 gradients chunk by chunk
+    check(_LCE._linear_cross_entropy_batch_chunked.default, x, lw, target, b, w, reduction,
+          1, 0.0, 2, "accurate", torch.float32, False, False, False, False)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_chunked_gradient(reduction):
+  """`jax.grad` through `F.linear_cross_entropy(..., options=...)` against torch autograd."""
+  import bridge
+  import jax
+  x, lw, target, b, w = _lce_args(7, 2, True, True, False, torch.float64, _gen(11))
+  options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=3)
+
+  def fn(x, lw, b):
+    return torch.nn.functional.linear_cross_entropy(
+        x, lw, target, linear_bias=b, weight=w, ignore_index=2, reduction=reduction,
+        options=options)
+  ins = [t.clone().requires_grad_() for t in (x, lw, b)]
+  expected = fn(*ins)
+  cot = torch.randn(expected.shape, generator=_gen(12), dtype=torch.float64)
+  expected_grads = torch.autograd.grad(expected, ins, cot)
+  with jax.enable_x64(True):
+    out = bridge.to_torch(bridge.call_torch(fn, *(bridge.to_jax(t) for t in (x, lw, b))))
+    grads = jax.grad(lambda *a: (bridge.call_torch(fn, *a) * bridge.to_jax(cot)).sum(),
+                     argnums=(0, 1, 2))(*(bridge.to_jax(t) for t in (x, lw, b)))
+  torch.testing.assert_close(out, expected.detach())
+  for got, want in zip(grads, expected_grads):
+    torch.testing.assert_close(bridge.to_torch(got), want)

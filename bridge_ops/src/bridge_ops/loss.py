@@ -13,6 +13,11 @@ What torch's loss functions reach (checked with a logging `TorchDispatchMode`):
 * `F.l1_loss`, `F.kl_div`, `F.cross_entropy` with probabilities and the label smoothing
   and weight terms of `F.cross_entropy` are composite: they decompose into elementwise
   and reduction ops before reaching the device.
+* `F.linear_cross_entropy` with `options` (the chunked path) reaches the custom ops
+  `torch_nn::_linear_cross_entropy_batch_chunked` (mean/sum: the loss and its gradients in
+  one op) and `torch_nn::_linear_cross_entropy_batch_chunked_no_reduction` (none); their
+  backward is torch autograd Python (scaling the precomputed gradients, or recomputing them
+  with torch ops), not a separate op. Without `options` it is composite.
 
 `reduction` is torch's enum: 0 none, 1 mean, 2 sum.
 """
@@ -22,8 +27,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
+# Defines the `torch_nn` library ops of the chunked `F.linear_cross_entropy` (torch imports it
+# lazily, on the first chunked call).
+import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
 from bridge_ops._lowering import aten, lowering, promote, result_dtypes
+
+torch_nn = torch.ops.torch_nn
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -121,6 +132,75 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
   # self (N, C, H, W), target (N, H, W).
   return _nll(jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index)
+
+
+# --- chunked linear cross entropy (`F.linear_cross_entropy(..., options=...)`) ----------------
+
+
+def _linear_ce_rows(input, linear_weight, linear_bias, target, weight, ignore_index):
+  """(per-row loss `weight[t] * -log_softmax(input @ linear_weight.T + bias)[t]` (N,), the
+  row weights (N,)). Ignored rows have weight 0 (an out-of-range `ignore_index` target reads
+  class 0 instead).
+
+  16-bit floats accumulate in float32, as torch does on CPU (`acc_policy="accurate"`,
+  `acc_dtype=float32`); the ops' `acc_policy`, `acc_dtype` and `batch_chunk_size` only choose
+  torch's buffers and rounding (on the `jax` device torch resolves them to the input dtype),
+  so they are not followed: the rows are computed at once.
+  """
+  acc, _ = result_dtypes(input)
+  logits = jnp.matmul(input.astype(acc), linear_weight.astype(acc).T,
+                      precision=jax.lax.Precision.HIGHEST)
+  if linear_bias is not None:
+    logits = logits + linear_bias.astype(acc)
+  ignored = target == ignore_index
+  safe = jnp.where(ignored, 0, target)
+  # As torch: logits shifted by their row max, loss = log(sum(exp(shifted))) - shifted[t].
+  shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
+  picked = jnp.take_along_axis(shifted, safe[:, None], axis=1)[:, 0]
+  nll = jnp.log(jnp.sum(jnp.exp(shifted), axis=1)) - picked
+  w = jnp.ones(target.shape, acc) if weight is None else weight.astype(acc)[safe]
+  w = jnp.where(ignored, jnp.zeros((), acc), w)
+  return w * nll, w
+
+
+@lowering(torch_nn._linear_cross_entropy_batch_chunked.default,
+          static_argnames=("label_smoothing",))
+def _linear_cross_entropy_batch_chunked(
+    input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+    label_smoothing, batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph,
+    compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad):
+  """The mean/sum chunked op: (loss, d loss/d input, d loss/d linear_weight, d loss/d bias),
+  each gradient an empty (0, 0) / (0,) array unless its `compute_*` flag is set (torch's
+  autograd scales them by the upstream gradient). `mean` divides by the summed row weights
+  and is NaN when they sum to 0 (every target ignored, or an empty batch), as torch."""
+  if label_smoothing != 0.0:
+    raise NotImplementedError("linear_cross_entropy does not support label smoothing")
+  if reduction not in ("mean", "sum"):
+    raise NotImplementedError(f"linear_cross_entropy does not support {reduction=}")
+  dtype = input.dtype
+
+  def loss_of(x, lw, b):
+    rows, w = _linear_ce_rows(x, lw, b, target, weight, ignore_index)
+    if reduction == "sum":
+      return jnp.sum(rows)
+    d = jnp.sum(w)
+    return jnp.sum(rows) / jnp.where(d == 0, jnp.nan, d)
+
+  loss, vjp = jax.vjp(loss_of, input, linear_weight, linear_bias)
+  grads = vjp(jnp.ones((), loss.dtype))
+  gi = grads[0].astype(dtype) if compute_input_grad else jnp.zeros((0, 0), dtype)
+  gw = grads[1].astype(dtype) if compute_linear_weight_grad else jnp.zeros((0, 0), dtype)
+  gb = grads[2].astype(dtype) if compute_linear_bias_grad else jnp.zeros((0,), dtype)
+  return loss.astype(dtype), gi, gw, gb
+
+
+@lowering(torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default)
+def _linear_cross_entropy_batch_chunked_no_reduction(
+    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size,
+    acc_policy, acc_dtype):
+  """The reduction='none' chunked op: the per-row loss (N,), 0 on ignored rows."""
+  rows, _ = _linear_ce_rows(input, linear_weight, linear_bias, target, weight, ignore_index)
+  return rows.astype(input.dtype)
 
 
 # --- distances (`torch.cdist`, `F.pdist`: what metric losses and k-NN code build on) -----------
