@@ -49,9 +49,6 @@ def expected() -> dict[tuple[str, str, str], tuple[str, str]]:
 
 # No lowering yet: the op (the aten overload in the comment) raises OperatorNotFound.
 NO_LOWERING: dict = {
-    'linalg.ldl_factor': '*',  # aten.linalg_ldl_factor_ex.default
-    'linalg.ldl_factor_ex': '*',  # aten.linalg_ldl_factor_ex.default
-    'linalg.ldl_solve': '*',  # aten.linalg_ldl_solve.default
     'to_sparse': '*',  # aten._to_sparse.default
 }
 

@@ -160,6 +160,17 @@ def qr_args(m, n, dtype):
   return torch.geqrf(make((m, n), dtype))
 
 
+def indefinite(n, dtype, batch=(3,)):
+  # symmetric, indefinite: Bunch-Kaufman picks 1x1 and 2x2 blocks and interchanges
+  a = make(batch + (n, n), dtype)
+  return a + a.mT
+
+
+def ldl_args(n, dtype, hermitian=False, batch=(3,)):
+  ld, piv, _ = torch.linalg.ldl_factor_ex(indefinite(n, dtype, batch), hermitian=hermitian)
+  return ld, piv
+
+
 # op: (arguments, keyword arguments) builders by dtype; outputs compared with torch on CPU.
 # (Eigenvectors and singular vectors are left out: their signs are LAPACK-implementation
 # defined, and torch's MKL and JAX's LAPACK may pick others.)
@@ -223,6 +234,15 @@ DECOMPOSITIONS = {
     "pinv_hermitian": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [spd(4, d)],
                        dict(hermitian=True)),
     "matrix_exp": (aten.linalg_matrix_exp.default, lambda d: [make((2, 4, 4), d) / 4], {}),
+    "ldl_factor_ex": (aten.linalg_ldl_factor_ex.default, lambda d: [indefinite(6, d)], {}),
+    "ldl_factor_ex_hermitian": (aten.linalg_ldl_factor_ex.default, lambda d: [indefinite(6, d)],
+                                dict(hermitian=True)),
+    "ldl_factor_ex_spd": (aten.linalg_ldl_factor_ex.default, lambda d: [spd(5, d, (2,))], {}),
+    "ldl_solve": (aten.linalg_ldl_solve.default, lambda d: [*ldl_args(6, d), make((6, 2), d)],
+                  {}),
+    "ldl_solve_hermitian": (aten.linalg_ldl_solve.default,
+                            lambda d: [*ldl_args(6, d, True, ()), make((2, 6, 3), d)],
+                            dict(hermitian=True)),
 }
 
 
@@ -264,6 +284,22 @@ def test_singular_info():
     torch.linalg.inv(singular.to("jax"))
   with pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
     torch.linalg.cholesky(not_pd.to("jax"))
+
+
+@pytest.mark.parametrize("hermitian", [False, True])
+@pytest.mark.parametrize("dtype", [F64, C64], ids=str)
+def test_ldl_pivots(dtype, hermitian):
+  """?sytrf's / ?hetrf's Bunch-Kaufman choices: 1-based pivots, negative for 2x2 blocks, the
+  first zero column in info."""
+  a = indefinite(7, dtype, (4,))
+  a[1, :, 2] = 0
+  a[1, 2, :] = 0  # row and column 2 of matrix 1 are zero: a zero pivot column
+  out, expected = run_direct(aten.linalg_ldl_factor_ex.default, a, hermitian=hermitian)
+  assert (expected[1] < 0).any() and (expected[1] != torch.arange(1, 8)).any()
+  assert expected[2][0] == 0 and expected[2][1] > 0
+  torch.testing.assert_close(out[1:], expected[1:])
+  tol = {} if dtype == F64 else dict(atol=1e-4, rtol=1e-4)
+  torch.testing.assert_close(out[0], expected[0], **tol)
 
 
 @pytest.mark.parametrize("fn", ["eig", "eigh", "svd", "svd_full", "qr", "pinv_hermitian"])
