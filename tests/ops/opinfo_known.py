@@ -61,23 +61,11 @@ ERRORS: dict = {
     'combinations': ('jit grad: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'complex': ('eager jit: f16', 'complex32 (chalf): JAX has no complex32 (a clear error)'),
     'equal': ('jit: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
-    'grid_sampler_2d': [
-        ('eager jit: bf16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not bfloat16 (torch rounds every step of its 16-bit kern'),
-        ('eager jit: f16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not float16 (torch rounds every step of its 16-bit kerne'),
-    ],
-    'grid_sampler_3d': [
-        ('eager jit: bf16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not bfloat16 (torch rounds every step of its 16-bit kern'),
-        ('eager jit: f16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not float16 (torch rounds every step of its 16-bit kerne'),
-    ],
     'istft': ('jit: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'item': ('jit: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'masked_select': ('jit grad: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'narrow': ('grad: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'nn.functional.gaussian_nll_loss': ('jit grad: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
-    'nn.functional.grid_sample': [
-        ('eager jit: bf16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not bfloat16 (torch rounds every step of its 16-bit kern'),
-        ('eager jit: f16', 'NotImplementedError: bridge: `grid_sampler` on the `jax` device supports float32 and float64, not float16 (torch rounds every step of its 16-bit kerne'),
-    ],
     'nn.functional.one_hot': ('jit: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'nonzero': ('jit: *', 'torch-only semantics under jax.jit: needs a traced value (data-dependent shape or Python value): TracedValueError'),
     'sparse.mm.reduce': [

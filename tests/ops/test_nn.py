@@ -373,13 +373,27 @@ def test_grid_sampler_2d(mode, padding, align_corners, dtype):
   check(aten.grid_sampler_2d.default, x, grid, mode, padding, align_corners)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("padding", [0, 1, 2])
-def test_grid_sampler_3d(mode, padding):
+def test_grid_sampler_3d(mode, padding, dtype):
+  # 16-bit: torch's scalar 3-D kernel rounds after every operation; so does the lowering
   g = _gen()
-  x = _randn((2, 3, 5, 6, 4), torch.float64, g)
-  grid = torch.rand((2, 4, 7, 3, 3), generator=g, dtype=torch.float64) * 2.6 - 1.3
+  x = _randn((2, 3, 5, 6, 4), dtype, g)
+  grid = torch.rand((2, 4, 7, 3, 3), generator=g, dtype=dtype) * 2.6 - 1.3
   check(aten.grid_sampler_3d.default, x, grid, mode, padding, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_2d_16_bit_rounds_as_torch(mode, padding, align_corners, dtype):
+  # torch's vectorized 2-D kernel rounds every operation to 16 bits
+  g = _gen()
+  x = _randn((2, 3, 5, 6), dtype, g)
+  grid = torch.rand((2, 4, 7, 2), generator=g, dtype=dtype) * 2.6 - 1.3
+  check(aten.grid_sampler_2d.default, x, grid, mode, padding, align_corners)
 
 
 # ------------------------------------------------------------------------------ embedding bag
