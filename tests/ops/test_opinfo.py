@@ -24,24 +24,6 @@ _INFOS = coverage.op_db()
 _EXPECTED = opinfo_known.expected()
 
 
-_checked = [0]
-
-
-@pytest.fixture(autouse=True)
-def _free_executables():
-  """Drop the compiled programs every 25 entries. Every XLA:CPU executable holds memory
-  mappings of its own; the tens of thousands these entries compile in one xdist worker
-  exhaust the kernel's `vm.max_map_count` (65530), and XLA then fails to load code
-  ("Failed to materialize symbols") or crashes in a later test."""
-  yield
-  _checked[0] += 1
-  if _checked[0] % 25 == 0:
-    import gc
-    import jax
-    jax.clear_caches()
-    gc.collect()
-
-
 @pytest.mark.parametrize("info", _INFOS, ids=coverage.full_name)
 def test_opinfo(info):
   name = coverage.full_name(info)
