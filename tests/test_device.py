@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import pickle
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -122,6 +124,28 @@ def test_module_to_jax_keeps_parameters_and_moves_buffers():
   model.jax()  # the generated method works too
   out = model(torch.randn(5, 3, device="jax"))
   assert _on_jax(out) and out.shape == (5, 4)
+
+
+def test_setting_data_moves_the_storage_too():
+  """`t.data = new` (and `module.to(dtype)`, which assigns `param.data`) changes what a `jax`
+  tensor holds, not only its metadata."""
+  torch.manual_seed(0)
+  ref = torch.nn.Linear(4, 3)
+  model = copy.deepcopy(ref).to("jax")
+  weight = model.weight
+  model.to(torch.bfloat16)
+  ref.to(torch.bfloat16)
+  assert model.weight is weight and weight.dtype == torch.bfloat16
+  x = torch.randn(2, 4, dtype=torch.bfloat16)
+  torch.testing.assert_close(model(x.to("jax")).cpu(), ref(x))
+  model.double()
+  assert bridge.jax_view(model.bias.detach()).dtype == jnp.float64
+  with torch.no_grad():
+    weight.data = torch.full((5, 5), 2.0, device="jax", dtype=torch.float64)
+  assert weight.shape == (5, 5) and torch.equal(weight.cpu(), torch.full((5, 5), 2.0,
+                                                                          dtype=torch.float64))
+  with pytest.raises(bridge.BridgeTypeError, match=r"Move it first: `t.data = new.to\('jax:0'\)`"):
+    weight.data = torch.ones(2)
 
 
 def test_set_default_device():

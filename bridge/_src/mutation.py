@@ -148,8 +148,7 @@ class RestridePlan:
     target = args[0]
     view = get_plan(self.view)(args, kwargs)
     with torch.no_grad():
-      target.data = view  # torch copies the view's sizes, strides and offset
-    target._storage, target._whole, target._cache = view._storage, view._whole, None
+      target.data = view  # the view's sizes, strides, offset and storage (`Tensor.data`)
     return target
 
 
@@ -206,5 +205,4 @@ def _resize(target: Tensor, v: Any) -> None:
   """Give an `out=` tensor a new shape (as torch resizes outputs)."""
   fresh = make(v, target._dev, target.dtype)
   with torch.no_grad():
-    target.data = fresh
-  target._storage, target._whole, target._cache = fresh._storage, True, None
+    target.data = fresh  # shape and storage (`Tensor.data`)

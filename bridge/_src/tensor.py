@@ -82,6 +82,26 @@ class Tensor(torch.Tensor):
 
   # --- data access -------------------------------------------------------------
 
+  @property
+  def data(self) -> torch.Tensor:  # type: ignore[override]
+    """A detached alias of this tensor, as torch's `Tensor.data`."""
+    return _DATA.__get__(self)
+
+  @data.setter
+  def data(self, new: torch.Tensor) -> None:
+    """`t.data = new`: `t` takes `new`'s metadata (torch's `set_data`) and shares its storage.
+
+    torch swaps only the C++ metadata; the JAX array lives on the Python object, so it is
+    moved here too (`module.to(torch.bfloat16)` on a `jax` module assigns `param.data`).
+    """
+    if type(new) is not Tensor:
+      raise BridgeTypeError(
+          f"bridge: `t.data = new` with `t` on the {self.device} device needs `new` there "
+          f"too, got a {type(new).__name__} on {getattr(new, 'device', 'no device')}. "
+          f"Move it first: `t.data = new.to('{self.device}')`.")
+    _DATA.__set__(self, new)
+    self._storage, self._whole, self._cache = new._storage, new._whole, None
+
   def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
     """A NumPy copy of the data (as `t.cpu().numpy()`)."""
     del force
@@ -118,6 +138,7 @@ class Tensor(torch.Tensor):
             (data, self.dtype, "cpu", self.requires_grad))
 
 
+_DATA = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
 _PLANS: dict[Any, Any] = {}  # shared with bridge._src.dispatch, which fills it
 
 
