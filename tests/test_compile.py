@@ -270,3 +270,72 @@ def test_outputs_are_tensors_without_grad_on_both_devices():
   assert isinstance(jax_out, bridge.Tensor) and jax_out.device.type == "jax"
   torch.testing.assert_close(cpu_out, want)
   torch.testing.assert_close(jax_out.cpu(), want)
+
+
+class Counted(torch.nn.Module):
+  """Linear -> Dropout -> BatchNorm that counts its traces (Python runs only while tracing)."""
+
+  def __init__(self):
+    super().__init__()
+    self.fc = torch.nn.Linear(4, 4)
+    self.drop = torch.nn.Dropout(0.5)
+    self.norm = torch.nn.BatchNorm1d(4)
+    self.traces = 0
+
+  def forward(self, x):
+    self.traces += 1
+    return self.norm(self.drop(self.fc(x)))
+
+
+def test_repeated_calls_on_jax_device_see_every_change():
+  """Repeated plain calls on the `jax` device take a shortcut past the cache key; every change
+  that the general path would see must still be seen, and the shortcut must not retrace."""
+  torch.manual_seed(0)
+  model = Counted().eval()
+  ref = copy.deepcopy(model)
+  model.to("jax")
+  compiled = bridge.compile(model)
+  x = torch.randn(6, 4)
+  xj = x.to("jax")
+  with torch.no_grad():
+    for _ in range(3):
+      torch.testing.assert_close(compiled(xj).cpu(), ref(x))
+    assert model.traces == 1 and compiled._fast is not None
+    model.fc.weight.mul_(3)  # in place on the jax device
+    ref.fc.weight.mul_(3)
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x))
+    model.fc.bias = torch.nn.Parameter(torch.ones(4, device="jax"))  # a new Parameter
+    ref.fc.bias = torch.nn.Parameter(torch.ones(4))
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x))
+    model.fc.weight.data = torch.full((4, 4), 0.5, device="jax")  # same Parameter, new data
+    ref.fc.weight.data = torch.full((4, 4), 0.5)
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x))
+    # a view argument (not a whole storage) and another shape: right numbers, one new trace
+    torch.testing.assert_close(compiled(xj[::2]).cpu(), ref(x[::2]))
+    y = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(y.to("jax")).cpu(), ref(y))
+    assert model.traces == 2
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x))
+    assert model.traces == 2
+    with torch.autocast("jax", dtype=torch.bfloat16):  # autocast switches programs
+      out = compiled(xj)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+      want = ref(x)
+    assert out.dtype == want.dtype == torch.bfloat16 and model.traces == 3
+    torch.testing.assert_close(out.cpu(), want, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x))  # and back
+    model.train()  # train mode: fresh dropout masks each call, running statistics updated
+    ref.train()
+    a, b = compiled(xj), compiled(xj)
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert int(model.norm.num_batches_tracked.cpu()) == 2
+  # grad mode with parameters that require grad: the call is recorded by autograd
+  model.eval()
+  out = compiled(xj)
+  assert out.requires_grad and out.grad_fn is not None
+  out.sum().backward()
+  assert model.fc.weight.grad is not None
+  with torch.no_grad():
+    model.fc.to("cpu")  # state on two devices: the shortcut falls back to the general error
+    with pytest.raises(bridge.TransferError, match="two devices"):
+      compiled(xj)

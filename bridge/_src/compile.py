@@ -103,6 +103,23 @@ class _Program:
     return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
 
 
+class _Fast:
+  """What the last plain call on the `jax` device needs to repeat itself cheaply.
+
+  Recorded after a call whose arguments were all whole `jax`-device tensors with no
+  autocast and no grad to record; `Compiled._fast_arrays` checks that the next call
+  matches it (same argument shapes/dtypes/device, parameters still whole tensors on that
+  device, same train/eval flags, autocast off, nothing that requires grad) and then
+  skips the cache key, the pytree and the device bookkeeping. Anything else takes the
+  general path, which re-records.
+  """
+
+  __slots__ = ("program", "sig", "device", "training")
+
+  def __init__(self, program: "_Program", sig: tuple, device: torch.device, training: list):
+    self.program, self.sig, self.device, self.training = program, sig, device, training
+
+
 class Compiled:
   """A torch callable that runs a module's (or function's) forward as one `jax.jit` program.
 
@@ -123,6 +140,7 @@ class Compiled:
     self._slots: list[tuple[dict, str]] | None = None
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
+    self._fast: _Fast | None = None
     if self.module is not None:
       self._submodules = list(self.module.modules())
     functools.update_wrapper(self, target.forward if isinstance(target, torch.nn.Module)
@@ -232,7 +250,50 @@ class Compiled:
 
   # --- the call ----------------------------------------------------------------------------
 
+  def _fast_arrays(self, fast: _Fast, args: tuple) -> list | None:
+    """The program's inputs if this call matches the recorded one (see `_Fast`), else None."""
+    if len(args) != len(fast.sig) or torch.is_autocast_enabled("jax"):
+      return None
+    device, grad = fast.device, torch.is_grad_enabled()
+    arrays = []
+    if self._slots is not None:
+      for table, attr in self._slots:
+        t = table.get(attr)
+        if (type(t) is not tensor_lib.Tensor or not t._whole or t._storage.device is not device
+            or (grad and t.requires_grad)):
+          return None
+        arrays.append(t._storage.array)
+    key = rng._key
+    arrays.append(key if key is not None else rng.current_key())
+    for a, (shape, dtype) in zip(args, fast.sig):
+      if type(a) is not tensor_lib.Tensor or not a._whole or (grad and a.requires_grad):
+        return None
+      storage = a._storage
+      array = storage.array
+      if storage.device is not device or a.dtype is not dtype or array.shape != shape:
+        return None
+      arrays.append(array)
+    if [m.training for m in self._submodules] != fast.training:
+      return None
+    return arrays
+
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    record = self._fast
+    if record is not None and not kwargs:
+      arrays = self._fast_arrays(record, args)
+      if arrays is not None:
+        program, device = record.program, record.device
+        prev = _x64_state.swap_local(True)
+        try:
+          outs, updates, new_key = program.forward(*arrays)
+        except ValueError as e:
+          if "incompatible devices" not in str(e):
+            raise
+          raise self._placement_error(arrays, len(arrays) - len(args) - 1) from e
+        finally:
+          _x64_state.set_local(prev)
+        return self._finish(program, [tensor_lib.make_result(o, device) for o in outs],
+                            updates, new_key)
     state = self._state()
     fast = not kwargs
     if fast:  # the common case, tensors only, skips the pytree machinery
@@ -276,6 +337,8 @@ class Compiled:
           outs, updates, new_key = program.forward(*arrays)
           if type(device) is torch.device and device.type == "jax":
             outs = [tensor_lib.make_result(o, device) for o in outs]
+            if fast and amp is None:
+              self._record_fast(program, state, args, device)
           else:
             outs = [_to_torch(o, None) for o in outs]
       except ValueError as e:
@@ -284,6 +347,21 @@ class Compiled:
         raise self._placement_error(arrays, len(state)) from e
     finally:
       _x64_state.set_local(prev)
+    return self._finish(program, outs, updates, new_key)
+
+  def _record_fast(self, program: _Program, state: list, args: tuple,
+                   device: torch.device) -> None:
+    """Records this call for `_fast_arrays` if it was a plain one on the `jax` device."""
+    tensors = state + list(args)
+    if all([type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device
+            for t in tensors]):
+      sig = tuple([(a._storage.array.shape, a.dtype) for a in args])
+      self._fast = _Fast(program, sig, device, [m.training for m in self._submodules])
+    else:
+      self._fast = None
+
+  def _finish(self, program: _Program, outs: list, updates: tuple, new_key: Any) -> Any:
+    """Writes back the key and the updated buffers; the outputs in the forward's structure."""
     info = program.info
     if new_key is not None:
       rng.set_key(new_key)
