@@ -339,3 +339,49 @@ def test_repeated_calls_on_jax_device_see_every_change():
     model.fc.to("cpu")  # state on two devices: the shortcut falls back to the general error
     with pytest.raises(bridge.TransferError, match="two devices"):
       compiled(xj)
+
+
+class CountedBlock(Block):
+  def __init__(self):
+    super().__init__()
+    self.traces = 0
+
+  def forward(self, x):
+    self.traces += 1
+    return super().forward(x)
+
+
+def test_large_programs_compile_in_two_tiers():
+  """A large CPU program first runs quickly compiled while the optimized compile runs in the
+  background; both give torch's numbers, and neither traces the module again."""
+  torch.manual_seed(0)
+  model = CountedBlock().eval()
+  compiled = bridge.compile(model)
+  x = torch.randn(2, 5, 16)
+  with torch.no_grad():
+    want = model(x)
+    model.traces = 0
+    torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    (program,) = compiled._programs.values()
+    quick, optimized = program.tiers
+    assert compiled.wait_optimized() is compiled
+    assert program.forward is optimized.result() and program.forward is not quick
+    torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    assert model.traces == 1
+    # a parameter of another shape does not fit the compiled program: jax.jit takes over
+    model.mlp[2].bias = torch.nn.Parameter(torch.full((1,), 0.5))
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert program.forward is program.jitted
+
+
+def test_small_programs_and_tiered_compile_off_compile_once():
+  with torch.no_grad():
+    small = bridge.compile(torch.nn.Linear(4, 4))
+    small(torch.randn(2, 4))
+    (program,) = small._programs.values()
+    assert program.tiers is None and program.forward is program.jitted
+    with bridge.config(tiered_compile=False):
+      big = bridge.compile(Block().eval())
+      big(torch.randn(2, 5, 16))
+    (program,) = big._programs.values()
+    assert program.tiers is None and program.forward is program.jitted

@@ -26,6 +26,7 @@ def _forward(module, x):
         jax.block_until_ready(tensor_lib.value(out))
         return out
 
+    run.settle = compiled.wait_optimized  # steady state: after the background compile
     return run, (lambda out: out.cpu())
 
 

@@ -32,11 +32,16 @@ class Config:
       inside the JAX program, with a `bridge.FallbackWarning` once per op; "error"
       raises `OperatorNotFound`. On a platform whose programs cannot call back into
       Python, "callback" acts as "error".
+    tiered_compile: `bridge.compile` compiles a large program for the CPU twice: first
+      quickly with XLA's optimizations off, so that the first call returns sooner, then
+      fully in a background thread, whose program replaces the quick one when ready.
+      False compiles once, fully, on the first call. Read at each program's first call.
   """
   debug_print_each_op: bool = False
   debug_file: TextIO | None = None
   decompose_missing_ops: bool = True
   fallback: str = "callback"
+  tiered_compile: bool = True
 
 
 _CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
