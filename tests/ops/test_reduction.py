@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 import pytest
 import torch
 
@@ -386,8 +387,27 @@ def test_safe_softmax(src, dtype):
   x = 3 * make(SHAPE, src)
   x[0, 1] = -inf  # a fully masked row: zeros, not NaN
   x[1, 2, :3] = -inf
+  x[1, 0, 2] = math.nan  # a NaN row stays NaN
+  x[0, 0, 1] = inf  # so does a row with +inf
   tol = dict(atol=2 ** -7, rtol=0.016) if src is BF16 and dtype is None else {}
   check(aten._safe_softmax.default, x, -1, dtype, **tol)
+
+
+def test_safe_softmax_gradient_is_torchs_with_masked_rows():
+  """jax.grad through the lowering (call_torch) against torch autograd: a fully masked row has
+  gradient 0, not NaN, and partly masked rows (down to one element) the plain softmax one."""
+  import bridge
+  x = 3 * make(SHAPE, F32)
+  x[0, 1] = -inf
+  x[1, 2, :3] = -inf
+  x[1, 1, 1:] = -inf  # one element left: its sum of exps is exactly 1
+  w = make(SHAPE, F32, seed=1)
+  loss = lambda t: (torch.ops.aten._safe_softmax(t, -1) * w).sum()  # noqa: E731
+  xr = x.clone().requires_grad_(True)
+  loss(xr).backward()
+  got = jax.grad(lambda a: bridge.call_torch(loss, a))(jax.numpy.asarray(x.numpy()))
+  torch.testing.assert_close(torch.from_numpy(np.asarray(got).copy()), xr.grad)
+  assert not torch.isnan(xr.grad).any()
 
 
 @pytest.mark.parametrize("forward,backward", [

@@ -382,13 +382,18 @@ def _softmax(self, dim, half_to_float):
 @lowering(aten._safe_softmax.default)
 def _safe_softmax(self, dim, dtype=None):
   """softmax, except that a slice of only -inf gives zeros instead of NaN (SDPA's masked rows)."""
-  x = self.astype(jax_dtype(dtype, self.dtype))
+  out_dtype = jax_dtype(dtype, self.dtype)
+  x = self.astype(out_dtype).astype(_acc(out_dtype))
   axes = _axes(x, dim)
-  masked = jnp.all(x == -jnp.inf, axis=axes, keepdims=True)
-  # The masked rows are softmaxed as zeros: their NaN would otherwise poison the gradient
-  # (torch's backward gives them 0).
-  out = _softmax(jnp.where(masked, jnp.zeros_like(x), x), dim, False)
-  return jnp.where(masked, jnp.zeros_like(out), out)
+  # No pass of its own finds the masked rows: a row of only -inf has max -inf, which is
+  # clamped to the lowest finite value, so exp(x - max) is 0 there (not exp(nan)); any other
+  # row's sum of exps is at least 1 (its max gives exp(0)), so only a masked row sums to 0, and
+  # its 0 / 0 becomes 0 / 1. No NaN reaches the gradient either (torch's backward gives 0
+  # there). (Not `maximum(total, 1)`: its gradient is halved where a sum is exactly 1.)
+  m = lax.stop_gradient(jnp.max(x, axis=axes, keepdims=True))  # the shift's gradient is 0
+  e = jnp.exp(x - jnp.maximum(m, jnp.finfo(x.dtype).min))
+  total = jnp.sum(e, axis=axes, keepdims=True)
+  return (e / jnp.where(total == 0, jnp.ones_like(total), total)).astype(out_dtype)
 
 
 @lowering(aten._log_softmax.default)
