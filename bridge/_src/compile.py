@@ -575,6 +575,11 @@ def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (), 
   A function (rather than a module) has no state threaded: tensors it closes over
   are constants of the program as of its first call.
 
+  A large CPU program compiles in two tiers: its first call runs a version compiled
+  with XLA's optimizations off, while the optimized version compiles in a background
+  thread and takes over when ready (`Compiled.wait_optimized()` waits for it;
+  `bridge.config(tiered_compile=False)` compiles once, fully).
+
   Args:
     target: an `nn.Module`, a bound method of one, or a torch function.
     dynamic_argnums: positions of Python-number arguments to pass as tensors.
