@@ -351,6 +351,10 @@ class _Executable:
     self.draws: bool | None = None if self.decomposed else self.random
     dynamic_shape = lowering.dynamic_shape if lowering is not None else False
     jitted = jax.jit(self.run)
+    # Staged into a surrounding trace: jit's cache (by the arguments' types) replays the op's
+    # equations into that trace when it recurs with the same types (a model's next layer)
+    # instead of running the lowering and torch's meta kernel again.
+    self.staged = self.run if dynamic_shape else jax.jit(self.run, inline=True)
     if dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
       # (torch also reads uint8 index tensors as masks)
       self.call = lambda *dyn: (self.run(*dyn) if any(
@@ -493,7 +497,7 @@ class _FunctionalPlan:
     quiet = _quiet_narrowing() if where.narrow else None
     try:
       if not exe.keyed:
-        out = exe.run(*dyn) if where.staged else exe.call(*dyn)
+        out = exe.staged(*dyn) if where.staged else exe.call(*dyn)
       elif exe.decomposed and (where.staged or scope.is_staged()):
         out = exe.inline(*dyn)
       else:

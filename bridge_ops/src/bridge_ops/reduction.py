@@ -385,13 +385,17 @@ def _safe_softmax(self, dim, dtype=None):
   out_dtype = jax_dtype(dtype, self.dtype)
   x = self.astype(out_dtype).astype(_acc(out_dtype))
   axes = _axes(x, dim)
-  # No pass of its own finds the masked rows: a row of only -inf has max -inf, which is
-  # clamped to the lowest finite value, so exp(x - max) is 0 there (not exp(nan)); any other
-  # row's sum of exps is at least 1 (its max gives exp(0)), so only a masked row sums to 0, and
-  # its 0 / 0 becomes 0 / 1. No NaN reaches the gradient either (torch's backward gives 0
-  # there). (Not `maximum(total, 1)`: its gradient is halved where a sum is exactly 1.)
-  m = lax.stop_gradient(jnp.max(x, axis=axes, keepdims=True))  # the shift's gradient is 0
-  e = jnp.exp(x - jnp.maximum(m, jnp.finfo(x.dtype).min))
+  # No pass of its own finds the masked rows: the shift is the max of the row with -inf raised
+  # to the lowest finite value, so a row of only -inf is shifted by that finite value and
+  # exp(x - shift) is exactly 0 there (not exp(nan)). Any other row's sum of exps is at least 1
+  # (its max gives exp(0)), so only a masked row sums to 0, and its 0 / 0 becomes 0 / 1. No NaN
+  # reaches the gradient either (torch's backward gives 0 there). NaN and +inf still give NaN.
+  # The raise happens before the max (not on the max): XLA:CPU then fuses the scores' matmul,
+  # the mask, the max and the exp into one kernel, as it does for a plain softmax.
+  # (Not `maximum(total, 1)`: its gradient is halved where a sum is exactly 1.)
+  lowest = jnp.finfo(x.dtype).min
+  m = lax.stop_gradient(jnp.max(jnp.maximum(x, lowest), axis=axes, keepdims=True))
+  e = jnp.exp(x - m)
   total = jnp.sum(e, axis=axes, keepdims=True)
   return (e / jnp.where(total == 0, jnp.ones_like(total), total)).astype(out_dtype)
 
