@@ -50,9 +50,16 @@ CALL_TORCH_WORKLOADS = (
 SHARDED_WORKLOADS = ("dp8_train_step", "dp1_train_step")
 SHARDED_DEVICES = 8
 SHARDED_XLA_FLAGS = f"--xla_force_host_platform_device_count={SHARDED_DEVICES}"
+# The CUDA workloads (benchmarks/gpu.py): a machine with torch and JAX for CUDA adds them; their
+# worker is the only one that sees the GPU (run.py). Elsewhere they are skipped with the reason.
+GPU_SIZES = ("1MiB", "64MiB", "1GiB")
+GPU_WORKLOADS = tuple(f"cuda_{direction}_{size}" for direction in ("to_jax", "to_torch")
+                      for size in GPU_SIZES) + (
+    "cuda_pallas_softmax", "cuda_mlp_train_step", "cuda_transformer_block", "cuda_gpt2_forward_s256")
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
-) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS + SHARDED_WORKLOADS
+) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS + SHARDED_WORKLOADS \
+    + GPU_WORKLOADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +173,31 @@ def _contains_jax_array(out: Any) -> bool:
     return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(out))
 
 
+def _contains_cuda_tensor(out: Any) -> bool:
+    import jax
+    import torch
+
+    return any(isinstance(leaf, torch.Tensor) and leaf.is_cuda
+               for leaf in jax.tree_util.tree_leaves(out))
+
+
 def blocking(fn: Callable[[], Any], sample_out: Any) -> Callable[[], Any]:
-    """Wrap `fn` so that JAX outputs are waited for, if `sample_out` holds any."""
-    if not _contains_jax_array(sample_out):
+    """Wrap `fn` so that JAX outputs are waited for, if `sample_out` holds any, and CUDA torch
+    tensors too (`torch.cuda.synchronize()`: the whole device, so also XLA's streams, which
+    share torch's primary CUDA context)."""
+    jax_out, cuda_out = _contains_jax_array(sample_out), _contains_cuda_tensor(sample_out)
+    if not jax_out and not cuda_out:
         return fn
     import jax
+    import torch
 
     def run():
-        return jax.block_until_ready(fn())
+        out = fn()
+        if jax_out:
+            jax.block_until_ready(out)
+        if cuda_out:
+            torch.cuda.synchronize()
+        return out
 
     return run
 

@@ -229,7 +229,8 @@ def jax_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Ten
         loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
         return loss, jax.tree_util.tree_map(lambda w, g: w - LR * g, p, grads)
 
-    xs, ys = jnp.asarray(x.numpy()), jnp.asarray(y.numpy().astype("int32"))
+    # (on JAX's default device: the GPU in the CUDA workloads' worker)
+    xs, ys = jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype("int32"))
     state = {"params": params}
 
     def run():

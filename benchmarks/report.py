@@ -10,6 +10,7 @@ from pathlib import Path
 from .common import (
     CALL_TORCH_WORKLOADS,
     CALLBACK_WORKLOADS,
+    GPU_WORKLOADS,
     HF_WORKLOADS,
     MODULE_WORKLOADS,
     SHARDED_DEVICES,
@@ -24,6 +25,7 @@ CALLBACK_TITLE = "torch called from JAX (callback mode)"
 CALL_TORCH_TITLE = "torch called from JAX (trace mode): call_torch under jax.jit, jit(grad), vmap"
 SHARDED_TITLE = (f"Data parallel on {SHARDED_DEVICES} simulated CPU devices: MLP 512-1024-1024-10 "
                  "training step, batch 256, cross-entropy, optax.sgd")
+GPU_TITLE = "CUDA GPU: transfers, a Pallas (Triton) kernel called from torch, models on the GPU"
 GROUPS = {
     "Per-call overhead, f(x) = x*2+1 on a (16, 16) float32 tensor": CALL_WORKLOADS[:2],
     "One eager op on the system's device: x + y, (16, 16) float32": ("eager_add",),
@@ -42,13 +44,29 @@ GROUPS = {
     CALLBACK_TITLE: CALLBACK_WORKLOADS,
     CALL_TORCH_TITLE: CALL_TORCH_WORKLOADS,
     SHARDED_TITLE: SHARDED_WORKLOADS,
+    GPU_TITLE: GPU_WORKLOADS,
 }
 # Groups whose tables give ratios against these systems (system / reference) instead of
 # against the baseline, with a paragraph saying what is timed.
 REFERENCES = {CALLBACK_TITLE: ("wrap_torch2jax", "torch_eager"),
               CALL_TORCH_TITLE: ("plain_jax", "torch_eager"),
               SHARDED_TITLE: ("plain_jax",)}
-INTROS = {CALLBACK_TITLE: [
+INTROS = {GPU_TITLE: [
+    "Run by the same command on a machine with torch and JAX for CUDA (`--workloads gpu` for "
+    "these rows alone); their worker is the only one that sees the GPU, and the notes name the "
+    "GPU and the CUDA builds. `cuda_to_jax_<size>` / `cuda_to_torch_<size>`: one conversion of "
+    "a float32 buffer between a torch CUDA tensor and a JAX GPU array (bridge.to_jax / "
+    "bridge.to_torch; dlpack_manual: jax.dlpack.from_dlpack / torch.from_dlpack); a copy is "
+    "flagged in the notes. `cuda_pallas_softmax`: a row softmax written in Pallas (Triton "
+    "backend), (4096, 1024) float32, called on a CUDA tensor (bridge: `bridge.call_jax`; "
+    "dlpack_manual: DLPack around the jitted kernel; plain_jax: the kernel on a JAX GPU "
+    "array; torch_eager: `torch.softmax`, the reference). `cuda_mlp_train_step`, "
+    "`cuda_transformer_block`, `cuda_gpt2_forward_s256`: the CPU rows' models with module and "
+    "input moved to the GPU (`.cuda()`; plain_jax's arrays on JAX's default device, the GPU). "
+    "Outputs are checked against torch on the CPU within 2e-3 (GPU summation orders, and "
+    "TF32 where JAX's default matmul precision uses it); every timed call ends with "
+    "`torch.cuda.synchronize()` for CUDA tensor outputs and `block_until_ready` for JAX ones.",
+], CALLBACK_TITLE: [
     "A torch function, f(x) = x*2+1 on a (16, 16) float32 JAX array, called from JAX under "
     "`jax.jit` (`torch_from_jax_call`), and one `jax.jit(jax.grad(lambda x: f(x).sum()))` step "
     "through it (`torch_from_jax_grad`). bridge: `bridge.call_torch(f, x, mode=\"callback\")`; "
@@ -331,17 +349,29 @@ def _systems_section(reports: list[dict]) -> list[str]:
         versions = ", ".join(f"{k} {v}" for k, v in extra.items())
         lines.append(f"### {r['system']}" + (f" ({versions})" if versions else ""))
         lines += [f"- note: {n}" for n in r["notes"]]
-        lines += [f"- skipped `{w}`: {why}" for w, why in r["skipped"].items()]
+        gpu_skips = {w: why for w, why in r["skipped"].items() if w in GPU_WORKLOADS}
+        reasons = set(gpu_skips.values())
+        if len(gpu_skips) > 1 and len(reasons) == 1:  # e.g. no GPU here: one line for them all
+            lines.append(f"- skipped the {len(gpu_skips)} cuda_* workloads: {reasons.pop()}")
+            gpu_skips = {}
+        lines += [f"- skipped `{w}`: {why}" for w, why in r["skipped"].items()
+                  if w not in GPU_WORKLOADS or w in gpu_skips]
         lines.append("")
     return lines
 
 
+def _ran(reports: list[dict], workloads: tuple[str, ...]) -> bool:
+    return any(w in r["results"] for r in reports for w in workloads)
+
+
 def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
     lines = _header(reports, meta)
-    workloads = [w for ws in GROUPS.values() for w in _present(reports, ws)]
+    # the CUDA rows only where some system ran them (elsewhere one line says why not)
+    groups = {t: g for t, g in GROUPS.items() if t != GPU_TITLE or _ran(reports, g)}
+    workloads = [w for ws in groups.values() for w in _present(reports, ws)]
     lines += _summary(reports, workloads)
     lines += _goals(reports)
-    for title, group in GROUPS.items():
+    for title, group in groups.items():
         present = _present(reports, group)
         if not present:
             continue
@@ -351,6 +381,9 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
             lines += [f"### {w}", ""] + _workload_table(reports, w, REFERENCES.get(title, ())) + [""]
         if title == SHARDED_TITLE:
             lines += _sharded_tables(reports)
+    if GPU_TITLE not in groups and _present(reports, GPU_WORKLOADS):
+        why = next((r["skipped"][w] for r in reports for w in GPU_WORKLOADS if w in r["skipped"]), "")
+        lines += [f"## {GPU_TITLE}", "", f"Not measured in this run: {why}.", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
     lines += _systems_section(reports)
@@ -382,7 +415,8 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
                              (HF_WORKLOADS, "huggingface.png", True),
                              (CALLBACK_WORKLOADS, "callback.png", True),
                              (CALL_TORCH_WORKLOADS, "call_torch.png", True),
-                             (SHARDED_WORKLOADS, "sharded.png", False)):
+                             (SHARDED_WORKLOADS, "sharded.png", False),
+                             (GPU_WORKLOADS, "cuda.png", True)):
         present = [w for w in group if has(w)]
         if present:
             fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 4.5),

@@ -1,7 +1,8 @@
 """Run every system's worker in its own subprocess and write benchmarks/RESULTS.md.
 
     python -m benchmarks [--quick] [--only SYSTEM,...]
-                         [--workloads WORKLOAD,...|modules|hf|callback|call_torch|sharded] [--merge]
+                         [--workloads WORKLOAD,...|modules|hf|callback|call_torch|sharded|gpu]
+                         [--merge]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from . import report, systems
 from .common import (
     CALL_TORCH_WORKLOADS,
     CALLBACK_WORKLOADS,
+    GPU_WORKLOADS,
     HF_WORKLOADS,
     MODULE_WORKLOADS,
     SHARDED_WORKLOADS,
@@ -31,7 +33,8 @@ PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
 # Names that --workloads expands to several workloads.
 WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS,
-                   "call_torch": CALL_TORCH_WORKLOADS, "sharded": SHARDED_WORKLOADS}
+                   "call_torch": CALL_TORCH_WORKLOADS, "sharded": SHARDED_WORKLOADS,
+                   "gpu": GPU_WORKLOADS}
 
 
 def _interpreter(name: str) -> Path | None:
@@ -56,20 +59,30 @@ SYNC_CPU_DISPATCH = False  # set by --sync-cpu-dispatch
 
 
 def run_system(name: str, quick: bool, workloads: list[str] | None) -> dict:
-    """One system's report. The sharded workloads run in a worker of their own.
+    """One system's report. The sharded and the CUDA workloads run in workers of their own.
 
-    Only that worker gets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8
-    simulated CPU devices); every other workload keeps JAX's one CPU device. When both
-    kinds are selected, the two workers' reports are combined into one.
+    Only the sharded worker gets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8
+    simulated CPU devices); only the CUDA worker sees the GPU (every other worker runs
+    with ``JAX_PLATFORMS=cpu`` and no visible CUDA device, so the CPU rows are CPU rows on
+    a GPU machine too). The workers' reports are combined into one.
     """
     selected = list(workloads or WORKLOADS)
     sharded = [w for w in selected if w in SHARDED_WORKLOADS]
-    if not sharded or _interpreter(name) is None:
+    cuda = [w for w in selected if w in GPU_WORKLOADS]
+    if _interpreter(name) is None:
         return run_worker(name, quick, workloads)
-    rest = [w for w in selected if w not in SHARDED_WORKLOADS]
-    parts = [run_worker(name, quick, rest)] if rest else []
-    parts.append(run_worker(name, quick, sharded, xla_flags=SHARDED_XLA_FLAGS))
+    rest = [w for w in selected if w not in SHARDED_WORKLOADS and w not in GPU_WORKLOADS]
+    parts = [run_worker(name, quick, rest if sharded or cuda else workloads)] if rest else []
+    if sharded:
+        parts.append(run_worker(name, quick, sharded, xla_flags=SHARDED_XLA_FLAGS))
+    if cuda and not Path("/dev/nvidiactl").exists():  # no NVIDIA driver: no worker to start
+        parts.append(dict(_unavailable(name, NO_GPU, cuda), notes=[]))
+    elif cuda:
+        parts.append(run_worker(name, quick, cuda, gpu=True))
     return _combine(parts)
+
+
+NO_GPU = "needs a CUDA GPU: this machine has no NVIDIA driver (/dev/nvidiactl)"
 
 
 def _combine(parts: list[dict]) -> dict:
@@ -83,10 +96,12 @@ def _combine(parts: list[dict]) -> dict:
     return report
 
 
-def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: str = "") -> dict:
+def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: str = "",
+               gpu: bool = False) -> dict:
     """Run one worker subprocess and return its parsed JSON report.
 
-    `xla_flags` are appended to the worker's XLA_FLAGS (the sharded workloads' device count).
+    `xla_flags` are appended to the worker's XLA_FLAGS (the sharded workloads' device count);
+    only a `gpu` worker sees CUDA devices.
     """
     python = _interpreter(name)
     if python is None:
@@ -101,6 +116,8 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: s
         env["BENCH_SYNC_CPU_DISPATCH"] = "1"
     if xla_flags:
         env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), xla_flags) if f)
+    if not gpu:
+        env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
     if name not in systems.BRIDGE:
         # Only the bridge workers load the bridge (torch autoloads it otherwise), and
         # torchax needs the PrivateUse1 backend for itself.
@@ -157,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", help="comma-separated workload names, 'modules' for "
                         "the module workloads, 'hf' for the Hugging Face ones, 'callback' for "
                         "torch called from JAX in callback mode, 'call_torch' for it in trace "
-                        "mode, 'sharded' for data parallel on 8 simulated CPU devices (default: all)")
+                        "mode, 'sharded' for data parallel on 8 simulated CPU devices, 'gpu' for "
+                        "the CUDA rows (skipped without a CUDA GPU) (default: all)")
     parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots/ go")
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "

@@ -78,7 +78,7 @@ def _input(system: System, t: torch.Tensor):
     if system.array_in == "jax":
         import jax.numpy as jnp
 
-        return jnp.asarray(t.detach().numpy())
+        return jnp.asarray(t.detach().cpu().numpy())
     return t
 
 
@@ -443,4 +443,7 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     table.update({"torch_from_jax_call": torch_from_jax_call, "torch_from_jax_grad": torch_from_jax_grad})
     table.update(call_torch_workloads())
     table.update(sharded_workloads())
+    from . import gpu
+
+    table.update(gpu.workloads(quick))
     return table

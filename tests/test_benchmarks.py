@@ -65,3 +65,57 @@ def test_report_goals_table():
   assert "| compiled_linear | bridge / plain_jax | 1.50 | <= 1.5 | met |" in text
   assert "| mlp_train_step | bridge / plain_jax | n/a | <= 1.05 | plain_jax skipped: why not |" in text
   assert "### compiled_linear" in text
+
+
+def test_gpu_workloads_with_the_cpu_standing_in(monkeypatch):
+  """The CUDA rows' code (placement, output checks, timing, notes) runs here with the CPU
+  standing in for the GPU: `require_cuda` passes, `.cuda()` keeps tensors where they are and
+  the "GPU" arrays are CPU arrays. On a machine without a GPU the rows are skipped with the
+  reason; this keeps their code from rotting until one runs them."""
+  import importlib
+
+  import jax.numpy as jnp
+  import torch
+
+  from benchmarks import gpu, workloads
+
+  monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+  monkeypatch.setattr(gpu, "describe", lambda: "CUDA rows on a stand-in CPU")
+  monkeypatch.setattr(gpu, "_jax_gpu_array", jnp.asarray)
+  monkeypatch.setattr(gpu, "SOFTMAX_SHAPE", (64, 128))  # the Pallas interpreter is slow
+  monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+  monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+  table = gpu.workloads(quick=True)
+  names = ("cuda_to_jax_1MiB", "cuda_to_torch_1MiB", "cuda_pallas_softmax", "cuda_mlp_train_step",
+           "cuda_transformer_block")
+  ran: dict[str, set] = {}
+  for name in ("bridge", "dlpack_manual", "plain_jax", "torch_eager"):
+    system = importlib.import_module(f"benchmarks.systems.{name}").make()
+    ran[name] = set()
+    for workload in names:
+      try:
+        result = table[workload](system, True)
+      except workloads.Skip as skip:
+        # only "this system has no such capability": never a wrong output or an error
+        assert not str(skip).startswith(("wrong output", "error")), (name, workload, skip)
+        continue
+      assert 0 < result["min_us"] <= result["median_us"] <= result["max_us"], (name, workload)
+      ran[name].add(workload)
+    assert not any("copies" in note for note in system.notes), system.notes
+    if ran[name]:
+      assert f"{name}: CUDA rows on a stand-in CPU" in system.notes
+  assert ran["bridge"] == set(names)
+  assert ran["dlpack_manual"] == {"cuda_to_jax_1MiB", "cuda_to_torch_1MiB", "cuda_pallas_softmax"}
+  assert ran["plain_jax"] == {"cuda_pallas_softmax", "cuda_mlp_train_step"}
+  assert ran["torch_eager"] == {"cuda_pallas_softmax", "cuda_mlp_train_step",
+                                "cuda_transformer_block"}
+
+
+def test_gpu_workloads_skip_without_a_gpu():
+  from benchmarks import gpu, workloads
+  from benchmarks.systems import torch_eager
+
+  if gpu.torch.cuda.is_available():
+    pytest.skip("this machine has a CUDA GPU")
+  with pytest.raises(workloads.Skip, match="needs a CUDA GPU"):
+    gpu.workloads(quick=True)["cuda_pallas_softmax"](torch_eager.make(), True)

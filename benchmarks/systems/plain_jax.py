@@ -140,8 +140,10 @@ def make() -> System:
             "to_jax": "not applicable (no torch side)",
             "to_torch": "not applicable (no torch side)",
             **dict.fromkeys(("transformer_block", "transformer_block_composite",
-                             "transformer_first_call", "transformer_first_call_composite"), NO_BLOCK),
+                             "transformer_first_call", "transformer_first_call_composite",
+                             "cuda_transformer_block"), NO_BLOCK),
             **dict.fromkeys(("gpt2_forward_s64", "gpt2_forward_s256", "bert_forward_s64",
-                             "bert_forward_s256", "gpt2_train_step_s64", "gpt2_first_call_s64"), NO_HF),
+                             "bert_forward_s256", "gpt2_train_step_s64", "gpt2_first_call_s64",
+                             "cuda_gpt2_forward_s256"), NO_HF),
         },
     )

@@ -17,7 +17,7 @@ def _train_step(module, x, y):
         return loss.detach()
 
     def read(loss):
-        return loss.item(), {k: v.detach().numpy() for k, v in module.state_dict().items()}
+        return loss.item(), {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
 
     return run, read
 
