@@ -387,6 +387,19 @@ class _Executable:
 
 
 _NO_KEY = np.zeros(2, np.uint32)  # the placeholder key of a decomposition that draws none
+_STAGED_TRACER = jax._src.interpreters.partial_eval.DynamicJaxprTracer
+_PY_SCALARS = (int, float, bool, complex)
+
+
+def _replayable(dyn: list) -> bool:
+  """Arguments that jit's cache can replay an op for: values of a program being staged out
+  (jax.jit, bridge.compile) and Python scalars. Under other transformations (jax.grad
+  without jit) and with concrete arrays (CPU constants), the op runs as it is."""
+  for d in dyn:
+    t = type(d)
+    if t is not _STAGED_TRACER and t not in _PY_SCALARS:
+      return False
+  return True
 
 
 class _FunctionalPlan:
@@ -497,7 +510,12 @@ class _FunctionalPlan:
     quiet = _quiet_narrowing() if where.narrow else None
     try:
       if not exe.keyed:
-        out = exe.staged(*dyn) if where.staged else exe.call(*dyn)
+        if not where.staged:
+          out = exe.call(*dyn)
+        elif _replayable(dyn):
+          out = exe.staged(*dyn)
+        else:
+          out = exe.run(*dyn)
       elif exe.decomposed and (where.staged or scope.is_staged()):
         out = exe.inline(*dyn)
       else:
