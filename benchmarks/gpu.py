@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from . import models
-from .common import FULL, FULL_BIG, GPU_SIZES, MiB, QUICK, QUICK_MAX_BYTES, SIZES, System, time_calls
+from .common import FULL, GPU_SIZES, QUICK, QUICK_MAX_BYTES, SIZES, System, time_calls
 
 # GPUs sum float32 products in other orders than torch's CPU kernels, and JAX's default matmul
 # precision there may use TF32 (plain_jax's hand-written MLP): outputs agree to ~1e-3.
@@ -71,23 +71,15 @@ def _jax_gpu_array(a: np.ndarray):
 
 def transfer(system: System, quick: bool, size: str, direction: str) -> dict:
     """One conversion of a float32 buffer between torch CUDA and JAX GPU memory."""
-    from .workloads import _check_equal, _data_pointer, _need, blocking
+    from .workloads import _big_tensor, _need, time_transfer
 
-    convert = _need(system, direction, f"cuda_{direction}_{size}")
+    workload = f"cuda_{direction}_{size}"
+    convert = _need(system, direction, workload)
     require_cuda()
     _note(system)
-    nbytes = SIZES[size]
-    host = torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(nbytes % 1000))
+    host = _big_tensor(SIZES[size])
     src = host.cuda() if direction == "to_jax" else _jax_gpu_array(host.numpy())
-    out = convert(src)
-    _check_equal(out, host, "converted array")
-    if _data_pointer(out) != _data_pointer(src):
-        system.notes.append(f"{system.name}: cuda_{direction}_{size} copies (output does not "
-                            "alias the input).")
-    timed = blocking(lambda: convert(src), out)
-    del out
-    settings = QUICK if quick else (FULL_BIG if nbytes > MiB else FULL)
-    return time_calls(timed, settings)
+    return time_transfer(system, quick, workload, convert, src)
 
 
 def _softmax_kernel(x_ref, o_ref):
@@ -142,59 +134,30 @@ def pallas_softmax_call(system: System, quick: bool) -> dict:
     return time_calls(blocking(lambda: g(x), out), QUICK if quick else FULL)
 
 
-def _place(system: System, *tensors_or_modules):
+def _place(system: System, *objs):
     """On the GPU for systems that take torch objects; unchanged (CPU) for those that take JAX
     arrays, which place them on JAX's default device (the GPU)."""
-    if system.array_in == "jax":
-        return tensors_or_modules
-    return tuple(t.cuda() for t in tensors_or_modules)
+    return objs if system.array_in == "jax" else tuple(o.cuda() for o in objs)
 
 
 def forward(system: System, quick: bool, workload: str, build: Callable) -> dict:
-    """Steady-state forward of a model on the GPU, under ``torch.no_grad()`` (see workloads._forward)."""
-    from .workloads import _check, _need, blocking
+    """Steady-state forward of a model on the GPU (`workloads._forward`, placed by `_place`)."""
+    from .workloads import _forward
 
-    impl = _need(system, "forward", workload)
     require_cuda()
     _note(system)
-    module, x = build()
-    with torch.no_grad():
-        expected = module(x)
-        module, x = _place(system, module, x)
-        run, to_cpu = impl(module, x)
-        out = run()
-        _check(to_cpu(out), expected, "output", GPU_RTOL, GPU_ATOL)
-        settle = getattr(run, "settle", None)
-        if settle is not None:
-            settle()
-            out = run()
-            _check(to_cpu(out), expected, "output (optimized program)", GPU_RTOL, GPU_ATOL)
-        return time_calls(blocking(run, out), QUICK if quick else FULL)
+    return _forward(system, quick, workload, build, place=lambda *objs: _place(system, *objs),
+                    tolerance=(GPU_RTOL, GPU_ATOL))
 
 
 def train_step(system: System, quick: bool, workload: str, build: Callable) -> dict:
     """One SGD step on the GPU; loss and updated parameters checked against torch's CPU step."""
-    from .workloads import _check, _need, _tied_aliases, blocking
+    from .workloads import _train_step
 
-    impl = _need(system, "train_step", workload)
     require_cuda()
     _note(system)
-    module, x, y = build()
-    loss_ref, params_ref = models.torch_sgd_reference(module, x, y)
-    module, x, y = _place(system, module, x, y)
-    run, read = impl(module, x, y)
-    out = run()
-    loss, params = read(out)
-    _check(loss, loss_ref, "loss", GPU_RTOL, GPU_ATOL)
-    aliases = _tied_aliases(module)
-    for name, ref in params_ref.items():
-        got = params.get(name, params.get(aliases.get(name, name)))
-        if got is None:
-            from .workloads import Skip
-
-            raise Skip(f"wrong output: no {name} among the updated parameters {sorted(params)}")
-        _check(got, ref, f"{name} after one step", GPU_RTOL, GPU_ATOL)
-    return time_calls(blocking(run, out), QUICK if quick else FULL)
+    return _train_step(system, quick, workload, build, place=lambda *objs: _place(system, *objs),
+                       tolerance=(GPU_RTOL, GPU_ATOL))
 
 
 def workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:

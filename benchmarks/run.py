@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_PYTHON = ROOT / ".venvs" / "peers" / "bin" / "python"
 WORKER_TIMEOUT_S = 900
+NO_GPU = "needs a CUDA GPU: this machine has no NVIDIA driver (/dev/nvidiactl)"
 # Names that --workloads expands to several workloads.
 WORKLOAD_GROUPS = {"modules": MODULE_WORKLOADS, "hf": HF_WORKLOADS, "callback": CALLBACK_WORKLOADS,
                    "call_torch": CALL_TORCH_WORKLOADS, "sharded": SHARDED_WORKLOADS,
@@ -72,7 +73,7 @@ def run_system(name: str, quick: bool, workloads: list[str] | None) -> dict:
     if _interpreter(name) is None:
         return run_worker(name, quick, workloads)
     rest = [w for w in selected if w not in SHARDED_WORKLOADS and w not in GPU_WORKLOADS]
-    parts = [run_worker(name, quick, rest if sharded or cuda else workloads)] if rest else []
+    parts = [run_worker(name, quick, rest)] if rest else []
     if sharded:
         parts.append(run_worker(name, quick, sharded, xla_flags=SHARDED_XLA_FLAGS))
     if cuda and not Path("/dev/nvidiactl").exists():  # no NVIDIA driver: no worker to start
@@ -80,9 +81,6 @@ def run_system(name: str, quick: bool, workloads: list[str] | None) -> dict:
     elif cuda:
         parts.append(run_worker(name, quick, cuda, gpu=True))
     return _combine(parts)
-
-
-NO_GPU = "needs a CUDA GPU: this machine has no NVIDIA driver (/dev/nvidiactl)"
 
 
 def _combine(parts: list[dict]) -> dict:

@@ -132,19 +132,23 @@ def _big_tensor(nbytes: int) -> torch.Tensor:
 def _transfer(system: System, quick: bool, size: str, direction: str) -> dict:
     """One conversion of a float32 buffer of `size` (the source is built once, untimed)."""
     convert = _need(system, direction, f"{direction}_{size}")
-    nbytes = SIZES[size]
-    src = _big_tensor(nbytes)
+    src = _big_tensor(SIZES[size])
     if direction == "to_torch":
         import jax.numpy as jnp
 
         src = jnp.array(src.numpy(), copy=True)  # a JAX-owned buffer, not a view of torch memory
+    return time_transfer(system, quick, f"{direction}_{size}", convert, src)
+
+
+def time_transfer(system: System, quick: bool, workload: str, convert: Callable, src) -> dict:
+    """Checks `convert(src)` (equal; a copy is noted), then times it."""
     out = convert(src)
     _check_equal(out, src, "converted array")
     if _data_pointer(out) != _data_pointer(src):
-        system.notes.append(f"{system.name}: {direction}_{size} copies (output does not alias the input).")
+        system.notes.append(f"{system.name}: {workload} copies (output does not alias the input).")
     timed = blocking(lambda: convert(src), out)
     del out
-    settings = QUICK if quick else (FULL_BIG if nbytes > MiB else FULL)
+    settings = QUICK if quick else (FULL_BIG if src.nbytes > MiB else FULL)
     return time_calls(timed, settings)
 
 
@@ -157,19 +161,26 @@ FIRST_CALL_PROCESSES = {True: 2, False: 5}  # by quick
 FIRST_CALL_TIMEOUT_S = 300
 
 
-def _forward(system: System, quick: bool, workload: str, build: Callable, fastpath: bool = True) -> dict:
-    """Steady-state cost of one forward call of a wrapped module, under ``torch.no_grad()``."""
+def _forward(system: System, quick: bool, workload: str, build: Callable, fastpath: bool = True,
+             place: Callable = lambda *objs: objs, tolerance: tuple = (MODEL_RTOL, MODEL_ATOL)
+             ) -> dict:
+    """Steady-state cost of one forward call of a wrapped module, under ``torch.no_grad()``.
+
+    The reference is torch on the CPU; `place` moves module and input for the system (the
+    CUDA rows), `tolerance` is the output check's (rtol, atol).
+    """
     module, x = build()
     with torch.no_grad(), models.mha_fastpath(fastpath):
         expected = module(x)
-        run, to_cpu = _need(system, "forward", workload)(module, x)
+        impl = _need(system, "forward", workload)
+        run, to_cpu = impl(*place(module, x))
         out = run()  # traces and compiles; untimed, like the warm-up calls
-        _check(to_cpu(out), expected, "output", MODEL_RTOL, MODEL_ATOL)
+        _check(to_cpu(out), expected, "output", *tolerance)
         settle = getattr(run, "settle", None)  # bridge: wait for the optimized program
         if settle is not None:
             settle()
             out = run()
-            _check(to_cpu(out), expected, "output (optimized program)", MODEL_RTOL, MODEL_ATOL)
+            _check(to_cpu(out), expected, "output (optimized program)", *tolerance)
         return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 
@@ -201,31 +212,35 @@ def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def _train_step(system: System, quick: bool, workload: str, build: Callable) -> dict:
+def _train_step(system: System, quick: bool, workload: str, build: Callable,
+                place: Callable = lambda *objs: objs, tolerance: tuple = (MODEL_RTOL, MODEL_ATOL)
+                ) -> dict:
     """One SGD step of cross-entropy on ``module(x)`` and labels y; loss and parameters are checked.
 
     A tied parameter (one tensor under two state-dict names) may be returned under
-    its first name only; it is checked there.
+    its first name only; it is checked there. The reference is torch's step on the CPU;
+    `place` and `tolerance` as in `_forward`.
     """
     module, x, y = build()
     reference = models.torch_sgd_reference(module, x, y)
-    run, read = _need(system, "train_step", workload)(module, x, y)
+    run, read = _need(system, "train_step", workload)(*place(module, x, y))
     out = run()
-    _check_train_step(module, read(out), reference)
+    _check_train_step(module, read(out), reference, tolerance)
     return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 
-def _check_train_step(module: torch.nn.Module, step: tuple, reference: tuple) -> None:
+def _check_train_step(module: torch.nn.Module, step: tuple, reference: tuple,
+                      tolerance: tuple = (MODEL_RTOL, MODEL_ATOL)) -> None:
     """(loss, {name: updated parameter}) of one step against torch's (`models.torch_sgd_reference`)."""
     (loss, params), (loss_ref, params_ref) = step, reference
     aliases = _tied_aliases(module)
-    _check(loss, loss_ref, "loss", MODEL_RTOL, MODEL_ATOL)
+    _check(loss, loss_ref, "loss", *tolerance)
     found = {name: name if name in params else aliases.get(name) for name in params_ref}
     missing = sorted(name for name, got in found.items() if got not in params)
     if missing:
         raise Skip(f"wrong output: no {', '.join(missing)} among the updated parameters {sorted(params)}")
     for name, ref in params_ref.items():
-        _check(params[found[name]], ref, f"{name} after one step", MODEL_RTOL, MODEL_ATOL)
+        _check(params[found[name]], ref, f"{name} after one step", *tolerance)
 
 
 def mlp_train_step(system: System, quick: bool) -> dict:

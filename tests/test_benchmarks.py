@@ -112,10 +112,12 @@ def test_gpu_workloads_with_the_cpu_standing_in(monkeypatch):
 
 
 def test_gpu_workloads_skip_without_a_gpu():
+  import torch
+
   from benchmarks import gpu, workloads
   from benchmarks.systems import torch_eager
 
-  if gpu.torch.cuda.is_available():
+  if torch.cuda.is_available():
     pytest.skip("this machine has a CUDA GPU")
   with pytest.raises(workloads.Skip, match="needs a CUDA GPU"):
     gpu.workloads(quick=True)["cuda_pallas_softmax"](torch_eager.make(), True)

@@ -137,12 +137,11 @@ class _Program:
     self.tiers = (quick, _background().submit(self._optimize, lowered, quick, [out]))
     return out
 
-  def _optimize(self, lowered: Any, quick: Any, first: list | None = None) -> Any:
-    if first:  # (a list, emptied here: the results are not kept alive by this thread)
-      try:
-        jax.block_until_ready(first.pop())
-      except Exception:  # noqa: BLE001 - a deleted or donated result: compile anyway
-        pass
+  def _optimize(self, lowered: Any, quick: Any, first: list) -> Any:
+    try:  # `first` holds the first run's results; emptied, so this thread does not keep them
+      jax.block_until_ready(first.pop())
+    except Exception:  # noqa: BLE001 - a deleted or donated result: compile anyway
+      pass
     try:
       optimized = lowered.compile()
     except Exception as e:  # the quick program keeps running

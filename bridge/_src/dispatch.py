@@ -388,7 +388,7 @@ class _Executable:
 
 _NO_KEY = np.zeros(2, np.uint32)  # the placeholder key of a decomposition that draws none
 _STAGED_TRACER = jax._src.interpreters.partial_eval.DynamicJaxprTracer
-_PY_SCALARS = (int, float, bool, complex)
+_TRACED_SCALARS = (int, float, complex)  # Python numbers that ops take as traced values
 
 
 def _replayable(dyn: list) -> bool:
@@ -397,7 +397,7 @@ def _replayable(dyn: list) -> bool:
   without jit) and with concrete arrays (CPU constants), the op runs as it is."""
   for d in dyn:
     t = type(d)
-    if t is not _STAGED_TRACER and t not in _PY_SCALARS:
+    if t is not _STAGED_TRACER and t not in _TRACED_SCALARS:
       return False
   return True
 
@@ -471,7 +471,7 @@ class _FunctionalPlan:
           statics.append(_DYN)
         else:
           raise _device_error(device or "jax:0", leaf.device)
-      elif dynamic and self.trace_scalars and type(leaf) in (int, float, complex):
+      elif dynamic and self.trace_scalars and type(leaf) in _TRACED_SCALARS:
         dyn.append(leaf)
         statics.append(_DYN)
       else:
