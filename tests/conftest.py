@@ -7,6 +7,10 @@ import os
 
 import pytest
 
+from tests import xla
+
+xla.use_fast_compile()  # before any test starts JAX's backend (see tests/xla.py)
+
 _MAPS = "/proc/self/maps"
 _MAX_MAPPINGS = 20_000  # of the kernel's default vm.max_map_count, 65530
 _CHECK_EVERY = 10

@@ -14,6 +14,7 @@ import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import bridge
+from tests import xla
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -106,7 +107,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_batches_arrive_sharded_along_the_batch_axis_on_eight_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
              OMP_WAIT_POLICY="PASSIVE")
   out = subprocess.run([sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)

@@ -24,6 +24,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import bridge
+from tests import xla
 from bridge._src.sharding import sharding_of
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ SHARDED_CASES = "tests/sharded_cases.py"
 
 @pytest.mark.slow
 def test_sharded_cases_pass_on_8_simulated_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
              OMP_WAIT_POLICY="PASSIVE")
   try:
     out = subprocess.run(

@@ -14,6 +14,7 @@ import torch
 
 import bridge
 from bridge._src import dtypes
+from tests import xla
 
 X64 = {torch.int64, torch.uint64, torch.float64, torch.complex128}
 ALL_DTYPES = sorted(dtypes.TORCH_TO_JAX, key=str)
@@ -325,7 +326,7 @@ def test_sharded_and_replicated_arrays_to_torch():
   import os
   import subprocess
   import sys
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=4"),
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True,
                        env=env, timeout=120)
