@@ -287,37 +287,42 @@ class Counted(torch.nn.Module):
     return self.norm(self.drop(self.fc(x)))
 
 
-def test_repeated_calls_on_jax_device_see_every_change():
-  """Repeated plain calls on the `jax` device take a shortcut past the cache key; every change
-  that the general path would see must still be seen, and the shortcut must not retrace."""
+@pytest.mark.parametrize("device", ["jax", "cpu"])
+def test_repeated_calls_see_every_change(device):
+  """Repeated plain calls (all tensors on the `jax` device, or all plain CPU tensors) take a
+  shortcut past the cache key; every change that the general path would see must still be
+  seen, and the shortcut must not retrace."""
   torch.manual_seed(0)
   model = Counted().eval()
   ref = copy.deepcopy(model)
-  model.to("jax")
+  model.to(device)
   compiled = bridge.compile(model)
   x = torch.randn(6, 4)
-  xj = x.to("jax")
+  xj = x.to(device, copy=True)
   with torch.no_grad():
     for _ in range(3):
       torch.testing.assert_close(compiled(xj).cpu(), ref(x))
     assert model.traces == 1 and compiled._fast is not None
-    model.fc.weight.mul_(3)  # in place on the jax device
+    model.fc.weight.mul_(3)  # in place
     ref.fc.weight.mul_(3)
     torch.testing.assert_close(compiled(xj).cpu(), ref(x))
-    model.fc.bias = torch.nn.Parameter(torch.ones(4, device="jax"))  # a new Parameter
+    model.fc.bias = torch.nn.Parameter(torch.ones(4, device=device))  # a new Parameter
     ref.fc.bias = torch.nn.Parameter(torch.ones(4))
     torch.testing.assert_close(compiled(xj).cpu(), ref(x))
-    model.fc.weight.data = torch.full((4, 4), 0.5, device="jax")  # same Parameter, new data
+    model.fc.weight.data = torch.full((4, 4), 0.5, device=device)  # same Parameter, new data
     ref.fc.weight.data = torch.full((4, 4), 0.5)
     torch.testing.assert_close(compiled(xj).cpu(), ref(x))
     # a view argument (not a whole storage) and another shape: right numbers, one new trace
     torch.testing.assert_close(compiled(xj[::2]).cpu(), ref(x[::2]))
     y = torch.randn(3, 4)
-    torch.testing.assert_close(compiled(y.to("jax")).cpu(), ref(y))
+    torch.testing.assert_close(compiled(y.to(device)).cpu(), ref(y))
     assert model.traces == 2
     torch.testing.assert_close(compiled(xj).cpu(), ref(x))
     assert model.traces == 2
-    with torch.autocast("jax", dtype=torch.bfloat16):  # autocast switches programs
+    xj.mul_(2)  # the argument changed in place: the shortcut reads it afresh
+    torch.testing.assert_close(compiled(xj).cpu(), ref(x * 2))
+    xj.div_(2)
+    with torch.autocast(device, dtype=torch.bfloat16):  # autocast switches programs
       out = compiled(xj)
     with torch.autocast("cpu", dtype=torch.bfloat16):
       want = ref(x)
@@ -336,7 +341,8 @@ def test_repeated_calls_on_jax_device_see_every_change():
   out.sum().backward()
   assert model.fc.weight.grad is not None
   with torch.no_grad():
-    model.fc.to("cpu")  # state on two devices: the shortcut falls back to the general error
+    other = "cpu" if device == "jax" else "jax"
+    model.fc.to(other)  # state on two devices: the shortcut falls back to the general error
     with pytest.raises(bridge.TransferError, match="two devices"):
       compiled(xj)
 
@@ -385,3 +391,22 @@ def test_small_programs_and_tiered_compile_off_compile_once():
       big(torch.randn(2, 5, 16))
     (program,) = big._programs.values()
     assert program.tiers is None and program.forward is program.jitted
+
+
+@pytest.mark.parametrize("device", ["jax", "cpu"])
+def test_repeated_calls_with_another_dtype_or_shape_take_another_program(device):
+  calls = []
+
+  def double(x):
+    calls.append(x.dtype)
+    return x * 2
+
+  compiled = bridge.compile(double)
+  for dtype in (torch.float32, torch.float64, torch.int64, torch.float32):
+    for shape in ((2, 3), (3, 2), (2, 3)):
+      x = torch.arange(6, dtype=dtype).reshape(shape).to(device)
+      for _ in range(2):
+        out = compiled(x)
+        assert out.dtype == dtype and out.shape == shape and out.device.type == device
+        torch.testing.assert_close(out.cpu(), x.cpu() * 2)
+  assert calls == [torch.float32] * 2 + [torch.float64] * 2 + [torch.int64] * 2

@@ -281,6 +281,65 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   return call
 
 
+def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, imported: list
+                   ) -> Callable[[tuple], Any]:
+  """`_fast_call` for plain CPU tensors: the parameters' zero-copy arrays as recorded (each
+  parameter must be the same tensor, unchanged since: same version counter and data
+  pointer), the arguments shared with JAX through NumPy, the outputs through DLPack."""
+  slots = tuple(compiled._slots or ())
+  entries = tuple([(table, attr, t, version, a)
+                   for (table, attr), (t, version, a) in zip(slots, imported)])
+  submodules = tuple(compiled._submodules)
+  training = tuple([m.training for m in submodules])
+  n_args, n_state = len(sig), len(slots)
+  plain = torch.Tensor
+  autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
+  swap, restore = _x64_state.swap_local, _x64_state.set_local
+  current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
+  to_torch, finish = transfer.fast_array_out, compiled._finish
+  info = program.info
+  single = info.out_plain and info.out_single and not info.mutated and not info.draws
+
+  def call(args: tuple) -> Any:
+    if len(args) != n_args or autocast_on("cpu") or not on_cpu():
+      return _MISS
+    grad = grad_on()
+    arrays = []
+    for table, attr, t, version, a in entries:
+      if (table.get(attr) is not t or (t._version, t.data_ptr()) != version
+          or (grad and t.requires_grad)):
+        return _MISS
+      arrays.append(a)
+    key = rng._key
+    arrays.append(key if key is not None else current_key())
+    for a, (shape, dtype) in zip(args, sig):
+      if (type(a) is not plain or a.dtype is not dtype or a.shape != shape or not a.is_cpu
+          or (grad and a.requires_grad)):
+        return _MISS
+    for m, flag in zip(submodules, training):
+      if m.training is not flag:
+        return _MISS
+    prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
+    try:
+      for a in args:
+        arrays.append(_array(a))
+      try:
+        outs, updates, new_key = program.forward(*arrays)
+      except (TypeError, ValueError) as e:
+        outs, updates, new_key = compiled._retry(program, arrays, n_state, e)
+    finally:
+      restore(prev)
+    results = []
+    for o in outs:
+      t = to_torch(o)
+      results.append(t if t is not None else _to_torch(o, None))
+    if single:
+      return results[0]
+    return finish(program, results, updates, new_key)
+
+  return call
+
+
 class Compiled:
   """A torch callable that runs a module's (or function's) forward as one `jax.jit` program.
 
@@ -479,6 +538,8 @@ class Compiled:
               self._record_fast(program, state, args, device, outs)
           else:
             outs = [_to_torch(o, None) for o in outs]
+            if fast and amp is None and device is None:
+              self._record_fast_cpu(program, state, args)
       except ValueError as e:
         if "incompatible devices" not in str(e):
           raise
@@ -496,6 +557,17 @@ class Compiled:
       sig = tuple([(a._storage.array.shape, a._storage.array.dtype) for a in args])
       call = _fast_call(self, program, sig, device, tuple([o.dtype for o in outs]))
       self._fast = _Fast(program, call)
+    else:
+      self._fast = None
+
+  def _record_fast_cpu(self, program: _Program, state: list, args: tuple) -> None:
+    """Records this call for `_Fast` if it was a plain one with CPU tensors."""
+    imported = self._imported
+    if (len(imported) == len(state) and all([h is not None and h[0] is t
+                                                for h, t in zip(imported, state)])
+        and all([type(a) is torch.Tensor for a in args])):
+      sig = tuple([(a.shape, a.dtype) for a in args])
+      self._fast = _Fast(program, _fast_cpu_call(self, program, sig, list(imported)))
     else:
       self._fast = None
 
