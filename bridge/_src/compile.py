@@ -202,14 +202,15 @@ _MISS = object()  # a call that does not match the recorded one (see `_fast_call
 
 
 class _Fast:
-  """What the last plain call on the `jax` device needs to repeat itself cheaply.
+  """What the last plain call needs to repeat itself cheaply.
 
-  Recorded after a call whose arguments were all whole `jax`-device tensors with no
-  autocast and no grad to record; `call` (made by `_fast_call`) checks that the next
-  call matches it (same argument shapes/dtypes/device, parameters still whole tensors
-  on that device, same train/eval flags, autocast off, nothing that requires grad) and
-  then skips the cache key, the pytree and the device bookkeeping. Anything else takes
-  the general path, which re-records.
+  Recorded after a call with no autocast and no grad to record whose arguments were all
+  whole `jax`-device tensors (`_fast_call`) or all plain CPU tensors (`_fast_cpu_call`),
+  like the module's state. `call` checks that the next call matches it (same argument
+  shapes/dtypes/device, parameters unchanged in the way that matters for their device,
+  same train/eval flags, autocast off, nothing that requires grad) and then skips the
+  cache key, the pytree and the device bookkeeping; it returns `_MISS` otherwise, and the
+  general path runs and records again.
   """
 
   __slots__ = ("program", "call")
