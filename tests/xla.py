@@ -7,8 +7,8 @@ time. XLA:CPU's older loop emitters compile them faster than its newer fusion em
 and every test passes with either. Turning LLVM's optimizations off as well
 (`--xla_backend_optimization_level=0`) would save more (whole suite: 19.9 min) but changes
 results in the last bits: `gelu_backward` in float32 then differs from torch by 1.07e-5
-where torch gives 0, past the test's 1e-5. `python -m benchmarks`, which times programs, uses XLA's
-defaults. `BRIDGE_TEST_XLA_DEFAULTS=1` runs the suite with XLA's default flags.
+where torch gives 0, past the test's 1e-5. `python -m benchmarks`, which times programs,
+uses XLA's defaults. `BRIDGE_TEST_XLA_DEFAULTS=1` runs the suite with XLA's default flags.
 """
 
 from __future__ import annotations
