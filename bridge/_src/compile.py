@@ -219,14 +219,22 @@ class _Fast:
     self.program, self.call = program, call
 
 
+def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, tuple, bool]:
+  """(submodules, their train flags now, whether the output is one bare tensor with no
+  updates or key) for a shortcut being recorded."""
+  submodules = tuple(compiled._submodules)
+  info = program.info
+  return (submodules, tuple([m.training for m in submodules]),
+          info.out_plain and info.out_single and not info.mutated and not info.draws)
+
+
 def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: torch.device,
                out_dtypes: tuple) -> Callable[[tuple], Any]:
   """The recorded call as one closure over everything it checks (the hot path of a compiled
   module's call: a method call or an attribute lookup saved here is a tenth of a microsecond
   in a call of about ten). Returns `_MISS` for a call that does not match."""
   slots = tuple(compiled._slots or ())
-  submodules = tuple(compiled._submodules)
-  training = tuple([m.training for m in submodules])
+  submodules, training, single = _recorded_flags(compiled, program)
   n_args, n_state = len(sig), len(slots)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor = torch.Tensor._make_wrapper_subclass
@@ -234,8 +242,6 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key = rng.current_key
   finish = compiled._finish
-  info = program.info
-  single = info.out_plain and info.out_single and not info.mutated and not info.draws
 
   def call(args: tuple) -> Any:
     if len(args) != n_args or autocast_on("jax"):
@@ -290,16 +296,13 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   slots = tuple(compiled._slots or ())
   entries = tuple([(table, attr, t, version, a)
                    for (table, attr), (t, version, a) in zip(slots, imported)])
-  submodules = tuple(compiled._submodules)
-  training = tuple([m.training for m in submodules])
+  submodules, training, single = _recorded_flags(compiled, program)
   n_args, n_state = len(sig), len(slots)
   plain = torch.Tensor
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
   to_torch, finish = transfer.fast_array_out, compiled._finish
-  info = program.info
-  single = info.out_plain and info.out_single and not info.mutated and not info.draws
 
   def call(args: tuple) -> Any:
     if len(args) != n_args or autocast_on("cpu") or not on_cpu():
