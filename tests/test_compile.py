@@ -385,12 +385,57 @@ def test_small_programs_and_tiered_compile_off_compile_once():
     small = bridge.compile(torch.nn.Linear(4, 4))
     small(torch.randn(2, 4))
     (program,) = small._programs.values()
-    assert program.tiers is None and program.forward is program.jitted
+    # one output, no updates, no randomness: only the lean executable is compiled
+    assert program.tiers is None and program.lean is not None
+    assert program.jitted._cache_size() == 0
+    pair = bridge.compile(lambda x: (x + 1, x * 2))  # two outputs: `jax.jit` compiles it
+    pair(torch.randn(3))
+    (program,) = pair._programs.values()
+    assert program.lean is None and program.forward is program.jitted
     with bridge.config(tiered_compile=False):
       big = bridge.compile(Block().eval())
       big(torch.randn(2, 5, 16))
     (program,) = big._programs.values()
     assert program.tiers is None and program.forward is program.jitted
+
+
+@pytest.mark.parametrize("device", ["jax", "cpu"])
+def test_lean_programs_give_way_to_jax_jit(device):
+  """A small program with one output and no updates or randomness runs its own executable
+  (no key input, no x64 switch); a repeated call stays on the recorded shortcut, bool
+  arguments too, and a parameter of another shape hands the program to `jax.jit`."""
+
+  class Masked(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.fc = torch.nn.Linear(4, 4)
+      self.traces = 0
+
+    def forward(self, x, mask):
+      self.traces += 1
+      return torch.where(mask, self.fc(x), 0.0)
+
+  torch.manual_seed(0)
+  model = Masked().to(device)
+  compiled = bridge.compile(model)
+  x, mask = torch.randn(3, 4), torch.rand(3, 4) > 0.5
+  xd, maskd = x.to(device), mask.to(device)
+  with torch.no_grad():
+    want = torch.where(mask, F.linear(x, model.fc.weight.cpu(), model.fc.bias.cpu()), 0.0)
+    torch.testing.assert_close(compiled(xd, maskd).cpu(), want)
+    (program,) = compiled._programs.values()
+    assert program.lean is not None
+    recorded = compiled._fast
+    for _ in range(3):
+      out = compiled(xd, maskd.clone())  # another bool array (its dtype object may differ)
+      assert out.dtype == torch.float32 and out.shape == (3, 4) and out.device.type == device
+      torch.testing.assert_close(out.cpu(), want)
+    assert compiled._fast is recorded and model.traces == 1
+    model.fc.bias = torch.nn.Parameter(torch.full((1,), 0.5, device=device))  # another shape
+    want = torch.where(mask, F.linear(x, model.fc.weight.cpu(), model.fc.bias.cpu()), 0.0)
+    torch.testing.assert_close(compiled(xd, maskd).cpu(), want)
+    torch.testing.assert_close(compiled(xd, maskd).cpu(), want)
+    assert program.lean is None and program.forward is program.jitted
 
 
 @pytest.mark.parametrize("device", ["jax", "cpu"])

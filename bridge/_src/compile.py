@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Callable, Iterable
 
 import jax
+import jax.extend.core
 import torch
 from jax._src import config as _jax_config
 
@@ -110,6 +111,7 @@ class _Program:
     self.jitted = jax.jit(self.apply)
     self.forward: Callable[..., tuple] = self.first_call  # then a compiled program
     self.tiers: tuple[Any, concurrent.futures.Future] | None = None  # (quick, optimized)
+    self.lean: Any = None  # see `_compile_lean`
     self.vjp = vjp.VjpCache(self.apply)  # for calls that torch autograd records
 
   def first_call(self, *flat: Any) -> tuple:
@@ -127,6 +129,10 @@ class _Program:
       return self.jitted(*flat)
     traced = self.jitted.trace(*flat)  # runs `apply` once; `jax.jit` reuses this trace
     if _equations(traced.jaxpr.jaxpr) < _TIER_MIN_EQUATIONS or not _on_cpu(list(flat)):
+      info = self.info
+      if info.out_single and not info.mutated and not info.draws:
+        self._compile_lean(traced.jaxpr, flat)
+        return self.forward(*flat)
       self.forward = self.jitted
       return self.jitted(*flat)
     lowered = traced.lower()
@@ -152,13 +158,33 @@ class _Program:
       self.forward = optimized
     return optimized
 
+  def _compile_lean(self, closed: Any, flat: tuple) -> None:
+    """A small program with one output tensor, no buffer updates and no randomness, compiled
+    ahead of time without its two formalities: the key input (unused) and the
+    (outputs, updates, key) structure of its result. `lean(*state, *args)` returns the
+    output array and, being compiled for 64-bit types already, needs no x64 switch around
+    its call; so the shortcut's call is as cheap as a direct `jax.jit` call of the same
+    function (`_fast_call`). The general path calls it through `_lean_forward`."""
+    n = self.n_state
+    body, key = jax.extend.core.jaxpr_as_fun(closed), flat[n]
+
+    def lean(*arrays: Any) -> Any:
+      return body(*arrays[:n], key, *arrays[n:])[0]
+
+    self.lean = jax.jit(lean).lower(*flat[:n], *flat[n + 1:]).compile()
+    self.forward = self._lean_forward
+
+  def _lean_forward(self, *flat: Any) -> tuple:
+    n = self.n_state
+    return (self.lean(*flat[:n], *flat[n + 1:]),), (), None
+
   def mismatch(self) -> bool:
     """The arguments do not fit the ahead-of-time compiled program (the user replaced a
     parameter by one of another shape, or placed arrays elsewhere): from now on `jax.jit`
     runs this program, compiling what it needs. False if it already did."""
-    if self.tiers is None or self.forward is self.jitted:
+    if (self.tiers is None and self.lean is None) or self.forward is self.jitted:
       return False
-    self.forward = self.jitted
+    self.forward, self.lean = self.jitted, None
     return True
 
   def apply(self, *flat: Any) -> tuple:
@@ -198,27 +224,6 @@ class _Program:
     return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
 
 
-_MISS = object()  # a call that does not match the recorded one (see `_fast_call`)
-
-
-class _Fast:
-  """What the last plain call needs to repeat itself cheaply.
-
-  Recorded after a call with no autocast and no grad to record whose arguments were all
-  whole `jax`-device tensors (`_fast_call`) or all plain CPU tensors (`_fast_cpu_call`),
-  like the module's state. `call` checks that the next call matches it (same argument
-  shapes/dtypes/device, parameters unchanged in the way that matters for their device,
-  same train/eval flags, autocast off, nothing that requires grad) and then skips the
-  cache key, the pytree and the device bookkeeping; it returns `_MISS` otherwise, and the
-  general path runs and records again.
-  """
-
-  __slots__ = ("program", "call")
-
-  def __init__(self, program: "_Program", call: Callable[[tuple], Any]):
-    self.program, self.call = program, call
-
-
 def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, tuple, bool]:
   """(submodules, their train flags now, whether the output is one bare tensor with no
   updates or key) for a shortcut being recorded."""
@@ -228,68 +233,89 @@ def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, t
           info.out_plain and info.out_single and not info.mutated and not info.draws)
 
 
+def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
+  """The key the recorded call passed, if the program never draws (its key input is unused,
+  so the shortcut passes this one instead of looking up the generator's); else None."""
+  return None if program.info.draws else arrays[n_state]
+
+
 def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: torch.device,
-               out_dtypes: tuple) -> Callable[[tuple], Any]:
-  """The recorded call as one closure over everything it checks (the hot path of a compiled
-  module's call: a method call or an attribute lookup saved here is a tenth of a microsecond
-  in a call of about ten). Returns `_MISS` for a call that does not match."""
-  slots = tuple(compiled._slots or ())
+               out_dtypes: tuple, fixed_key: Any) -> Callable[..., Any]:
+  """The recorded call as the compiled module's `__call__` (see `Compiled._record`): one
+  closure over everything it checks, for a call like the recorded one with whole `jax`-device
+  tensors only. On this hot path a method call or an attribute lookup is a tenth of a
+  microsecond in a call of about ten, so the checks are written out: the same parameter
+  tensors holding the same storages (whose arrays are current: in-place updates replace
+  `storage.array`; `.data =` and resizes replace the storage), the arguments' array
+  shapes/dtypes/device, the train flags, autocast off, nothing that requires grad. Anything
+  else goes to the general path (`Compiled._call`), which records again."""
+  entries = tuple([(table, attr, table[attr], table[attr]._storage)
+                   for table, attr in compiled._slots or ()])
   submodules, training, single = _recorded_flags(compiled, program)
-  n_args, n_state = len(sig), len(slots)
+  n_args, n_state = len(sig), len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor = torch.Tensor._make_wrapper_subclass
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key = rng.current_key
-  finish = compiled._finish
+  general, finish = Compiled._call, compiled._finish
+  out_dtype = out_dtypes[0] if single else None
+  lean = program.lean  # a single-output program's own executable: no key, no x64 switch
 
-  def call(args: tuple) -> Any:
-    if len(args) != n_args or autocast_on("jax"):
-      return _MISS
+  def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
+    if kwargs or len(args) != n_args or self is not compiled or autocast_on("jax"):
+      return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
-    for table, attr in slots:
-      t = table.get(attr)
-      if type(t) is not tensor_cls or not t._whole:
-        return _MISS
-      storage = t._storage
-      if storage.device is not device or (grad and t.requires_grad):
-        return _MISS
+    for table, attr, t, storage in entries:
+      if table.get(attr) is not t or t._storage is not storage or (grad and t.requires_grad):
+        return general(self, args, kwargs)
       arrays.append(storage.array)
-    key = rng._key
-    arrays.append(key if key is not None else current_key())
+    if lean is None:
+      key = fixed_key if fixed_key is not None else rng._key
+      arrays.append(key if key is not None else current_key())
     for a, (shape, dtype) in zip(args, sig):
       if type(a) is not tensor_cls or not a._whole or (grad and a.requires_grad):
-        return _MISS
+        return general(self, args, kwargs)
       storage = a._storage
       array = storage.array
-      if storage.device is not device or array.dtype != dtype or array.shape != shape:
-        return _MISS
+      if (storage.device is not device or array.shape != shape
+          or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
+        return general(self, args, kwargs)
       arrays.append(array)
     for m, flag in zip(submodules, training):
       if m.training is not flag:
-        return _MISS
-    prev = swap(True)
-    try:
-      outs, updates, new_key = program.forward(*arrays)
-    except (TypeError, ValueError) as e:
-      outs, updates, new_key = compiled._retry(program, arrays, n_state, e)
-    finally:
-      restore(prev)
+        return general(self, args, kwargs)
+    if lean is not None:  # (then the output is single)
+      try:
+        outs = (lean(*arrays),)
+      except (TypeError, ValueError):  # refused: the general path hands it to `jax.jit`
+        return general(self, args, kwargs)
+    else:
+      prev = swap(True)
+      try:
+        outs, updates, new_key = program.forward(*arrays)
+      except (TypeError, ValueError) as e:
+        outs, updates, new_key = self._retry(program, arrays, n_state, e)
+      finally:
+        restore(prev)
+    if single:
+      o = outs[0]
+      t = new_tensor(tensor_cls, o.shape, dtype=out_dtype, device=device)
+      t._storage = storage_cls(o, device)
+      return t
     results = []
     for o, dtype in zip(outs, out_dtypes):
       t = new_tensor(tensor_cls, o.shape, dtype=dtype, device=device)
       t._storage = storage_cls(o, device)
       results.append(t)
-    if single:
-      return results[0]
     return finish(program, results, updates, new_key)
 
   return call
 
 
-def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, imported: list
-                   ) -> Callable[[tuple], Any]:
+def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, imported: list,
+                   fixed_key: Any) -> Callable[..., Any]:
   """`_fast_call` for plain CPU tensors: the parameters' zero-copy arrays as recorded (each
   parameter must be the same tensor, unchanged since: same version counter and data
   pointer), the arguments shared with JAX through NumPy, the outputs through DLPack."""
@@ -302,43 +328,56 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
-  to_torch, finish = transfer.fast_array_out, compiled._finish
+  to_torch, general, finish = transfer.fast_array_out, Compiled._call, compiled._finish
+  lean = program.lean
 
-  def call(args: tuple) -> Any:
-    if len(args) != n_args or autocast_on("cpu") or not on_cpu():
-      return _MISS
+  def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
+    if (kwargs or len(args) != n_args or self is not compiled or autocast_on("cpu")
+        or not on_cpu()):
+      return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
     for table, attr, t, version, a in entries:
       if (table.get(attr) is not t or (t._version, t.data_ptr()) != version
           or (grad and t.requires_grad)):
-        return _MISS
+        return general(self, args, kwargs)
       arrays.append(a)
-    key = rng._key
-    arrays.append(key if key is not None else current_key())
+    if lean is None:
+      key = fixed_key if fixed_key is not None else rng._key
+      arrays.append(key if key is not None else current_key())
     for a, (shape, dtype) in zip(args, sig):
       if (type(a) is not plain or a.dtype is not dtype or a.shape != shape or not a.is_cpu
           or (grad and a.requires_grad)):
-        return _MISS
+        return general(self, args, kwargs)
     for m, flag in zip(submodules, training):
       if m.training is not flag:
-        return _MISS
+        return general(self, args, kwargs)
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
     try:
       for a in args:
         arrays.append(_array(a))
-      try:
-        outs, updates, new_key = program.forward(*arrays)
-      except (TypeError, ValueError) as e:
-        outs, updates, new_key = compiled._retry(program, arrays, n_state, e)
+      if lean is not None:  # (then the output is single)
+        try:
+          outs = (lean(*arrays),)
+        except (TypeError, ValueError):
+          outs = None
+      else:
+        try:
+          outs, updates, new_key = program.forward(*arrays)
+        except (TypeError, ValueError) as e:
+          outs, updates, new_key = self._retry(program, arrays, n_state, e)
     finally:
       restore(prev)
+    if outs is None:  # the lean executable refused: the general path hands it to `jax.jit`
+      return general(self, args, kwargs)
+    if single:
+      o = outs[0]
+      t = to_torch(o)
+      return t if t is not None else _to_torch(o, None)
     results = []
     for o in outs:
       t = to_torch(o)
       results.append(t if t is not None else _to_torch(o, None))
-    if single:
-      return results[0]
     return finish(program, results, updates, new_key)
 
   return call
@@ -350,6 +389,14 @@ class Compiled:
   Made by `bridge.compile`; attributes it does not have are looked up on the
   module, so `compiled.train()`, `compiled.parameters()` work as on the module.
   """
+
+  def __new__(cls, *args: Any, **kwargs: Any) -> "Compiled":
+    # Each compiled callable is the one instance of a class of its own, so that a recorded
+    # call can become that class's `__call__` (`_record`): Python calls `type(c).__call__`,
+    # and a call that goes straight to the shortcut saves a Python frame.
+    own = type(cls.__name__, (cls,), {"__module__": cls.__module__,
+                                      "__qualname__": cls.__qualname__})
+    return super().__new__(own)
 
   def __init__(self, target: Callable[..., Any], dynamic_argnums: Iterable[int] = (),
                dynamic_argnames: Iterable[str] = ()):
@@ -364,7 +411,7 @@ class Compiled:
     self._slots: list[tuple[dict, str]] | None = None
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
-    self._fast: _Fast | None = None
+    self._fast: Callable[..., Any] | None = None  # the recorded call, see `_record`
     if self.module is not None:
       self._submodules = list(self.module.modules())
     functools.update_wrapper(self, target.forward if isinstance(target, torch.nn.Module)
@@ -487,11 +534,10 @@ class Compiled:
   # --- the call ----------------------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    record = self._fast
-    if record is not None and not kwargs:
-      out = record.call(args)
-      if out is not _MISS:
-        return out
+    return self._call(args, kwargs)
+
+  def _call(self, args: tuple, kwargs: dict) -> Any:
+    """The general path of a call; it records a plain call for the shortcuts (`_record`)."""
     state = self._state()
     fast = not kwargs
     if fast:  # the common case, tensors only, skips the pytree machinery
@@ -539,11 +585,11 @@ class Compiled:
           if type(device) is torch.device and device.type == "jax":
             outs = [tensor_lib.make_result(o, device) for o in outs]
             if fast and amp is None:
-              self._record_fast(program, state, args, device, outs)
+              self._record_fast(program, state, args, device, outs, arrays)
           else:
             outs = [_to_torch(o, None) for o in outs]
             if fast and amp is None and device is None:
-              self._record_fast_cpu(program, state, args)
+              self._record_fast_cpu(program, state, args, arrays)
       except ValueError as e:
         if "incompatible devices" not in str(e):
           raise
@@ -552,28 +598,43 @@ class Compiled:
       _x64_state.set_local(prev)
     return self._finish(program, outs, updates, new_key)
 
+  def _record(self, call: Callable[..., Any] | None) -> None:
+    """Makes `call` (a `_fast_call` / `_fast_cpu_call` closure, or None to forget the last
+    one) what calling this object runs first."""
+    if call is None and self._fast is None:
+      return
+    self._fast = call
+    own = type(self)
+    if call is None:
+      if "__call__" in own.__dict__:
+        delattr(own, "__call__")
+    else:
+      own.__call__ = call
+
   def _record_fast(self, program: _Program, state: list, args: tuple, device: torch.device,
-                   outs: list) -> None:
-    """Records this call for `_Fast` if it was a plain one on the `jax` device."""
+                   outs: list, arrays: list) -> None:
+    """Records this call for the shortcut if it was a plain one on the `jax` device."""
     tensors = state + list(args)
     if all([type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device
             for t in tensors]):
       sig = tuple([(a._storage.array.shape, a._storage.array.dtype) for a in args])
-      call = _fast_call(self, program, sig, device, tuple([o.dtype for o in outs]))
-      self._fast = _Fast(program, call)
+      self._record(_fast_call(self, program, sig, device, tuple([o.dtype for o in outs]),
+                              _fixed_key(program, arrays, len(state))))
     else:
-      self._fast = None
+      self._record(None)
 
-  def _record_fast_cpu(self, program: _Program, state: list, args: tuple) -> None:
-    """Records this call for `_Fast` if it was a plain one with CPU tensors."""
+  def _record_fast_cpu(self, program: _Program, state: list, args: tuple, arrays: list
+                       ) -> None:
+    """Records this call for the shortcut if it was a plain one with CPU tensors."""
     imported = self._imported
     if (len(imported) == len(state) and all([h is not None and h[0] is t
                                                 for h, t in zip(imported, state)])
         and all([type(a) is torch.Tensor for a in args])):
       sig = tuple([(a.shape, a.dtype) for a in args])
-      self._fast = _Fast(program, _fast_cpu_call(self, program, sig, list(imported)))
+      self._record(_fast_cpu_call(self, program, sig, list(imported),
+                                  _fixed_key(program, arrays, len(state))))
     else:
-      self._fast = None
+      self._record(None)
 
   def _finish(self, program: _Program, outs: list, updates: tuple, new_key: Any) -> Any:
     """Writes back the key and the updated buffers; the outputs in the forward's structure."""
