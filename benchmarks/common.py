@@ -56,6 +56,9 @@ GPU_SIZES = ("1MiB", "64MiB", "1GiB")
 GPU_WORKLOADS = tuple(f"cuda_{direction}_{size}" for direction in ("to_jax", "to_torch")
                       for size in GPU_SIZES) + (
     "cuda_pallas_softmax", "cuda_mlp_train_step", "cuda_transformer_block", "cuda_gpt2_forward_s256")
+# One first call per fresh process (benchmarks/first_call.py), not a timing loop.
+FIRST_CALL_WORKLOADS = ("transformer_first_call", "transformer_first_call_composite",
+                        "gpt2_first_call_s64")
 WORKLOADS = ("call_small", "fwd_bwd_small", "eager_add") + tuple(
     f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES
 ) + MODULE_WORKLOADS + HF_WORKLOADS + CALLBACK_WORKLOADS + CALL_TORCH_WORKLOADS + SHARDED_WORKLOADS \
@@ -203,18 +206,31 @@ def blocking(fn: Callable[[], Any], sample_out: Any) -> Callable[[], Any]:
 
 
 def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, float | int]:
-    """Time `fn()` call by call (after warm-up); return median/min/max in us and n."""
+    """Time `fn()` call by call (after warm-up); return median/min/max in us and n.
+
+    Under `--interleave` the calls are timed in blocks, in turn with the other systems'
+    workers (benchmarks/interleave.py).
+    """
+    from . import interleave
+
     for _ in range(settings.warmup):
         fn()
-    samples: list[float] = []
-    clock = time.perf_counter
-    deadline = clock() + settings.budget_s
-    while len(samples) < settings.max_reps:
-        t0 = clock()
-        fn()
-        samples.append(clock() - t0)
-        if len(samples) >= settings.min_reps and clock() > deadline:
-            break
+    ch = interleave.channel()
+    if ch is not None:
+        samples = interleave.timed_blocks(ch, fn, settings.min_reps, settings.max_reps,
+                                          settings.budget_s)
+        if not samples:
+            raise RuntimeError("interleaved timing: the coordinator stopped before any call")
+    else:
+        samples = []
+        clock = time.perf_counter
+        deadline = clock() + settings.budget_s
+        while len(samples) < settings.max_reps:
+            t0 = clock()
+            fn()
+            samples.append(clock() - t0)
+            if len(samples) >= settings.min_reps and clock() > deadline:
+                break
     us = [s * 1e6 for s in samples]
     return {
         "median_us": statistics.median(us),

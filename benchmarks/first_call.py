@@ -77,6 +77,45 @@ def measure(name: str, workload: str) -> dict:
             "warmup_us": (warm_setup + warm_call) * 1e6}
 
 
+PROCESSES = {True: 2, False: 5}  # fresh processes per sample set, by quick
+TIMEOUT_S = 300
+
+
+def sample(python: str, system: str, workload: str, env: dict[str, str]) -> dict:
+    """Run one first-call process; its result: {"first_call_us", ...} or {"skip": reason}.
+
+    JAX's persistent compilation cache is off in it, so no cache of any library is warm.
+    """
+    import subprocess
+    from pathlib import Path
+
+    env = dict(env, JAX_ENABLE_COMPILATION_CACHE="false")
+    try:
+        proc = subprocess.run([python, "-m", "benchmarks.first_call", system, workload],
+                              cwd=Path(__file__).resolve().parent.parent, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"skip": f"error: first-call process timed out after {TIMEOUT_S}s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {"skip": f"error: first-call process failed (rc={proc.returncode}): {tail}"}
+    return json.loads(lines[-1])
+
+
+def summary(system: str, workload: str, samples: list[dict]) -> tuple[dict, str]:
+    """The result row ({"median_us", "min_us", "max_us", "n"}) of `samples` and its note."""
+    import statistics
+
+    firsts = [s["first_call_us"] for s in samples]
+    ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"  # noqa: E731
+    note = (f"{system}: {workload}: {len(firsts)} fresh processes; not included (medians): "
+            f"warm-up on a tiny nn.Linear (library start-up) {ms('warmup_us')}, placing the "
+            f"model and input and building the wrapper {ms('setup_us')}.")
+    return ({"median_us": statistics.median(firsts), "min_us": min(firsts),
+             "max_us": max(firsts), "n": len(firsts)}, note)
+
+
 def main() -> None:
     from . import workloads
     from .worker import _short

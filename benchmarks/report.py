@@ -224,7 +224,7 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
     return [
         "# Benchmark results",
         "",
-        f"- date: {meta['date']} ({meta['mode']} run, {meta['seconds']:.0f} s)",
+        f"- date: {meta['date']} ({_mode(meta)} run, {meta['seconds']:.0f} s)",
         f"- machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['memory_gib']} GiB RAM, "
         f"{meta['platform']}",
         f"- python {v.get('python', '?')}, torch {v.get('torch', '?')}, jax {v.get('jax', '?')}, "
@@ -234,6 +234,10 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
                                   "jax_cpu_enable_async_dispatch=False in every worker)"
                                   if any(r.get("env", {}).get("sync_cpu_dispatch") for r in reports)
                                   else "asynchronous (JAX's default)"),
+        "- interleaved (`--interleave`): the systems' workers time each workload in turns, in "
+        "blocks of 1/40 of its time budget, and the first-call processes alternate between "
+        "systems, so machine noise falls on all systems alike" if meta.get("interleaved") else
+        "- the systems are timed one after another (`--interleave` times them in turns)",
         "- times are per call, in microseconds; each worker process runs one system; warm-up "
         "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed "
         "region, in the module and Hugging Face workloads also the JAX array inside a jax-device "
@@ -252,11 +256,15 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
     ]
 
 
+def _mode(meta: dict) -> str:
+    return meta["mode"] + (", interleaved" if meta.get("interleaved") else "")
+
+
 def _merged_line(run: dict) -> str:
     """One header line for rows merged in by a later `--merge` run (see run.merge)."""
     workloads = run["workloads"] if isinstance(run["workloads"], str) else ", ".join(run["workloads"])
     return (f"- merged in (`--merge`): {workloads} for {', '.join(run['systems'])}, measured "
-            f"{run['date']} ({run['mode']} run, {run['seconds']:.0f} s, {run['nproc']} CPUs, "
+            f"{run['date']} ({_mode(run)} run, {run['seconds']:.0f} s, {run['nproc']} CPUs, "
             f"{run['cpu']}), side by side in that run; rows not named in such a line are from "
             f"the run dated above")
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks [--quick] [--only SYSTEM,...]
                          [--workloads WORKLOAD,...|modules|hf|callback|call_torch|sharded|gpu]
-                         [--merge]
+                         [--interleave] [--sync-cpu-dispatch] [--merge] [--out DIR]
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
-from . import report, systems
+from . import first_call, interleave, report, systems
 from .common import (
     CALL_TORCH_WORKLOADS,
     CALLBACK_WORKLOADS,
+    FIRST_CALL_WORKLOADS,
     GPU_WORKLOADS,
     HF_WORKLOADS,
     MODULE_WORKLOADS,
@@ -103,12 +106,30 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: s
     """
     python = _interpreter(name)
     if python is None:
-        return _unavailable(name, "peers venv missing: run benchmarks/setup_peers.sh", workloads)
+        return _unavailable(name, PEERS_MISSING, workloads)
+    try:
+        proc = subprocess.run(_worker_cmd(python, name, quick, workloads), cwd=ROOT,
+                              env=_worker_env(name, xla_flags, gpu), capture_output=True,
+                              text=True, timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _unavailable(name, f"worker timed out after {WORKER_TIMEOUT_S}s", workloads)
+    return _worker_report(name, proc.returncode, proc.stdout, proc.stderr, workloads)
+
+
+PEERS_MISSING = "peers venv missing: run benchmarks/setup_peers.sh"
+
+
+def _worker_cmd(python: Path, name: str, quick: bool, workloads: list[str] | None) -> list[str]:
     cmd = [str(python), "-m", "benchmarks.worker", name]
     if quick:
         cmd.append("--quick")
     if workloads:
         cmd += ["--only", ",".join(workloads)]
+    return cmd
+
+
+def _worker_env(name: str, xla_flags: str = "", gpu: bool = False) -> dict[str, str]:
+    """The environment of a process that runs system `name` (a worker, a first-call sample)."""
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     if SYNC_CPU_DISPATCH:
         env["BENCH_SYNC_CPU_DISPATCH"] = "1"
@@ -120,17 +141,101 @@ def run_worker(name: str, quick: bool, workloads: list[str] | None, xla_flags: s
         # Only the bridge workers load the bridge (torch autoloads it otherwise), and
         # torchax needs the PrivateUse1 backend for itself.
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        return _unavailable(name, f"worker timed out after {WORKER_TIMEOUT_S}s", workloads)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return _unavailable(name, f"worker failed (rc={proc.returncode}): {tail}", workloads)
+    return env
+
+
+def _worker_report(name: str, returncode: int, stdout: str, stderr: str,
+                   workloads: list[str] | None) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if returncode != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return _unavailable(name, f"worker failed (rc={returncode}): {tail}", workloads)
     return json.loads(lines[-1])
+
+
+def run_interleaved(names: list[str], quick: bool, workloads: list[str] | None) -> list[dict]:
+    """Every system's report, with the systems timed in turns (benchmarks/interleave.py)."""
+    selected = list(workloads or WORKLOADS)
+    firsts = [w for w in selected if w in FIRST_CALL_WORKLOADS]
+    apart = [w for w in selected if w in SHARDED_WORKLOADS or w in GPU_WORKLOADS]
+    steady = [w for w in selected if w not in firsts and w not in apart]
+    parts: dict[str, list[dict]] = {name: [] for name in names}
+    if steady:
+        for report_ in _interleaved_workers(names, quick, steady):
+            parts[report_["system"]].append(report_)
+    if firsts:
+        for report_ in _interleaved_first_calls(names, quick, firsts):
+            parts[report_["system"]].append(report_)
+    if apart:
+        for name in names:
+            print(f"[benchmarks] {name}: {', '.join(apart)} ...", flush=True)
+            parts[name].append(run_system(name, quick, apart))
+    return [_combine(parts[name]) for name in names]
+
+
+def _interleaved_workers(names: list[str], quick: bool, workloads: list[str]) -> list[dict]:
+    procs, channels, reports = {}, {}, []
+    for name in names:
+        python = _interpreter(name)
+        if python is None:
+            reports.append(_unavailable(name, PEERS_MISSING, workloads))
+            continue
+        to_worker, from_worker = os.pipe(), os.pipe()
+        env = _worker_env(name)
+        env[interleave.ENV] = f"{to_worker[0]},{from_worker[1]}"
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        procs[name] = (subprocess.Popen(_worker_cmd(python, name, quick, workloads), cwd=ROOT,
+                                        env=env, stdout=out, stderr=err, text=True,
+                                        pass_fds=(to_worker[0], from_worker[1])), out, err)
+        os.close(to_worker[0])
+        os.close(from_worker[1])
+        channels[name] = interleave.Channel(os.fdopen(from_worker[0], "r"),
+                                            os.fdopen(to_worker[1], "w"))
+    # A hung worker would block the coordinator: past the time limit, every worker is killed
+    # (their pipes close, and the coordinator moves on).
+    watchdog = threading.Timer(WORKER_TIMEOUT_S * max(len(procs), 1),
+                               lambda: [p.kill() for p, _, _ in procs.values()])
+    watchdog.start()
+    try:
+        interleave.coordinate(channels, names,
+                              lambda line: print(f"[benchmarks] interleaved: {line}", flush=True))
+        for name, (proc, out, err) in procs.items():
+            returncode = proc.wait()
+            out.seek(0)
+            err.seek(0)
+            reports.append(_worker_report(name, returncode, out.read(), err.read(), workloads))
+    finally:
+        watchdog.cancel()
+    return reports
+
+
+def _interleaved_first_calls(names: list[str], quick: bool, workloads: list[str]) -> list[dict]:
+    """The first-call samples, one fresh process at a time, the systems in turn."""
+    reports = {name: {"system": name, "versions": {}, "env": {}, "results": {}, "skipped": {},
+                      "notes": []} for name in names}
+    for workload in workloads:
+        samples: dict[str, list[dict]] = {name: [] for name in names}
+        print(f"[benchmarks] interleaved: {workload}: {', '.join(names)}", flush=True)
+        for _ in range(first_call.PROCESSES[quick]):
+            for name in names:
+                python = _interpreter(name)
+                report_ = reports[name]
+                if workload in report_["skipped"]:
+                    continue
+                if python is None:
+                    report_["skipped"][workload] = PEERS_MISSING
+                    continue
+                result = first_call.sample(str(python), name, workload, _worker_env(name))
+                if "skip" in result:
+                    report_["skipped"][workload] = result["skip"]
+                else:
+                    samples[name].append(result)
+        for name in names:
+            if samples[name] and workload not in reports[name]["skipped"]:
+                row, note = first_call.summary(name, workload, samples[name])
+                reports[name]["results"][workload] = row
+                reports[name]["notes"].append(note)
+    return list(reports.values())
 
 
 def merge(old: dict, reports: list[dict], run: dict) -> dict:
@@ -178,6 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sync-cpu-dispatch", action="store_true",
                         help="run JAX CPU computations on the calling thread in every worker "
                         "(jax_cpu_enable_async_dispatch=False)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every system's worker at once and time them in turns, "
+                        "block by block (the first-call processes alternate too), so that "
+                        "machine noise falls on all systems alike (benchmarks/interleave.py)")
     parser.add_argument("--merge", action="store_true",
                         help="merge this run's rows into the existing results.json (other rows "
                         "kept) and rewrite RESULTS.md from the merged results")
@@ -207,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     print(f"[benchmarks] OMP_WAIT_POLICY=PASSIVE for every worker; {'quick' if args.quick else 'full'} run")
     reports = []
-    for name in names:
+    if args.interleave:
+        reports = run_interleaved(names, args.quick, workloads)
+    for name in names if not args.interleave else ():
         t0 = time.time()
         print(f"[benchmarks] {name} ...", end=" ", flush=True)
         reports.append(run_system(name, args.quick, workloads))
@@ -215,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
               f"({time.time() - t0:.1f}s)", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = report.machine_info(args.quick, time.time() - started)
+    meta = dict(report.machine_info(args.quick, time.time() - started), interleaved=args.interleave)
     results = {"meta": meta, "reports": reports}
     if old is not None:
         results = merge(old, reports, dict(meta, systems=names, workloads=workloads or "all"))

@@ -18,7 +18,7 @@ import sys
 import traceback
 from importlib import metadata
 
-from . import systems
+from . import interleave, systems
 
 BASE_PACKAGES = ("torch", "jax", "jaxlib", "numpy")
 
@@ -44,7 +44,8 @@ def run(name: str, quick: bool, only: list[str] | None) -> dict:
         "system": name,
         "versions": {"python": platform.python_version()},
         "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", ""),
-                "sync_cpu_dispatch": os.environ.get("BENCH_SYNC_CPU_DISPATCH") == "1"},
+                "sync_cpu_dispatch": os.environ.get("BENCH_SYNC_CPU_DISPATCH") == "1",
+                "interleaved": bool(os.environ.get(interleave.ENV))},
         "executable": sys.executable,
         "results": {},
         "skipped": {},
@@ -63,6 +64,7 @@ def run(name: str, quick: bool, only: list[str] | None) -> dict:
     if system is None:
         return report
     for workload in selected:
+        interleave.begin(workload)  # under --interleave: wait for this workload's turn
         try:
             report["results"][workload] = table[workload](system, quick)
         except workloads.Skip as skip:
@@ -71,7 +73,9 @@ def run(name: str, quick: bool, only: list[str] | None) -> dict:
             report["skipped"][workload] = f"error: {_short(err)}"
             if os.environ.get("BENCH_DEBUG"):
                 traceback.print_exc(file=sys.stderr)
-        gc.collect()
+        finally:
+            gc.collect()  # before `end`: the next workload's timing may start right after
+            interleave.end(workload)
     report["notes"].extend(system.notes)
     return report
 

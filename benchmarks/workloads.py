@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
-import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import models
+from . import first_call, models
 from .common import (
     FULL,
     FULL_BIG,
@@ -156,9 +152,6 @@ def time_transfer(system: System, quick: bool, workload: str, convert: Callable,
 
 # XLA and torch sum the matmuls in different orders; outputs agree to ~1e-6.
 MODEL_RTOL, MODEL_ATOL = 1e-4, 1e-5
-ROOT = Path(__file__).resolve().parent.parent
-FIRST_CALL_PROCESSES = {True: 2, False: 5}  # by quick
-FIRST_CALL_TIMEOUT_S = 300
 
 
 def _forward(system: System, quick: bool, workload: str, build: Callable, fastpath: bool = True,
@@ -256,29 +249,15 @@ def _first_call(system: System, quick: bool, workload: str) -> dict:
     cache of any library is warm; see benchmarks/first_call.py for what is timed.
     """
     _need(system, "forward", workload)
-    env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false")
-    cmd = [sys.executable, "-m", "benchmarks.first_call", system.name, workload]
-    firsts, setups, warmups = [], [], []
-    for _ in range(FIRST_CALL_PROCESSES[quick]):
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=FIRST_CALL_TIMEOUT_S)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            raise Skip(f"error: first-call process failed (rc={proc.returncode}): {tail}")
-        result = json.loads(lines[-1])
+    samples = []
+    for _ in range(first_call.PROCESSES[quick]):
+        result = first_call.sample(sys.executable, system.name, workload, dict(os.environ))
         if "skip" in result:
             raise Skip(result["skip"])
-        firsts.append(result["first_call_us"])
-        setups.append(result["setup_us"])
-        warmups.append(result["warmup_us"])
-    ms = lambda samples: f"{statistics.median(samples) / 1e3:,.1f} ms"  # noqa: E731
-    system.notes.append(
-        f"{system.name}: {workload}: {len(firsts)} fresh processes; not included (medians): "
-        f"warm-up on a tiny nn.Linear (library start-up) {ms(warmups)}, placing the model "
-        f"and input and building the wrapper {ms(setups)}.")
-    return {"median_us": statistics.median(firsts), "min_us": min(firsts), "max_us": max(firsts),
-            "n": len(firsts)}
+        samples.append(result)
+    row, note = first_call.summary(system.name, workload, samples)
+    system.notes.append(note)
+    return row
 
 
 # --- torch called from JAX (callback mode): the torch function runs for real, from jax.jit ---

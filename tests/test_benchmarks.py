@@ -121,3 +121,80 @@ def test_gpu_workloads_skip_without_a_gpu():
     pytest.skip("this machine has a CUDA GPU")
   with pytest.raises(workloads.Skip, match="needs a CUDA GPU"):
     gpu.workloads(quick=True)["cuda_pallas_softmax"](torch_eager.make(), True)
+
+
+def _pipe_pair():
+  import os
+
+  from benchmarks import interleave
+  a_r, b_w = os.pipe()
+  b_r, a_w = os.pipe()
+  return (interleave.Channel(os.fdopen(a_r, "r"), os.fdopen(a_w, "w")),
+          interleave.Channel(os.fdopen(b_r, "r"), os.fdopen(b_w, "w")))
+
+
+def test_interleaved_timing_alternates_blocks_and_waits_for_each_workload():
+  """The coordinator lets only the workers on one workload set up and time, and their
+  blocks alternate; a worker on another workload waits until that one is done."""
+  import threading
+
+  from benchmarks import interleave
+
+  events = []  # (system, what), in the order it happened
+  lock = threading.Lock()
+
+  def worker(name, ch, workloads):
+    for w in workloads:
+      ch.send(f"begin {w}")
+      assert ch.recv() == "setup"
+      with lock:
+        events.append((name, f"setup {w}"))
+
+      def fn():
+        with lock:
+          if not events or events[-1] != (name, w):
+            events.append((name, w))  # a new block of this worker's calls
+
+      samples = interleave.timed_blocks(ch, fn, min_reps=5, max_reps=10**9, budget_s=0.2)
+      assert len(samples) >= 5
+      ch.send(f"end {w}")
+    ch.write.close()
+
+  plan = {"a": ["w1", "w2"], "b": ["w1", "w2"], "c": ["w2"]}
+  coordinator_ends, threads = {}, []
+  for name, workloads in plan.items():
+    mine, theirs = _pipe_pair()
+    coordinator_ends[name] = mine
+    threads.append(threading.Thread(target=worker, args=(name, theirs, workloads)))
+  for t in threads:
+    t.start()
+  interleave.coordinate(coordinator_ends, ["a", "b", "c"], lambda line: None)
+  for t in threads:
+    t.join(timeout=30)
+    assert not t.is_alive()
+  # c announced w2 at once, but set it up only after a and b had timed w1
+  first_w1_end = max(i for i, e in enumerate(events) if e[1] == "w1")
+  assert events.index(("c", "setup w2")) > first_w1_end
+  for w, group in (("w1", "ab"), ("w2", "abc")):
+    blocks = [name for name, what in events if what == w]
+    assert set(blocks) == set(group)
+    # each worker's blocks come in turns: while all are timing, no worker runs twice in a row
+    n = min(blocks.count(name) for name in group)
+    head = blocks[:n * len(group)]
+    assert all(head[i] != head[i + 1] for i in range(len(head) - 1)), head
+    assert n >= interleave.ROUNDS // 2
+
+
+def test_interleaved_run_end_to_end(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks", "--quick", "--interleave", "--only", "bridge,plain_jax",
+       "--workloads", "call_small,eager_add", "--out", str(tmp_path)],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "[benchmarks] interleaved: call_small: bridge, plain_jax" in out.stdout
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["meta"]["interleaved"] is True
+  for r in results["reports"]:
+    assert r["env"]["interleaved"] is True
+    assert set(r["results"]) == {"call_small", "eager_add"}, (r["system"], r["skipped"])
+  assert "quick, interleaved run" in (tmp_path / "RESULTS.md").read_text()
