@@ -51,3 +51,71 @@ def test_plugin_that_fails_to_import_is_reported(monkeypatch):
   monkeypatch.setattr(metadata, "entry_points", lambda group: [ep])
   with pytest.raises(bridge.PluginError, match=r"'broken'.*failed to import.*no module named"):
     plugins.discover()
+
+
+def _nested_programs(jaxpr) -> dict:
+  """Name -> count of the nested `jit` equations in `jaxpr` (and the jaxprs inside it)."""
+  import jax
+  found: dict = {}
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("jit", "pjit"):
+      found[eqn.params["name"]] = found.get(eqn.params["name"], 0) + 1
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      for k, v in _nested_programs(sub).items():
+        found[k] = found.get(k, 0) + v
+  return found
+
+
+def _primitives(jaxpr) -> set:
+  import jax
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      names |= _primitives(sub)
+  return names
+
+
+def test_bridge_ops_lowerings_trace_with_jit_off_and_keep_their_loops():
+  """bridge-ops declares TRACE_JIT_FREE: its lowerings trace with `jax.disable_jit()` on, so
+  jnp's helpers (`jnp.where`, every `x * y`) leave no nested programs in the traced model;
+  its loops stay loops (a `baddbmm` of small matrices sums over k in a `fori_loop`)."""
+  import jax
+  import jax.numpy as jnp
+  import torch
+
+  from bridge._src.registry import REGISTRY
+  assert REGISTRY.lookup(torch.ops.aten.where.self).jit_free
+
+  def masked(x):
+    return torch.where(x > 0, x * 2, x - 1)
+
+  x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+  closed = jax.make_jaxpr(lambda a: bridge.call_torch(masked, a))(x)
+  assert _nested_programs(closed.jaxpr) == {}
+  assert "select_n" in _primitives(closed.jaxpr)
+  expected = torch.where(torch.from_numpy(jax.device_get(x)) > 0,
+                         torch.from_numpy(jax.device_get(x)) * 2,
+                         torch.from_numpy(jax.device_get(x)) - 1)
+  torch.testing.assert_close(torch.from_numpy(jax.device_get(bridge.call_torch(masked, x))),
+                             expected)
+
+  b1, b2, c = jnp.ones((2, 3, 5)), jnp.ones((2, 5, 4)), jnp.zeros((2, 3, 4))
+  closed = jax.make_jaxpr(lambda *a: bridge.call_torch(torch.baddbmm, *a))(c, b1, b2)
+  prims = _primitives(closed.jaxpr)
+  assert "while" in prims or "scan" in prims, prims  # staged, not unrolled over k
+  out = bridge.call_torch(torch.baddbmm, c, b1, b2)
+  assert float(jnp.max(jnp.abs(out - 5.0))) == 0.0
+
+
+def test_user_lowerings_trace_with_jit_on():
+  """A lowering registered by user code (not by a plugin that declares TRACE_JIT_FREE) traces
+  as before, jit on: its loops are its own business."""
+  import torch
+
+  from bridge._src.registry import Registry
+
+  registry = Registry()
+  registry._loaded = True  # no plugins: only this registration
+  registry.register(torch.ops.aten.relu.default, lambda x: x)
+  assert registry.lookup(torch.ops.aten.relu.default).jit_free is False

@@ -49,6 +49,7 @@ try:
 except ImportError:  # pragma: no cover
   _ArrayImpl = None
 _x64_state = _jax_config.enable_x64
+_disable_jit = _jax_config.disable_jit  # a thread-local state, like `_x64_state`
 _DYN = object()
 _last_result: list[Any] = [None]
 
@@ -349,6 +350,10 @@ class _Executable:
     self.random = lowering is not None and lowering.random
     self.keyed = self.random or self.decomposed  # the last dynamic argument is a key
     self.draws: bool | None = None if self.decomposed else self.random
+    # A plugin's lowering traced with jit off: jnp's own jitted helpers (every `x * y` on a
+    # tracer is one) then trace inline rather than as nested programs, about a quarter of a
+    # model's trace (see `registry.Lowering.jit_free`).
+    self.jit_free = lowering is not None and lowering.jit_free
     dynamic_shape = lowering.dynamic_shape if lowering is not None else False
     jitted = jax.jit(self.run)
     # Staged into a surrounding trace: jit's cache (by the arguments' types) replays the op's
@@ -375,14 +380,20 @@ class _Executable:
   def _apply(self, dyn: tuple, key: Any) -> Any:
     it = iter(dyn)
     args, kwargs = self.treedef.unflatten([next(it) if s is _DYN else s for s in self.statics])
-    if self.random:
-      out = self.fn(*args, **dict(kwargs, key=key))
-    elif key is not None:
-      with rng.rng_key(key) as box:
+    jit_off = self.jit_free and any(isinstance(d, jax.core.Tracer) for d in dyn)
+    prev = _disable_jit.swap_local(True) if jit_off else None
+    try:
+      if self.random:
+        out = self.fn(*args, **dict(kwargs, key=key))
+      elif key is not None:
+        with rng.rng_key(key) as box:
+          out = self.fn(*args, **kwargs)
+        self.draws = box.used
+      else:
         out = self.fn(*args, **kwargs)
-      self.draws = box.used
-    else:
-      out = self.fn(*args, **kwargs)
+    finally:
+      if jit_off:
+        _disable_jit.set_local(prev)
     return _conform(self.func, out, _meta_outputs(self.func, args, kwargs))
 
 

@@ -8,6 +8,12 @@ A plugin's entry point names an object (usually a module) with:
 
 The core accepts the API versions in `SUPPORTED_API_VERSIONS` and refuses any
 other with a `PluginError` naming the plugin and the fix.
+
+Optional: `TRACE_JIT_FREE = True` declares that the plugin's lowerings may be traced
+with `jax.disable_jit()` on (they stage their loops with jit turned back on, and call
+no `jax.jit` that must stay one); jnp's own jitted helpers then trace inline rather
+than as nested programs, a quarter of a model's trace time. Cores that do not know the
+attribute ignore it.
 """
 
 from __future__ import annotations

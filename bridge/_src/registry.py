@@ -56,6 +56,9 @@ class Lowering:
   static_argnames: frozenset[str] = frozenset()
   dynamic_shape: bool | str = False
   source: str = ""  # who registered it (plugin name or "user")
+  # Traced with `jax.disable_jit()` on (its plugin declares `TRACE_JIT_FREE`; see
+  # `dispatch._Executable`): jnp's jitted helpers trace inline instead of as nested programs.
+  jit_free: bool = False
 
 
 def _overloads(op: Any) -> list[torch._ops.OpOverload]:
@@ -78,6 +81,7 @@ class Registry:
     self._loaded = False
     self.plugins: list[plugins.PluginInfo] = []
     self._source = "user"
+    self._jit_free = False  # the plugin being registered declares `TRACE_JIT_FREE`
 
   def register(self, op: Any, fn: Callable[..., Any], *, override: bool = False,
                random: bool = False, static_argnames: tuple[str, ...] = (),
@@ -93,7 +97,7 @@ class Registry:
               f"{fn.__module__}.{fn.__qualname__} would replace it. Pass `override=True` "
               "to replace it on purpose.")
         self._table[overload] = Lowering(overload, fn, random, frozenset(static_argnames),
-                                         dynamic_shape, self._source)
+                                         dynamic_shape, self._source, self._jit_free)
 
   def lookup(self, op: torch._ops.OpOverload) -> Lowering | None:
     """The lowering of `op`, loading the plugins first if they are not loaded yet."""
@@ -115,10 +119,11 @@ class Registry:
       found = plugins.discover()
       for info in found:
         self._source = f"plugin {info.name!r} ({info.distribution} {info.version})"
+        self._jit_free = getattr(info.module, "TRACE_JIT_FREE", False) is True
         try:
           info.module.register(self)
         finally:
-          self._source = "user"
+          self._source, self._jit_free = "user", False
       self.plugins = found
       self._loaded = True
 

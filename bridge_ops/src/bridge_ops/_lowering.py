@@ -55,6 +55,30 @@ def lowering(*ops: Any, override: bool = False, random: bool = False,
   return decorate
 
 
+# The core traces this plugin's lowerings with `jax.disable_jit()` on (plugin.TRACE_JIT_FREE):
+# jnp's own jitted helpers then trace inline instead of as nested programs. Under it JAX runs
+# `lax.fori_loop`/`scan` (and a `while_loop` with a concrete condition) as Python loops, which
+# would unroll them into the program: lowerings call these instead, which stage the loop.
+
+
+def fori_loop(*args: Any, **kwargs: Any) -> Any:
+  """`lax.fori_loop`, staged as a loop (see above)."""
+  with jax.disable_jit(False):
+    return jax.lax.fori_loop(*args, **kwargs)
+
+
+def while_loop(*args: Any, **kwargs: Any) -> Any:
+  """`lax.while_loop`, staged as a loop (see above)."""
+  with jax.disable_jit(False):
+    return jax.lax.while_loop(*args, **kwargs)
+
+
+def scan(*args: Any, **kwargs: Any) -> Any:
+  """`lax.scan`, staged as a loop (see above)."""
+  with jax.disable_jit(False):
+    return jax.lax.scan(*args, **kwargs)
+
+
 def jax_dtype(dtype: torch.dtype | None, default: Any = None) -> Any:
   """The JAX dtype for a torch dtype argument (`None` -> `default`)."""
   if dtype is None:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering, promote, result_dtypes
+from bridge_ops._lowering import aten, lowering, promote, result_dtypes, while_loop
 
 __all__: list[str] = []
 
@@ -1090,7 +1090,7 @@ def _gcd(a: jax.Array, b: jax.Array) -> jax.Array:
     safe = jnp.where(nonzero, x, jnp.ones((), x.dtype))
     return jnp.where(nonzero, lax.rem(y, safe), x), jnp.where(nonzero, x, y)
 
-  return lax.while_loop(cond, body, (a, b))[1]
+  return while_loop(cond, body, (a, b))[1]
 
 
 @lowering(aten.gcd.default)

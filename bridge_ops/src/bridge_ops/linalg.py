@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, fori_loop, lowering, scan, while_loop
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -159,7 +159,7 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
   def step(k, acc):
     return acc + (lax.dynamic_index_in_dim(a, k, axis=2, keepdims=False)[:, :, None]
                   * lax.dynamic_index_in_dim(b, k, axis=1, keepdims=False)[:, None, :])
-  acc = lax.fori_loop(0, a.shape[2], step, jnp.zeros(a.shape[:2] + b.shape[2:], acc_dtype))
+  acc = fori_loop(0, a.shape[2], step, jnp.zeros(a.shape[:2] + b.shape[2:], acc_dtype))
   return _add_scaled(self, acc, beta, alpha, batch1.dtype, zero_alpha_ignores_product=False)
 
 
@@ -175,7 +175,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
   def step(out, mats):
     return _add_scaled(out, _product("ij,jk->ik", *mats), 1, alpha, out.dtype), None
-  return lax.scan(step, out, (batch1[1:], batch2[1:]))[0]
+  return scan(step, out, (batch1[1:], batch2[1:]))[0]
 
 
 @lowering(aten.addr.default)
@@ -397,7 +397,7 @@ def _cholesky_info(a):
       col = col / dj[..., None]
       col = jnp.where(jnp.arange(n) > j, col, 0).at[..., j].set(dj)
       return l.at[..., :, j].set(col), info
-    return lax.fori_loop(0, n, step, (jnp.zeros_like(a), jnp.zeros(a.shape[:-2], jnp.int32)))[1]
+    return fori_loop(0, n, step, (jnp.zeros_like(a), jnp.zeros(a.shape[:-2], jnp.int32)))[1]
   return failing(lax.stop_gradient(a))
 
 
@@ -560,7 +560,7 @@ def _sytf2(a, herm):
     return k + kstep, new, ipiv, info
 
   state = (jnp.int32(0), a, jnp.zeros((n,), jnp.int32), jnp.int32(0))
-  _, a, ipiv, info = lax.while_loop(lambda s: s[0] < n, step, state)
+  _, a, ipiv, info = while_loop(lambda s: s[0] < n, step, state)
   return jnp.tril(a), ipiv, info
 
 
@@ -609,8 +609,8 @@ def _sytrs(ld, ipiv, b, herm):
     b = swap(b, k, jnp.where(one, p, -p) - 1)
     return k - jnp.where(one, 1, 2).astype(jnp.int32), b
 
-  _, b = lax.while_loop(lambda s: s[0] < n, forward, (jnp.int32(0), b))
-  _, b = lax.while_loop(lambda s: s[0] >= 0, backward, (jnp.int32(n - 1), b))
+  _, b = while_loop(lambda s: s[0] < n, forward, (jnp.int32(0), b))
+  _, b = while_loop(lambda s: s[0] >= 0, backward, (jnp.int32(n - 1), b))
   return b
 
 
@@ -680,7 +680,7 @@ def _householder_q(a, tau, cols):
     t = lax.dynamic_index_in_dim(tau, j, axis=tau.ndim - 1, keepdims=False)
     w = jnp.einsum("...i,...ij->...j", jnp.conj(v), q)
     return q - (t[..., None] * v)[..., :, None] * w[..., None, :]
-  return lax.fori_loop(0, k, step, q)
+  return fori_loop(0, k, step, q)
 
 
 @lowering(aten.linalg_householder_product.default)
@@ -895,7 +895,7 @@ def _mexp(a):
   s = jnp.where(jnp.isfinite(s), s, 0)
   out = _mexp_taylor(a / (2.0 ** s).astype(a.dtype), 18)
   max_s = jnp.max(s).astype(jnp.int32) if s.size else 0
-  out = lax.fori_loop(0, max_s, lambda i, m: jnp.where(
+  out = fori_loop(0, max_s, lambda i, m: jnp.where(
       i < s, jnp.matmul(m, m, precision=_HIGHEST), m), out)
   out = jnp.where(norm >= thetas[4], out, jnp.nan)
   lower = -1

@@ -32,7 +32,7 @@ import torch
 # lazily, on the first chunked call).
 import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import aten, lowering, promote, result_dtypes
+from bridge_ops._lowering import aten, lowering, promote, result_dtypes, scan
 
 torch_nn = torch.ops.torch_nn
 
@@ -299,7 +299,7 @@ def _ctc_alpha(log_probs, labels, input_lengths, target_lengths, blank):
     new = jnp.where(t < in_len, new, alpha)  # past its input length a sample keeps its alpha
     return new, jnp.where(t < in_len, new, ninf)
 
-  last, rest = jax.lax.scan(step, first, jnp.arange(1, t_max))
+  last, rest = scan(step, first, jnp.arange(1, t_max))
   history = jnp.concatenate([jnp.where(in_len > 0, first, ninf)[None], rest], axis=0)
   history = jnp.where(pos <= 2 * target_lengths[:, None], history, ninf)
   end = jnp.take_along_axis(last, (2 * target_lengths)[:, None], axis=1)[:, 0]

@@ -6,6 +6,11 @@ import importlib
 from typing import Any
 
 REGISTRY_API_VERSION = 1
+# The core may trace these lowerings with `jax.disable_jit()` on (jnp's jitted helpers then
+# trace inline, not as nested programs): they stage their loops through `_lowering.fori_loop`,
+# `while_loop` and `scan`, and call no `jax.jit` of their own. An optional attribute: a core
+# that does not know it ignores it.
+TRACE_JIT_FREE = True
 
 # One module per op family; each registers its lowerings with `@lowering` on import.
 FAMILIES = ("elementwise", "reduction", "linalg", "shape", "indexing", "creation", "random",

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, jax_dtype, lowering, result_dtypes
+from bridge_ops._lowering import aten, fori_loop, jax_dtype, lowering, result_dtypes, while_loop
 
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -510,7 +510,7 @@ def _introsort_order(key):
       return (depth < 2 * (n.bit_length() - 1)) & jnp.any(sizes > 16)
 
     state = (key, pos, pos == 0, 0)
-    key, order, _, _ = lax.while_loop(more, level, state)
+    key, order, _, _ = while_loop(more, level, state)
   else:
     order = pos
   _, final = lax.sort((key, pos), num_keys=1, is_stable=True)
@@ -587,7 +587,7 @@ def _introselect_order(key, nth: int):
     return (last - first > 3) & (depth < 2 * (n.bit_length() - 1))
 
   state = (key, pos, jnp.int32(0), jnp.int32(n), 0)
-  a, perm, first, last, _ = lax.while_loop(more, body, state)
+  a, perm, first, last, _ = while_loop(more, body, state)
   inside = (pos >= first) & (pos < last)
   block = jnp.where(pos < first, 0, jnp.where(inside, 1, 2))
   _, _, final = lax.sort((block, jnp.where(inside, a, pos), pos), num_keys=2, is_stable=True)
@@ -637,14 +637,14 @@ def _partial_sort_order(key, k: int):
     parent = (k - 2) // 2 - t
     return _adjust_heap(a, p, parent, k, a[parent], p[parent], steps)
   if k >= 2:
-    a, p = lax.fori_loop(0, (k - 2) // 2 + 1, make, (a, p))
+    a, p = fori_loop(0, (k - 2) // 2 + 1, make, (a, p))
 
   def select(i, state):  # __heap_select
     a, p = state
     na, np_ = _adjust_heap(a, p, jnp.int32(0), k, key[i], i.astype(jnp.int32), steps)
     take = key[i] < a[0]
     return jnp.where(take, na, a), jnp.where(take, np_, p)
-  a, p = lax.fori_loop(k, n, select, (a, p))
+  a, p = fori_loop(k, n, select, (a, p))
 
   def pop(t, state):  # __sort_heap
     a, p = state
@@ -652,7 +652,7 @@ def _partial_sort_order(key, k: int):
     va, vp = a[last], p[last]
     a, p = a.at[last].set(a[0]), p.at[last].set(p[0])
     return _adjust_heap(a, p, jnp.int32(0), last, va, vp, steps)
-  a, p = lax.fori_loop(0, k - 1, pop, (a, p))
+  a, p = fori_loop(0, k - 1, pop, (a, p))
   return p
 
 
@@ -761,7 +761,7 @@ def _quickselect_order(key, kth: int):
     return ~done & (hi > lo)
 
   state = (key, pos, jnp.int32(0), jnp.int32(n - 1), jnp.bool_(False))
-  return lax.while_loop(more, body, state)[1]
+  return while_loop(more, body, state)[1]
 
 
 @lowering(aten.kthvalue.default)

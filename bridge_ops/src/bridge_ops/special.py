@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import lowering, promote, result_dtypes
+from bridge_ops._lowering import lowering, promote, result_dtypes, while_loop
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -233,7 +233,7 @@ def _zeta(x, q):
   returned = (x <= 1) | (nonpos & ((q == jnp.floor(q)) | (x != jnp.floor(x))))
   zeros = jnp.zeros_like(x)
   start = (jnp.asarray(0, jnp.int64), q, zeros, s, returned)
-  i, a, b, s_sum, summed = lax.while_loop(cond, body, start)
+  i, a, b, s_sum, summed = while_loop(cond, body, start)
   # Recompute which elements returned early (converged) inside the loop: they keep s_sum.
   early = (-machep * s_sum < b) & (b < machep * s_sum)
   w = a
@@ -633,7 +633,7 @@ def _recurrence(x, n, p, q, step, first_k, *, stop_at_nan=True):
     return k + 1, jnp.where(act, q, p), jnp.where(act, r, q)
 
   k0 = jnp.asarray(first_k, jnp.int64)
-  return lax.while_loop(cond, body, (k0, p, q))[2]
+  return while_loop(cond, body, (k0, p, q))[2]
 
 
 def _poly_args(x, n):
