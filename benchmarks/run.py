@@ -315,15 +315,16 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.time()
     print(f"[benchmarks] OMP_WAIT_POLICY=PASSIVE for every worker; {'quick' if args.quick else 'full'} run")
-    reports = []
     if args.interleave:
         reports = run_interleaved(names, args.quick, workloads)
-    for name in names if not args.interleave else ():
-        t0 = time.time()
-        print(f"[benchmarks] {name} ...", end=" ", flush=True)
-        reports.append(run_system(name, args.quick, workloads))
-        print(f"{len(reports[-1]['results'])} timed, {len(reports[-1]['skipped'])} skipped "
-              f"({time.time() - t0:.1f}s)", flush=True)
+    else:
+        reports = []
+        for name in names:
+            t0 = time.time()
+            print(f"[benchmarks] {name} ...", end=" ", flush=True)
+            reports.append(run_system(name, args.quick, workloads))
+            print(f"{len(reports[-1]['results'])} timed, {len(reports[-1]['skipped'])} skipped "
+                  f"({time.time() - t0:.1f}s)", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = dict(report.machine_info(args.quick, time.time() - started), interleaved=args.interleave)

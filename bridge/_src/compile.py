@@ -256,7 +256,7 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   submodules, training, single = _recorded_flags(compiled, program)
   n_args, n_state = len(sig), len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
-  new_tensor = torch.Tensor._make_wrapper_subclass
+  new_tensor, make_result = torch.Tensor._make_wrapper_subclass, tensor_lib.make_result
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key = rng.current_key
@@ -301,16 +301,12 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
         outs, updates, new_key = self._retry(program, arrays, n_state, e)
       finally:
         restore(prev)
-    if single:
+    if single:  # `tensor_lib.make_result`, written out: a call saved on the hot path
       o = outs[0]
       t = new_tensor(tensor_cls, o.shape, dtype=out_dtype, device=device)
       t._storage = storage_cls(o, device)
       return t
-    results = []
-    for o, dtype in zip(outs, out_dtypes):
-      t = new_tensor(tensor_cls, o.shape, dtype=dtype, device=device)
-      t._storage = storage_cls(o, device)
-      results.append(t)
+    results = [make_result(o, device, dtype) for o, dtype in zip(outs, out_dtypes)]
     return finish(program, results, updates, new_key)
 
   return call
