@@ -71,6 +71,21 @@ def test_input_gradients():
   torch.testing.assert_close(x.grad, x2.grad)
 
 
+@pytest.mark.parametrize("kwargs", [{"padding_idx": 0}, {"padding_idx": 3, "scale_grad_by_freq": True}])
+def test_embedding_backward_keeps_torchs_gradient_rules(kwargs):
+  """The compiled backward (JAX's VJP) leaves the padding row alone and scales by frequency as
+  torch does; a plain gather's VJP would give the padding row a gradient."""
+  torch.manual_seed(0)
+  model = torch.nn.Embedding(10, 4, **kwargs)
+  ref = copy.deepcopy(model)
+  idx = torch.tensor([[0, 3, 9, 3], [3, 3, 0, 1]])
+  weights = torch.randn(2, 4, 4)
+  (bridge.compile(model)(idx) * weights).sum().backward()
+  (ref(idx) * weights).sum().backward()
+  torch.testing.assert_close(model.weight.grad, ref.weight.grad)
+  assert not model.weight.grad[kwargs["padding_idx"]].any()
+
+
 def test_torch_optimizer_trains_the_compiled_module():
   torch.manual_seed(0)
   model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))

@@ -203,6 +203,38 @@ def test_embedding_dense_backward(padding_idx, scale_grad_by_freq):
         scale_grad_by_freq)
 
 
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
+@pytest.mark.parametrize("padding_idx", [None, 2, -5])
+def test_embedding_derivatives_follow_torch(padding_idx, scale_grad_by_freq):
+  """JAX's own derivatives of the `aten.embedding` lowering (what `jax.grad` / `jax.jvp` of
+  `call_torch` and a compiled module's backward use) give torch's gradient: none for the
+  `padding_idx` row, rows scaled by 1 / their count with `scale_grad_by_freq`."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import bridge
+
+  indices = torch.tensor([[0, 2, 2], [5, 2, 0]])
+  weight = r(7, 4)
+  cotangent = r(2, 3, 4)
+  w = weight.clone().requires_grad_()
+  out = torch.nn.functional.embedding(indices, w, padding_idx, scale_grad_by_freq=scale_grad_by_freq)
+  (out * cotangent).sum().backward()
+
+  f = bridge.jax_view(lambda t: (torch.nn.functional.embedding(
+      torch.from_numpy(indices.numpy()), t, padding_idx, scale_grad_by_freq=scale_grad_by_freq)
+      * cotangent).sum())
+  wj = jnp.asarray(weight.numpy())
+  grad = np.asarray(jax.jit(jax.grad(f))(wj))
+  torch.testing.assert_close(torch.from_numpy(grad.copy()), w.grad)
+  if padding_idx is not None:
+    assert not grad[padding_idx % 7].any()  # the padding row's gradient is exactly zero
+  tangent = r(7, 4)
+  _, jvp = jax.jvp(f, (wj,), (jnp.asarray(tangent.numpy()),))
+  torch.testing.assert_close(torch.tensor(float(jvp)), (w.grad * tangent).sum(), rtol=1e-5, atol=1e-5)
+
+
 INDEX_REDUCE = [
     # (self, dim, index, source)
     (r(5, 3), 0, i(0, 4, 0, 2), r(4, 3)),

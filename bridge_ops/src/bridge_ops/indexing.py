@@ -242,7 +242,42 @@ def put(self, index, source, accumulate=False):
 
 @lowering(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+  """Rows of `weight`. torch's derivative differs from a plain gather's: the row at
+  `padding_idx` (>= 0; -1 is none) gets no gradient, and with `scale_grad_by_freq` each
+  row's gradient is divided by how often it is looked up in `indices`. JAX's transforms of
+  the gather (`jax.grad`, `jax.jvp`, the VJP behind a compiled module's backward) follow
+  torch through `_embedding`'s JVP rule."""
+  if (((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq)
+      or not jnp.issubdtype(weight.dtype, jnp.inexact)):  # (no derivative to shape)
+    return jnp.take(weight, indices, axis=0)
+  return _embedding(padding_idx if padding_idx is not None else -1, bool(scale_grad_by_freq),
+                    weight, indices)
+
+
+@jax.custom_jvp
+def _embedding_rows(weight, indices, factor):
   return jnp.take(weight, indices, axis=0)
+
+
+@_embedding_rows.defjvp
+def _embedding_rows_jvp(primals, tangents):
+  weight, indices, factor = primals
+  # linear in the weight's tangent, so JAX transposes it for reverse mode (a scatter-add)
+  return (jnp.take(weight, indices, axis=0),
+          jnp.take(tangents[0], indices, axis=0) * factor[..., None])
+
+
+def _embedding(padding_idx: int, scale_grad_by_freq: bool, weight, indices):
+  """`jnp.take(weight, indices, axis=0)` whose derivative scales each looked-up row by a
+  per-position factor (0 at `padding_idx`, 1 / the row's count with `scale_grad_by_freq`)."""
+  factor = jnp.ones(indices.shape, weight.dtype)
+  if scale_grad_by_freq:
+    flat = jnp.reshape(indices, (-1,))
+    counts = jnp.zeros((weight.shape[0],), weight.dtype).at[flat].add(1)
+    factor = factor / counts[indices]
+  if padding_idx >= 0:
+    factor = jnp.where(indices == padding_idx, jnp.zeros((), weight.dtype), factor)
+  return _embedding_rows(weight, indices, jax.lax.stop_gradient(factor))
 
 
 @lowering(aten.embedding_dense_backward.default)
