@@ -415,3 +415,59 @@ def test_embedding_bag(mode, last, padding_idx, weighted):
   torch.testing.assert_close(out[0], expected[0])  # the other outputs follow the meta layout
   if mode == 2:
     torch.testing.assert_close(out[3], expected[3])
+
+
+def _bag_grad(device, weight, indices, offsets, **kwargs):
+  """(output, weight gradient) of `F.embedding_bag` on `device`, for a fixed output gradient."""
+  w = weight.clone().to(device).requires_grad_()
+  psw = kwargs.pop("per_sample_weights", None)
+  if psw is not None:
+    kwargs["per_sample_weights"] = psw.to(device)
+  out = torch.nn.functional.embedding_bag(indices.to(device), w, offsets.to(device), **kwargs)
+  grad = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape) / 7
+  (out * grad.to(device)).sum().backward()
+  return out.cpu(), w.grad.cpu()
+
+
+@pytest.mark.parametrize("mode,last,padding_idx,weighted", EMBEDDING_BAG)
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
+def test_embedding_bag_backward_on_the_jax_device(mode, last, padding_idx, weighted,
+                                                 scale_grad_by_freq):
+  """torch autograd on the `jax` device runs the `_embedding_bag_backward` lowering (not a
+  host callback) and gets torch's gradient; with `scale_grad_by_freq` it is the documented
+  one (each row's gradient divided by its count in `indices`), which torch 2.13's CPU kernel
+  gets wrong for a once-seen index sorting after a repeated one (pytorch/pytorch#190063)."""
+  if mode == 2 and scale_grad_by_freq:
+    pytest.skip("torch: max mode does not support scale_grad_by_freq")
+  assert lowering_of(aten._embedding_bag_backward.default) is not None
+  g = _gen()
+  weight = _randn((10, 4), torch.float32, g)
+  indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
+  offsets = torch.tensor([0, 3, 3, 7] + ([10] if last else []))
+  kwargs = dict(mode=("sum", "mean", "max")[mode], include_last_offset=last,
+                padding_idx=None if padding_idx < 0 else padding_idx)
+  if weighted:
+    kwargs["per_sample_weights"] = _randn((10,), torch.float32, g)
+  out, grad = _bag_grad("jax", weight, indices, offsets, scale_grad_by_freq=scale_grad_by_freq,
+                        **kwargs)
+  expected_out, expected = _bag_grad("cpu", weight, indices, offsets, **kwargs)
+  if scale_grad_by_freq:
+    expected = expected / torch.bincount(indices, minlength=10).clamp(min=1)[:, None]
+  torch.testing.assert_close(out, expected_out)
+  torch.testing.assert_close(grad, expected)
+
+
+def test_embedding_bag_backward_leaves_out_trailing_indices():
+  """With `include_last_offset`, indices after the last offset belong to no bag: no gradient
+  (torch 2.13's CPU kernel returns uninitialized values for them)."""
+  g = _gen()
+  weight = _randn((10, 4), torch.float32, g)
+  indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 7])
+  for mode in ("sum", "mean", "max"):
+    out, grad = _bag_grad("jax", weight, indices, torch.tensor([0, 4, 8]), mode=mode,
+                          include_last_offset=True)
+    expected_out, expected = _bag_grad("cpu", weight, indices[:8], torch.tensor([0, 4, 8]),
+                                       mode=mode, include_last_offset=True)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(grad, expected)
+    assert not grad[7].any()

@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from bridge_ops._lowering import aten, lowering
+from bridge_ops.indexing import _embedding
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -226,6 +227,20 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 _BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
 
 
+def _bags(indices, offsets, n_bags, include_last_offset, padding_idx):
+  """(positions, the bag of each index, whether it counts, its segment: the bag or `n_bags`
+  for one left out) for `indices` split into bags at `offsets`."""
+  n = indices.shape[0]
+  starts = offsets[:n_bags].astype(jnp.int64)
+  end = offsets[n_bags].astype(jnp.int64) if include_last_offset else n
+  pos = jnp.arange(n)
+  bag = jnp.searchsorted(starts, pos, side="right") - 1
+  valid = (bag >= 0) & (pos < end)
+  if padding_idx is not None and padding_idx >= 0:
+    valid = valid & (indices != padding_idx)
+  return pos, bag, valid, jnp.where(valid, bag, n_bags)
+
+
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
@@ -241,16 +256,13 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
   n = indices.shape[0]
   n_offsets = offsets.shape[0]
   n_bags = n_offsets - 1 if include_last_offset else n_offsets
-  starts = offsets[:n_bags].astype(jnp.int64)
-  end = offsets[n_bags].astype(jnp.int64) if include_last_offset else n
-  pos = jnp.arange(n)
-  bag = jnp.searchsorted(starts, pos, side="right") - 1
-  valid = (bag >= 0) & (pos < end)
-  if padding_idx is not None and padding_idx >= 0:
-    valid = valid & (indices != padding_idx)
-  segment = jnp.where(valid, bag, n_bags)  # n_bags: dropped
+  pos, bag, valid, segment = _bags(indices, offsets, n_bags, include_last_offset, padding_idx)
   ct = _opmath(weight.dtype)
-  rows = weight[indices].astype(ct)
+  if scale_grad_by_freq and mode != _BAG_MAX and jnp.issubdtype(weight.dtype, jnp.inexact):
+    # torch divides each row's gradient by its count in `indices` ("sum", "mean")
+    rows = _embedding(-1, True, weight, indices).astype(ct)
+  else:
+    rows = weight[indices].astype(ct)
   if per_sample_weights is not None:
     rows = rows * per_sample_weights.astype(ct)[:, None]
   count = jax.ops.segment_sum(valid.astype(jnp.int64), segment, n_bags + 1)[:n_bags]
@@ -271,3 +283,40 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                       jnp.zeros((), ct))
   bag_size = jnp.zeros((n_offsets,), indices.dtype).at[:n_bags].set(count.astype(indices.dtype))
   return out.astype(weight.dtype), bag.astype(indices.dtype), bag_size, max_indices
+
+
+@lowering(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                            num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                            padding_idx=-1):
+  """The weight's gradient of `_embedding_bag` ("sum", "mean": each counted index gets its
+  bag's gradient, divided by the bag's size for "mean", times its `per_sample_weights`;
+  "max": each bag's gradient goes to the rows that held its maxima). With
+  `scale_grad_by_freq` a row's gradient is divided by how often it occurs in `indices`, as
+  documented; torch 2.13's CPU kernel divides some rows by another index's count
+  (pytorch/pytorch#190063), its CUDA kernel does not."""
+  if sparse:
+    raise ValueError("embedding_bag(sparse=True): sparse gradients are not supported on the "
+                     "`jax` device; use sparse=False (dense gradients).")
+  n_bags, width = grad.shape[0], grad.shape[1]
+  include_last_offset = offsets.shape[0] == n_bags + 1
+  ct = _opmath(grad.dtype)
+  g = grad.astype(ct)
+  out = jnp.zeros((num_weights, width), ct)
+  if mode == _BAG_MAX:
+    filled = (bag_size[:n_bags] > 0)[:, None]
+    cols = jnp.broadcast_to(jnp.arange(width), (n_bags, width))
+    out = out.at[maximum_indices, cols].add(jnp.where(filled, g, jnp.zeros((), ct)))
+    return out.astype(grad.dtype)
+  _, bag, valid, _ = _bags(indices, offsets, n_bags, include_last_offset, padding_idx)
+  rows = g[jnp.clip(bag, 0, n_bags - 1)]
+  if mode == _BAG_MEAN:
+    size = bag_size[jnp.clip(bag, 0, n_bags - 1)].astype(ct)
+    rows = rows / jnp.maximum(size, 1)[:, None]
+  if per_sample_weights is not None:
+    rows = rows * per_sample_weights.astype(ct)[:, None]
+  if scale_grad_by_freq:
+    counts = jnp.zeros((num_weights,), ct).at[indices].add(1)
+    rows = rows / counts[indices][:, None]
+  rows = jnp.where(valid[:, None], rows, jnp.zeros((), ct))
+  return out.at[indices].add(rows).astype(grad.dtype)
