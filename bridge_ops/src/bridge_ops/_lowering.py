@@ -79,6 +79,32 @@ def scan(*args: Any, **kwargs: Any) -> Any:
     return jax.lax.scan(*args, **kwargs)
 
 
+def with_derivative(fn: Callable[..., Any],
+                    tangent: Callable[[Any, tuple, tuple], Any]) -> Callable[..., Any]:
+  """`fn` (a function of arrays) differentiated by `tangent(out, primals, tangents)` instead
+  of JAX's rules, for ops whose torch derivative takes another value at a kink, a tie or a
+  zero (`abs` at 0 has derivative 0 in torch, 1 in JAX). `tangent` must be linear in
+  `tangents`: JAX transposes it for reverse mode, so `jax.grad`, `jax.jvp` and a compiled
+  module's backward all follow torch; it may ignore the tangents of integer arguments."""
+  f = jax.custom_jvp(fn)
+
+  @f.defjvp
+  def _jvp(primals: tuple, tangents: tuple) -> tuple:
+    out = f(*primals)  # (itself: its derivative inside `tangent` follows torch too)
+    return out, tangent(out, primals, tangents)
+
+  return f
+
+
+# torch's derivative of |x| is sgn(x): 0 at 0, where JAX's rule gives 1.
+_abs_real = with_derivative(jnp.abs, lambda out, x, t: jnp.sign(x[0]) * t[0])
+
+
+def torch_abs(x: Any) -> Any:
+  """`jnp.abs` with torch's derivative (0 at 0) for real floating arrays."""
+  return _abs_real(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.abs(x)
+
+
 def jax_dtype(dtype: torch.dtype | None, default: Any = None) -> Any:
   """The JAX dtype for a torch dtype argument (`None` -> `default`)."""
   if dtype is None:

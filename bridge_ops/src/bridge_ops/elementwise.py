@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering, promote, result_dtypes, while_loop
+from bridge_ops._lowering import (aten, lowering, promote, result_dtypes, torch_abs,
+                                  while_loop, with_derivative)
 
 __all__: list[str] = []
 
@@ -163,8 +164,10 @@ def _nan_to_num_real(x: jax.Array, nan: float | None, posinf: float | None,
   return jnp.where(x == -jnp.inf, neg_v, x)
 
 
-def _sigmoid(x: jax.Array) -> jax.Array:
-  return 1 / (1 + jnp.exp(-x))
+# torch's derivative, from the output: y (1 - y). Differentiating 1 / (1 + exp(-x)) gives
+# inf / inf = nan once exp(-x) overflows (x < -89 in float32), where torch's is 0.
+_sigmoid = with_derivative(lambda x: 1 / (1 + jnp.exp(-x)),
+                           lambda out, x, t: t[0] * (1 - out) * out)
 
 
 def _lshift(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -258,7 +261,7 @@ def neg(self):
 
 @lowering(aten.abs.default)
 def abs(self):  # noqa: A001 - named after the op
-  return self if self.dtype == jnp.bool_ else jnp.abs(self)
+  return self if self.dtype == jnp.bool_ else torch_abs(self)  # (derivative 0 at 0)
 
 
 @lowering(aten.sign.default)
@@ -289,14 +292,15 @@ def pow(self, exponent):  # noqa: A001 - named after the op
 @lowering(aten.pow.Tensor_Scalar)
 @_promote("self", "exponent")
 def pow_tensor_scalar(self, exponent):
-  out = _pow(self, exponent)
-  if _inexact(self):
-    # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt: differs from pow at -inf.
-    # (the branch not taken gets a harmless input, so its gradient cannot be nan)
-    half, neg_half = exponent == 0.5, exponent == -0.5
-    out = jnp.where(half, jnp.sqrt(jnp.where(half, self, 1)), out)
-    out = jnp.where(neg_half, lax.rsqrt(jnp.where(neg_half, self, 1)), out)
-  return out
+  if not _inexact(self):
+    return _pow(self, exponent)
+  # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt: differs from pow at -inf.
+  # (the branches not taken get a harmless input, so their gradients cannot be nan: sqrt's
+  # derivative at 0 is inf, as torch's, not 0 * inf)
+  half, neg_half = exponent == 0.5, exponent == -0.5
+  out = _pow(jnp.where(half | neg_half, 1, self), exponent)
+  out = jnp.where(half, jnp.sqrt(jnp.where(half, self, 1)), out)
+  return jnp.where(neg_half, lax.rsqrt(jnp.where(neg_half, self, 1)), out)
 
 
 @lowering(aten.pow.Scalar)
@@ -409,10 +413,20 @@ def atan(self):
   return jnp.arctan(self)
 
 
+def _atan2_tangent(out, primals, tangents):
+  y, x = primals
+  r2 = y * y + x * x
+  recip = jnp.where(r2 == 0, jnp.zeros((), r2.dtype), 1 / jnp.where(r2 == 0, 1, r2))
+  return (x * tangents[0] - y * tangents[1]) * recip  # torch: no gradient at (0, 0)
+
+
+_atan2 = with_derivative(jnp.arctan2, _atan2_tangent)
+
+
 @lowering(aten.atan2.default, aten.arctan2.default)
 @_promote("self", "other", kind="int_to_float")
 def atan2(self, other):
-  return jnp.arctan2(self, other)
+  return _atan2(self, other)
 
 
 @lowering(aten.sinh.default)
@@ -791,7 +805,16 @@ def gelu(self, *, approximate="none"):
 @lowering(aten.silu.default)
 @promote("self")
 def silu(self):
-  return self / (1 + jnp.exp(-self))
+  return _silu(self)
+
+
+def _silu_grad(grad_output, self):
+  s = _sigmoid(self)
+  return grad_output * s * (1 + self * (1 - s))
+
+
+# (torch's backward formula: finite where exp(-x) overflows)
+_silu = with_derivative(lambda x: x / (1 + jnp.exp(-x)), lambda out, x, t: _silu_grad(t[0], x[0]))
 
 
 @lowering(aten.hardtanh.default)
@@ -815,8 +838,19 @@ def leaky_relu(self, negative_slope=0.01):
 @promote("self")
 def elu(self, alpha=1, scale=1, input_scale=1):
   negcoef = _as(alpha, self.dtype) * _as(scale, self.dtype)
-  neg = jnp.expm1(self * _as(input_scale, self.dtype)) * negcoef
+  # The branch not taken sees 0: expm1 of a large positive input is inf, and its derivative
+  # times the zero cotangent of the unused branch would be nan.
+  neg_in = jnp.where(self <= 0, self, jnp.zeros((), self.dtype))
+  neg = jnp.expm1(neg_in * _as(input_scale, self.dtype)) * negcoef
   return jnp.where(self <= 0, neg, self * _as(scale, self.dtype))
+
+
+@lowering(aten.celu.default)
+@promote("self")
+def celu(self, alpha=1.0):
+  """torch computes celu as elu(x, alpha, 1, 1 / alpha); torch's decomposition (a `where`
+  over expm1) would give a nan gradient for a large input."""
+  return elu(self, alpha, 1, 1 / _as(alpha, self.dtype))
 
 
 @lowering(aten.softplus.default)
@@ -824,25 +858,43 @@ def elu(self, alpha=1, scale=1, input_scale=1):
 def softplus(self, beta=1, threshold=20):
   beta = _as(beta, self.dtype)
   scaled = self * beta
-  return jnp.where(scaled > _as(threshold, self.dtype), self, jnp.log1p(jnp.exp(scaled)) / beta)
+  linear = scaled > _as(threshold, self.dtype)
+  # (the branch not taken sees 0: see `elu`)
+  safe = jnp.where(linear, jnp.zeros((), scaled.dtype), scaled)
+  return jnp.where(linear, self, jnp.log1p(jnp.exp(safe)) / beta)
+
+
+# Their derivatives are torch's backward formulas (`hardsigmoid_backward`,
+# `hardswish_backward` below): 0 at x = -3 and 3 for hardsigmoid, where clip's rule gives 1/12.
+_hardsigmoid = with_derivative(
+    lambda x: jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
+    lambda out, x, t: _hardsigmoid_grad(t[0], x[0]))
+_hardswish = with_derivative(
+    lambda x: x * jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
+    lambda out, x, t: _hardswish_grad(t[0], x[0]))
 
 
 @lowering(aten.hardsigmoid.default)
 @promote("self")
 def hardsigmoid(self):
-  return jnp.minimum(jnp.maximum(self + 3, 0), 6) / 6
+  return _hardsigmoid(self)
 
 
 @lowering(aten.hardswish.default)
 @promote("self")
 def hardswish(self):
-  return self * jnp.minimum(jnp.maximum(self + 3, 0), 6) / 6
+  return _hardswish(self)
 
 
 @lowering(aten.mish.default)
 @promote("self")
 def mish(self):
-  return self * jnp.tanh(jnp.log1p(jnp.exp(self)))
+  return _mish(self)
+
+
+# (torch's backward formula: finite where exp(x) overflows)
+_mish = with_derivative(lambda x: x * jnp.tanh(jnp.log1p(jnp.exp(x))),
+                        lambda out, x, t: _mish_grad(t[0], x[0]))
 
 
 @lowering(aten.threshold.default)
@@ -881,8 +933,7 @@ def gelu_backward(grad_output, self, *, approximate="none"):
 @lowering(aten.silu_backward.default)
 @promote("grad_output", "self")
 def silu_backward(grad_output, self):
-  s = _sigmoid(self)
-  return grad_output * s * (1 + self * (1 - s))
+  return _silu_grad(grad_output, self)
 
 
 @lowering(aten.sigmoid_backward.default)
@@ -934,24 +985,36 @@ def softplus_backward(grad_output, self, beta, threshold):
   return jnp.where(scaled > _as(threshold, self.dtype), grad_output, grad_output * z / (z + 1))
 
 
-@lowering(aten.hardsigmoid_backward.default)
-@promote("grad_output", "self")
-def hardsigmoid_backward(grad_output, self):
+def _hardsigmoid_grad(grad_output, self):
   return jnp.where((self > -3) & (self < 3), grad_output / 6, jnp.zeros((), grad_output.dtype))
 
 
-@lowering(aten.hardswish_backward.default)
-@promote("grad_output", "self")
-def hardswish_backward(grad_output, self):
+def _hardswish_grad(grad_output, self):
   # nan input -> nan, like torch's vectorized path (its scalar path and the decomposition
   # give grad_output).
   return jnp.where(self <= -3, jnp.zeros((), grad_output.dtype),
                    jnp.where(self >= 3, grad_output, grad_output * (self / 3 + 0.5)))
 
 
+@lowering(aten.hardsigmoid_backward.default)
+@promote("grad_output", "self")
+def hardsigmoid_backward(grad_output, self):
+  return _hardsigmoid_grad(grad_output, self)
+
+
+@lowering(aten.hardswish_backward.default)
+@promote("grad_output", "self")
+def hardswish_backward(grad_output, self):
+  return _hardswish_grad(grad_output, self)
+
+
 @lowering(aten.mish_backward.default)
 @promote("grad_output", "self")
 def mish_backward(grad_output, self):
+  return _mish_grad(grad_output, self)
+
+
+def _mish_grad(grad_output, self):
   tanh_sp = jnp.tanh(jnp.log1p(jnp.exp(self)))
   out = self * _sigmoid(self) * (1 - tanh_sp * tanh_sp)
   return grad_output * (tanh_sp + out)

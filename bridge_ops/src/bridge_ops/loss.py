@@ -32,7 +32,7 @@ import torch
 # lazily, on the first chunked call).
 import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import aten, lowering, promote, result_dtypes, scan
+from bridge_ops._lowering import aten, lowering, promote, result_dtypes, scan, with_derivative
 
 torch_nn = torch.ops.torch_nn
 
@@ -70,12 +70,27 @@ def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
   return _reduce(jnp.where(z < beta, 0.5 * z * z / safe_beta, z - 0.5 * beta), reduction)
 
 
+def _bce_elements(x, y):
+  # torch clamps both logs at -100, so an input of exactly 0 or 1 gives a finite loss.
+  return (y - 1) * jnp.maximum(jnp.log1p(-x), -100.0) - y * jnp.maximum(jnp.log(x), -100.0)
+
+
+def _bce_tangent(out, primals, tangents):
+  """torch's `binary_cross_entropy_backward` ((x - y) / max(x (1 - x), 1e-12): finite at
+  x = 0 or 1, where a sigmoid in float32 often lands) and its target derivative."""
+  (x, y), (tx, ty) = primals, tangents
+  dx = (x - y) / jnp.maximum((1 - x) * x, jnp.asarray(1e-12, x.dtype))
+  dy = jnp.maximum(jnp.log1p(-x), -100.0) - jnp.maximum(jnp.log(x), -100.0)
+  return dx * tx + dy * ty
+
+
+_bce = with_derivative(_bce_elements, _bce_tangent)
+
+
 @lowering(aten.binary_cross_entropy.default)
 @promote("self", "target", "weight")
 def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
-  # torch clamps both logs at -100, so an input of exactly 0 or 1 gives a finite loss.
-  loss = ((target - 1) * jnp.maximum(jnp.log1p(-self), -100.0)
-          - target * jnp.maximum(jnp.log(self), -100.0))
+  loss = _bce(self, target)
   if weight is not None:
     loss = loss * weight
   return _reduce(loss, reduction)

@@ -86,15 +86,20 @@ def _select_max(v, valid, flat, axis):
   """torch's scan of a window (`val > max || isnan(val)`): the value, and the flat index of
   the last NaN or else the first maximum. `v` holds the window along `axis` (-inf padded),
   `valid` marks real elements, `flat` their flat input offsets."""
-  values = jnp.max(v, axis=axis)  # NaN propagates
-  first_max = jnp.argmax(valid & (v == jnp.expand_dims(values, axis)), axis=axis)
+  peak = jnp.max(v, axis=axis)  # NaN propagates
+  first_max = jnp.argmax(valid & (v == jnp.expand_dims(peak, axis)), axis=axis)
   if jnp.issubdtype(v.dtype, jnp.floating):
     nan = valid & jnp.isnan(v)
     kk = v.shape[axis]
     last_nan = kk - 1 - jnp.argmax(jnp.flip(nan, axis=axis), axis=axis)
     first_max = jnp.where(jnp.any(nan, axis=axis), last_nan, first_max)
   flat = jnp.broadcast_to(jnp.asarray(flat, dtype=jnp.int64), v.shape)
-  index = jnp.take_along_axis(flat, jnp.expand_dims(first_max, axis).astype(jnp.int64), axis=axis)
+  chosen = jnp.expand_dims(first_max, axis).astype(jnp.int64)
+  index = jnp.take_along_axis(flat, chosen, axis=axis)
+  # The value read at the chosen element: its derivative goes to that element alone, as
+  # torch's backward sends each window's gradient to its index (the max's rule would split
+  # it between tied elements).
+  values = jnp.squeeze(jnp.take_along_axis(v, chosen, axis=axis), axis)
   return values, jnp.squeeze(index, axis)
 
 

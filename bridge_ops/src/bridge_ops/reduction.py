@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, fori_loop, jax_dtype, lowering, result_dtypes, while_loop
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, result_dtypes, torch_abs,
+                                  while_loop, with_derivative)
 
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -188,6 +189,13 @@ def min_dim(self, dim, keepdim=False):
 
 # ----------------------------------------------------------------------------- var, std
 
+# torch's std backward divides by 2 * std and gives 0 where std is 0 (a constant input);
+# sqrt's own rule gives inf there, so NaN once multiplied by the zero derivative of var.
+_std_sqrt = with_derivative(
+    jnp.sqrt, lambda out, v, t: jnp.where(out == 0, jnp.zeros((), out.dtype),
+                                          t[0] / (2 * jnp.where(out == 0, 1, out))))
+
+
 def _var_mean(x, dim, correction, keepdim, sqrt=False):
   """(variance or std, mean), computed in float32 for 16-bit floats and rounded once; the
   variance is real for complex inputs."""
@@ -201,7 +209,7 @@ def _var_mean(x, dim, correction, keepdim, sqrt=False):
   dof = jnp.maximum(n - (1 if correction is None else correction), 0)
   var = jnp.sum(sq, axis=axes, keepdims=keepdim) / dof
   if sqrt:
-    var = jnp.sqrt(var)
+    var = _std_sqrt(var)
   if not keepdim:
     mean = jnp.squeeze(mean, axes)
   return var.astype(_real(x.dtype)), mean.astype(x.dtype)
@@ -234,7 +242,7 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   if dtype is not None:
     x = x.astype(jax_dtype(dtype))
   out = _real(x.dtype)
-  a = jnp.abs(x).astype(_acc(out))
+  a = torch_abs(x).astype(_acc(out))
   axes = _axes(x, dim)
   if ord == math.inf:
     r = jnp.max(a, axis=axes, keepdims=keepdim)
@@ -803,7 +811,28 @@ def _median(x, axis, keepdim, was_0d, ignore_nan):
 def _median_all(x, ignore_nan):
   if x.size == 0:  # torch returns NaN for an empty input
     return jnp.full((), jnp.nan, x.dtype)
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    return _median(x.reshape(-1), 0, False, True, ignore_nan)[0]
+  return _median_spread(ignore_nan, x)
+
+
+def _evenly_distributed(out, primals, tangents):
+  """torch's derivative of a full `median`/`nanmedian` (`evenly_distribute_backward`): the
+  mean tangent of the elements equal to the result (NaN ones if it is NaN), not one of them."""
+  x, t = primals[1], tangents[1]
+  hits = jnp.where(jnp.isnan(out), jnp.isnan(x), x == out)
+  return jnp.sum(jnp.where(hits, t, jnp.zeros((), t.dtype))) / jnp.sum(hits).astype(t.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _median_spread(ignore_nan, x):
   return _median(x.reshape(-1), 0, False, True, ignore_nan)[0]
+
+
+@_median_spread.defjvp
+def _median_spread_jvp(ignore_nan, primals, tangents):
+  out = _median_spread(ignore_nan, *primals)
+  return out, _evenly_distributed(out, (None, *primals), (None, *tangents))
 
 
 @lowering(aten.median.default)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import lowering, promote, result_dtypes, while_loop
+from bridge_ops._lowering import lowering, promote, result_dtypes, while_loop, with_derivative
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -363,11 +363,19 @@ def special_ndtri(self):
 @lowering(aten.special_entr.default)
 @promote("self", kind="int_to_float")
 def special_entr(self):
+  return _entr(self)
+
+
+def _entr_values(x):
   # torch: nan -> nan, x > 0 -> -x log x, 0 -> 0, x < 0 -> -inf.
-  pos = self > 0
-  safe = _where_safe(pos, self, 1)
-  out = jnp.where(pos, -safe * jnp.log(safe), jnp.where(self == 0, 0.0, -jnp.inf))
-  return jnp.where(jnp.isnan(self), self, out.astype(self.dtype))
+  pos = x > 0
+  safe = _where_safe(pos, x, 1)
+  out = jnp.where(pos, -safe * jnp.log(safe), jnp.where(x == 0, 0.0, -jnp.inf))
+  return jnp.where(jnp.isnan(x), x, out.astype(x.dtype))
+
+
+# torch's derivative -(1 + log x) everywhere: inf at 0, nan below (the branches give 0 there)
+_entr = with_derivative(_entr_values, lambda out, x, t: t[0] * -(1 + jnp.log(x[0])))
 
 
 # ----------------------------------------------------------------------------- modified Bessel I
