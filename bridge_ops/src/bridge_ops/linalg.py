@@ -698,16 +698,37 @@ def ormqr(self, input2, input3, left=True, transpose=False):
       jnp.matmul(input3, q, precision=_HIGHEST)
 
 
+def _wider_complex(a):
+  """complex64 -> complex128 when the program has 64-bit types, else None. LAPACK's
+  complex64 SVD (JAX's CPU svd) can be a few ulps further off than torch's on some CPUs,
+  which a condition number (`linalg.cond`) magnifies past torch's tolerance; the SVD of a
+  complex64 matrix is therefore computed in complex128 and rounded (complex SVDs are rare
+  in models; float32 ones stay single precision)."""
+  if a.dtype != jnp.complex64 or jax.dtypes.canonicalize_dtype(jnp.complex128) != jnp.complex128:
+    return None
+  return a.astype(jnp.complex128)
+
+
+def _svd(a, **kwargs):
+  wide = _wider_complex(a)
+  if wide is None:
+    return jnp.linalg.svd(a, **kwargs)
+  if not kwargs.get("compute_uv", True):
+    return jnp.linalg.svd(wide, **kwargs).astype(jnp.float32)
+  u, s, vh = jnp.linalg.svd(wide, **kwargs)
+  return u.astype(a.dtype), s.astype(jnp.float32), vh.astype(a.dtype)
+
+
 @lowering(aten._linalg_svd.default)
 def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
   if not compute_uv:
-    return _empty(A.dtype), jnp.linalg.svd(A, compute_uv=False), _empty(A.dtype)
-  u, s, vh = jnp.linalg.svd(A, full_matrices=False)
+    return _empty(A.dtype), _svd(A, compute_uv=False), _empty(A.dtype)
+  u, s, vh = _svd(A, full_matrices=False)
   m, n = A.shape[-2:]
   if full_matrices and m != n:
     # torch's backward uses the first min(m, n) singular vectors only; JAX has no derivative
     # for the full ones, so the completion is a constant.
-    uf, _, vhf = jnp.linalg.svd(lax.stop_gradient(A), full_matrices=True)
+    uf, _, vhf = _svd(lax.stop_gradient(A), full_matrices=True)
     k = min(m, n)
     u = jnp.concatenate([u + (uf[..., :k] - lax.stop_gradient(u)), uf[..., k:]], axis=-1)
     vh = jnp.concatenate([vh + (vhf[..., :k, :] - lax.stop_gradient(vh)), vhf[..., k:, :]],
