@@ -850,7 +850,7 @@ def elu(self, alpha=1, scale=1, input_scale=1):
 def celu(self, alpha=1.0):
   """torch computes celu as elu(x, alpha, 1, 1 / alpha); torch's decomposition (a `where`
   over expm1) would give a nan gradient for a large input."""
-  return elu(self, alpha, 1, 1 / _as(alpha, self.dtype))
+  return elu(self, alpha, 1, 1 / alpha)  # (1 / alpha in double, as torch's Scalar)
 
 
 @lowering(aten.softplus.default)
