@@ -759,13 +759,27 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
 @lowering(aten.copysign.Tensor, aten.copysign.Scalar)
 @_promote("self", "other", kind="int_to_float")
 def copysign(self, other):
-  return jnp.copysign(self, other)
+  return _copysign(self, other)
+
+
+def _copysign_tangent(out, primals, tangents):
+  x = primals[0]  # torch: d/dx = out / x, 0 at x = 0 (JAX's rule gives the sign there)
+  return tangents[0] * jnp.where(x == 0, jnp.zeros((), out.dtype),
+                                 out / jnp.where(x == 0, jnp.ones((), x.dtype), x))
+
+
+_copysign = with_derivative(jnp.copysign, _copysign_tangent)
 
 
 @lowering(aten.hypot.default)
 @_promote("self", "other")
 def hypot(self, other):
-  return jnp.hypot(self, other)
+  return _hypot(self, other)
+
+
+# torch's derivative (x dx + y dy) / hypot: right for tiny inputs, whose squares underflow in
+# JAX's rule, and nan at (0, 0) as in torch.
+_hypot = with_derivative(jnp.hypot, lambda out, p, t: (p[0] * t[0] + p[1] * t[1]) / out)
 
 
 @lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)

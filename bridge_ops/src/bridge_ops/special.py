@@ -383,26 +383,46 @@ _entr = with_derivative(_entr_values, lambda out, x, t: t[0] * -(1 + jnp.log(x[0
 @lowering(aten.i0.default, aten.special_modified_bessel_i0.default, prims.bessel_i0.default)
 @promote("self", kind="int_to_float")
 def i0(self):
-  return jsp.i0(self)
+  return _i0(self)
+
+
+# torch's derivatives (derivatives.yaml): i0' = i1; i0e' = i1e - sgn(x) i0e; i1' = i0 - i1 / x
+# (1/2 at 0); i1e' = i0e - i1e (sgn(x) + 1 / x) (1/2 at 0). JAX's own rules go through |x|,
+# whose derivative at 0 is 1 (giving i0'(0) = 1 where it is 0).
+def _sgn(x):
+  return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _over_x(v, x):
+  return v / jnp.where(x == 0, jnp.ones((), x.dtype), x)
+
+
+_i0 = with_derivative(jsp.i0, lambda out, x, t: t[0] * jsp.i1(x[0]))
+_i0e = with_derivative(jsp.i0e, lambda out, x, t: t[0] * (jsp.i1e(x[0]) - _sgn(x[0]) * out))
+_i1 = with_derivative(jsp.i1, lambda out, x, t: t[0] * jnp.where(
+    x[0] == 0, jnp.asarray(0.5, out.dtype), jsp.i0(x[0]) - _over_x(out, x[0])))
+_i1e = with_derivative(jsp.i1e, lambda out, x, t: t[0] * jnp.where(
+    x[0] == 0, jnp.asarray(0.5, out.dtype),
+    jsp.i0e(x[0]) - out * (_sgn(x[0]) + _over_x(jnp.ones((), out.dtype), x[0]))))
 
 
 @lowering(aten.special_i0e.default, prims.bessel_i0e.default)
 @promote("self", kind="int_to_float")
 def special_i0e(self):
-  return jsp.i0e(self)
+  return _i0e(self)
 
 
 @lowering(aten.special_i1.default, aten.special_modified_bessel_i1.default,
           prims.bessel_i1.default)
 @promote("self", kind="int_to_float")
 def special_i1(self):
-  return jsp.i1(self)
+  return _i1(self)
 
 
 @lowering(aten.special_i1e.default, prims.bessel_i1e.default)
 @promote("self", kind="int_to_float")
 def special_i1e(self):
-  return jsp.i1e(self)
+  return _i1e(self)
 
 
 # ----------------------------------------------------------------------------- modified Bessel K
