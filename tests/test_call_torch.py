@@ -198,6 +198,64 @@ def test_no_grad_and_factories_become_constants():
   _assert_close(jax.jit(bridge.jax_view(f))(x), expected)
 
 
+def _no_grad_functional(w):
+  with torch.no_grad():
+    s = w * 2
+  return (w * s).sum()
+
+
+def _no_grad_view(w):
+  with torch.no_grad():
+    v = w[1:]
+  return (w[1:] * v).sum() + w.sum()
+
+
+def _no_grad_in_place(w):
+  h = w * 1.0
+  with torch.no_grad():
+    h.mul_(2)
+  return (h * h).sum()
+
+
+def _no_grad_in_place_on_input(w):
+  with torch.no_grad():
+    w.mul_(2)
+  return (w * w).sum()
+
+
+def _detached_alias_written(w):
+  w.detach().clamp_(max=2.0)  # as F.embedding(max_norm=...) renormalizes its weight
+  return (w * w).sum()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda w: (w * w.detach()).sum(),
+    lambda w: (w * w.data).sum(),
+    lambda w: (w * w.detach()[None][0]).sum(),
+    lambda w: (w + (w.round() - w).detach()).pow(2).sum(),  # the straight-through estimator
+    _no_grad_functional, _no_grad_view, _no_grad_in_place, _no_grad_in_place_on_input,
+    _detached_alias_written,
+], ids=["detach", "data", "view_of_detached", "straight_through", "no_grad", "no_grad_view",
+        "no_grad_in_place", "no_grad_in_place_on_input", "detached_alias_written"])
+def test_detach_and_no_grad_are_constants_for_jax_derivatives(fn):
+  """torch gives no gradient through `detach()` and `no_grad()` blocks, and an unrecorded
+  in-place update leaves a tensor its own gradient: `jax.grad` (eager and jitted) agrees."""
+  w0 = [1.0, 3.0, -0.5]
+  wt = torch.tensor(w0, requires_grad=True)
+  fn(wt).backward()
+  for grad in (jax.grad(bridge.jax_view(fn)), jax.jit(jax.grad(bridge.jax_view(fn)))):
+    _assert_close(grad(jnp.asarray(w0)), wt.grad)
+
+
+def test_jax_grad_ignores_an_outer_no_grad():
+  """The torch grad mode a traced function is called under is not a `no_grad()` block of its
+  own: JAX still differentiates it (only blocks inside the function cut gradients)."""
+  f = bridge.jax_view(lambda w: (w * w).sum())
+  with torch.no_grad():
+    g = jax.grad(f)(jnp.asarray([1.0, 3.0]))
+  np.testing.assert_allclose(np.asarray(g), [2.0, 6.0])
+
+
 # --- outputs --------------------------------------------------------------------------------
 
 @dataclasses.dataclass

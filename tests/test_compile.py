@@ -86,6 +86,31 @@ def test_embedding_backward_keeps_torchs_gradient_rules(kwargs):
   assert not model.weight.grad[kwargs["padding_idx"]].any()
 
 
+def test_backward_through_unrecorded_updates_matches_torch():
+  """`F.embedding(max_norm=...)` renormalizes its weight in place through `weight.detach()`
+  (torch records nothing; the weight keeps its own gradient), and spectral norm's power
+  iteration runs under `torch.no_grad()`: the compiled backward agrees with torch."""
+  torch.manual_seed(0)
+  emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+  torch.nn.init.normal_(emb.weight, std=3.0)
+  sn = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(5, 4))
+  for model, x in ((emb, torch.tensor([[1, 2, 2, 5]])), (sn, torch.randn(3, 5))):
+    ref = copy.deepcopy(model)
+    out = bridge.compile(model)(x)
+    expected = ref(x)
+    torch.testing.assert_close(out, expected)
+    weights = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape)
+    (out * weights).sum().backward()
+    (expected * weights).sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+      assert p.grad is not None and p.grad.abs().sum() > 0, name
+      torch.testing.assert_close(p.grad, q.grad, msg=name)
+    # the renormalized weight and the power iteration's vectors, updated as torch updates them
+    for (name, b), (_, c) in zip([*model.named_parameters(), *model.named_buffers()],
+                                 [*ref.named_parameters(), *ref.named_buffers()]):
+      torch.testing.assert_close(b.detach(), c.detach(), msg=name)
+
+
 def test_torch_optimizer_trains_the_compiled_module():
   torch.manual_seed(0)
   model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))

@@ -545,9 +545,18 @@ class _FunctionalPlan:
         quiet.__exit__(None, None, None)
     if self.like and dyn and type(out) is _ArrayImpl and type(dyn[0]) is _ArrayImpl:
       out = _placed_like(out, dyn[0])
+    if where.grad and not torch.is_grad_enabled():  # in a `no_grad()` block of traced code
+      out = _stop_gradient(out)
     if self.python_result:
       return _python_value(self.func, out)
     return wrap(out, device)
+
+
+def _stop_gradient(out: Any) -> Any:
+  """An op's traced results as constants for JAX's derivatives (torch records no gradient
+  for ops run under `torch.no_grad()`)."""
+  return jax.tree_util.tree_map(
+      lambda o: jax.lax.stop_gradient(o) if isinstance(o, jax.core.Tracer) else o, out)
 
 
 def _python_value(func: Any, out: Any) -> Any:
@@ -594,6 +603,7 @@ class _ViewPlan:
   def __init__(self, func: Any):
     self.func = func
     self.cache: dict[tuple, Any] = {}
+    self.detaches = func in (aten.detach.default, aten.detach_.default)
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     self_t = args[0]
@@ -609,8 +619,15 @@ class _ViewPlan:
       return self.func.decompose(*args, **kwargs)
     storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
     if isinstance(meta, list):
-      return [make_view(storage, *m, dtype, device) for m in meta]
-    return make_view(storage, *meta, dtype, device)
+      out = [make_view(storage, *m, dtype, device) for m in meta]
+    else:
+      out = make_view(storage, *meta, dtype, device)
+    # `detach()`, views of a detached tensor, and views made in a `torch.no_grad()` block of
+    # traced code are constants for JAX's derivatives (torch gives them no gradient)
+    if ((self.detaches or self_t._detached or scope.no_grad_inside())
+        and isinstance(storage.array, jax.core.Tracer)):
+      tensor_lib.detach_traced(out)
+    return out
 
   def _meta(self, t: Tensor, rest: tuple, kwargs: dict) -> Any:
     numel = int(np.prod(t._storage.array.shape))

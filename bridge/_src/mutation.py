@@ -195,7 +195,25 @@ def _store(target: Any, new: Any, resize: bool = False) -> None:
   if np.dtype(v.dtype) != want:
     with _x64():
       v = _cast(v, want)
+  if target._detached or scope.no_grad_inside():
+    # An in-place op that torch does not record (in a `torch.no_grad()` block of traced code,
+    # or through a `detach()`ed alias, as `F.embedding(max_norm=...)` renormalizes its
+    # weight): later uses of the tensor get the gradient the tensor itself had (a
+    # parameter's own), so the storage takes the new value with the old value's derivative.
+    old = value(target, recorded=True)
+    if isinstance(old, jax.core.Tracer) or isinstance(v, jax.core.Tracer):
+      v = _unrecorded_update(old, v)
   write(target, v)
+
+
+@jax.custom_jvp
+def _unrecorded_update(old: Any, new: Any) -> Any:
+  return new
+
+
+@_unrecorded_update.defjvp
+def _unrecorded_update_jvp(primals: tuple, tangents: tuple) -> tuple:
+  return primals[1], tangents[0]
 
 
 _cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)

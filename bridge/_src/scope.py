@@ -30,13 +30,22 @@ from bridge._src.errors import BridgeError
 class _Scope:
   """What the current trace scope is: for which API, and how values are staged."""
 
-  __slots__ = ("api", "narrow", "staged")
+  __slots__ = ("api", "narrow", "staged", "grad")
 
-  def __init__(self, api: str, narrow: bool, staged: bool):
+  def __init__(self, api: str, narrow: bool, staged: bool, grad: bool = False):
     self.api, self.narrow, self.staged = api, narrow, staged
+    # torch's grad mode when the scope was entered: a `torch.no_grad()` block inside the
+    # traced code (grad mode off while this is True) makes its results constants for JAX's
+    # derivatives, as for torch's
+    self.grad = grad
 
 
 _NONE = _Scope("", False, False)
+
+
+def no_grad_inside() -> bool:
+  """Whether torch code being traced runs inside its own `torch.no_grad()` block."""
+  return _ACTIVE.get().grad and not torch.is_grad_enabled()
 _ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
                                                                  default=_NONE)
 
@@ -121,7 +130,8 @@ class trace_scope:  # noqa: N801
     from bridge._src import compat, dtypes
     compat.tell_libraries()
     staged = is_staged()
-    self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged))
+    self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged,
+                                     torch.is_grad_enabled()))
     # (torch's context manager switches the mode when it is constructed)
     self._threads = torch.autograd.set_multithreading_enabled(False)
     self._threads.__enter__()

@@ -54,6 +54,9 @@ class Tensor(torch.Tensor):
   _storage: Storage
   _whole: bool = True  # this tensor is its storage's whole array, in the array's shape
   _cache: tuple[int, Any] | None = None  # (storage version, value) for views
+  # a `detach()` (or a view made under `torch.no_grad()`) of a traced tensor: it reads its
+  # storage through `lax.stop_gradient`, so JAX's derivatives see a constant, as torch's do
+  _detached: bool = False
 
   @property
   def _dev(self) -> torch.device:
@@ -230,19 +233,30 @@ def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: 
   return t
 
 
-def value(t: Tensor) -> Any:
-  """The JAX value of `t`: its storage's array, or the gathered view (cached per version)."""
+def value(t: Tensor, recorded: bool = False) -> Any:
+  """The JAX value of `t`: its storage's array, or the gathered view (cached per version).
+  `recorded=True` reads a detached tensor without its `stop_gradient` (for writes through it,
+  which keep the storage's own derivative)."""
   storage = t._storage
   if t._whole:
     return storage.array
   cache = t._cache
   if cache is not None and cache[0] == storage.version:
-    return cache[1]
-  array = storage.array
-  v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
-      array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-  t._cache = (storage.version, v)
+    v = cache[1]
+  else:
+    array = storage.array
+    v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
+        array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    t._cache = (storage.version, v)
+  if t._detached and not recorded and isinstance(v, jax.core.Tracer):
+    v = jax.lax.stop_gradient(v)
   return v
+
+
+def detach_traced(views: Any) -> None:
+  """Mark tensors (views of a traced storage) as detached: see `Tensor._detached`."""
+  for t in views if isinstance(views, list) else [views]:
+    t._detached, t._whole = True, False  # (a whole tensor's reads skip `value`)
 
 
 try:

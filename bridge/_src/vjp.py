@@ -103,6 +103,13 @@ class _Call:
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
 
   def forward(self) -> list[torch.Tensor]:
+    # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
+    # module gets the caller's mode (on) back, so that its own `torch.no_grad()` blocks stand
+    # out (their results are constants for the VJP, as for torch autograd)
+    with torch.enable_grad():
+      return self._forward()
+
+  def _forward(self) -> list[torch.Tensor]:
     cache: VjpCache = self.entry.vjp
     error = cache.errors.get(self.mask)
     if error is None:
