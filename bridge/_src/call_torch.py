@@ -106,7 +106,9 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, mode: str = "trace",
 
   Inside `fn`, torch code may use autograd (`torch.autograd.grad`, `.backward()`),
   `torch.no_grad()`, in-place updates, and factory calls without a device: tensors
-  created on the CPU join the program as constants. Mutating an input tensor in
+  created on the CPU join the program as constants. As in torch, `detach()` and the
+  results of a `torch.no_grad()` block inside `fn` get no gradient from JAX's transforms
+  (the grad mode `fn` is called under does not count). Mutating an input tensor in
   place does not change the caller's JAX array (JAX arrays are immutable).
 
   An `nn.Module` (or a bound method of one) runs with its parameters and buffers
