@@ -41,13 +41,13 @@ class _Scope:
 
 
 _NONE = _Scope("", False, False)
+_ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
+                                                                 default=_NONE)
 
 
 def no_grad_inside() -> bool:
   """Whether torch code being traced runs inside its own `torch.no_grad()` block."""
   return _ACTIVE.get().grad and not torch.is_grad_enabled()
-_ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
-                                                                 default=_NONE)
 
 
 class TracedValueError(BridgeError, RuntimeError):
