@@ -6,6 +6,7 @@ Every case compares with torch eager on the CPU: forward values, and gradients
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -245,6 +246,45 @@ def test_detach_and_no_grad_are_constants_for_jax_derivatives(fn):
   fn(wt).backward()
   for grad in (jax.grad(bridge.jax_view(fn)), jax.jit(jax.grad(bridge.jax_view(fn)))):
     _assert_close(grad(jnp.asarray(w0)), wt.grad)
+
+
+class _Square(torch.autograd.Function):
+  @staticmethod
+  def forward(ctx, x):
+    ctx.save_for_backward(x)
+    return x * x
+
+  @staticmethod
+  def backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    return 2 * x * g
+
+
+@pytest.mark.parametrize("fn", [
+    lambda w: _Square.apply(w).sum(),
+    lambda w: torch.utils.checkpoint.checkpoint(lambda t: (t * t).sum(), w, use_reentrant=True),
+], ids=["autograd_function", "reentrant_checkpoint"])
+def test_a_custom_functions_forward_is_not_a_no_grad_block(fn):
+  """torch runs an `autograd.Function`'s forward with grad mode off (a reentrant checkpoint
+  is one): that is not a `no_grad()` block, and JAX differentiates the traced forward."""
+  import warnings
+  w0 = [1.0, 3.0]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the checkpoint's "none of the inputs require grad"
+    for grad in (jax.grad(bridge.jax_view(fn)), jax.jit(jax.grad(bridge.jax_view(fn)))):
+      _assert_close(grad(jnp.asarray(w0)), torch.tensor([2.0, 6.0]))
+  model = torch.nn.Linear(2, 2)
+  wrapped = torch.nn.Sequential(model, _SquareModule())
+  ref = copy.deepcopy(wrapped)
+  x = torch.randn(3, 2)
+  bridge.compile(wrapped)(x).sum().backward()
+  ref(x).sum().backward()
+  torch.testing.assert_close(wrapped[0].weight.grad, ref[0].weight.grad)
+
+
+class _SquareModule(torch.nn.Module):
+  def forward(self, x):
+    return _Square.apply(x)
 
 
 def test_jax_grad_ignores_an_outer_no_grad():

@@ -545,7 +545,7 @@ class _FunctionalPlan:
         quiet.__exit__(None, None, None)
     if self.like and dyn and type(out) is _ArrayImpl and type(dyn[0]) is _ArrayImpl:
       out = _placed_like(out, dyn[0])
-    if where.grad and not torch.is_grad_enabled():  # in a `no_grad()` block of traced code
+    if where.grad and scope.no_grad_inside():  # in a `no_grad()` block of traced code
       out = _stop_gradient(out)
     if self.python_result:
       return _python_value(self.func, out)

@@ -46,8 +46,14 @@ _ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_s
 
 
 def no_grad_inside() -> bool:
-  """Whether torch code being traced runs inside its own `torch.no_grad()` block."""
-  return _ACTIVE.get().grad and not torch.is_grad_enabled()
+  """Whether torch code being traced runs inside its own `torch.no_grad()` block.
+
+  A `no_grad()` block turns off torch's grad mode only; the forward of a custom
+  `torch.autograd.Function` (and `inference_mode`) turns off forward-mode AD too. Those are
+  not taken for `no_grad()`: JAX then differentiates the Function's forward as traced.
+  """
+  return (_ACTIVE.get().grad and not torch.is_grad_enabled()
+          and torch._C._is_fwd_grad_enabled())
 
 
 class TracedValueError(BridgeError, RuntimeError):

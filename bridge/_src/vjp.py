@@ -106,7 +106,7 @@ class _Call:
     # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
     # module gets the caller's mode (on) back, so that its own `torch.no_grad()` blocks stand
     # out (their results are constants for the VJP, as for torch autograd)
-    with torch.enable_grad():
+    with torch.enable_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(True):
       return self._forward()
 
   def _forward(self) -> list[torch.Tensor]:
