@@ -96,13 +96,13 @@ def with_derivative(fn: Callable[..., Any],
   return f
 
 
-def _sgn(x: Any) -> Any:
+def torch_sign(x: Any) -> Any:
   """torch's sign of a real array: 0 at 0 and at NaN (jnp.sign(nan) is nan)."""
   return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 # torch's derivative of |x| is sgn(x): 0 at 0 (where JAX's rule gives 1) and at NaN.
-_abs_real = with_derivative(jnp.abs, lambda out, x, t: _sgn(x[0]) * t[0])
+_abs_real = with_derivative(jnp.abs, lambda out, x, t: torch_sign(x[0]) * t[0])
 
 
 def torch_abs(x: Any) -> Any:

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from bridge_ops._lowering import (aten, lowering, promote, result_dtypes, torch_abs,
-                                  while_loop, with_derivative)
+                                  torch_sign, while_loop, with_derivative)
 
 __all__: list[str] = []
 
@@ -269,8 +269,7 @@ def abs(self):  # noqa: A001 - named after the op
 def sign(self):
   if self.dtype == jnp.bool_:
     return self
-  # (0 < x) - (x < 0): nan -> 0 (jnp.sign gives nan).
-  return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)
+  return torch_sign(self)  # nan -> 0 (jnp.sign gives nan)
 
 
 @lowering(aten.sgn.default)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, lowering, result_dtypes
+from bridge_ops._lowering import aten, lowering, result_dtypes, with_derivative
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -254,17 +254,11 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
                     weight, indices)
 
 
-@jax.custom_jvp
-def _embedding_rows(weight, indices, factor):
-  return jnp.take(weight, indices, axis=0)
-
-
-@_embedding_rows.defjvp
-def _embedding_rows_jvp(primals, tangents):
-  weight, indices, factor = primals
-  # linear in the weight's tangent, so JAX transposes it for reverse mode (a scatter-add)
-  return (jnp.take(weight, indices, axis=0),
-          jnp.take(tangents[0], indices, axis=0) * factor[..., None])
+# rows of `weight`; derivative: the weight tangent's rows times the per-position factor
+# (linear in that tangent, so JAX transposes it for reverse mode: a scatter-add)
+_embedding_rows = with_derivative(
+    lambda weight, indices, factor: jnp.take(weight, indices, axis=0),
+    lambda out, p, t: jnp.take(t[0], p[1], axis=0) * p[2][..., None])
 
 
 def _embedding(padding_idx: int, scale_grad_by_freq: bool, weight, indices):

@@ -813,26 +813,22 @@ def _median_all(x, ignore_nan):
     return jnp.full((), jnp.nan, x.dtype)
   if not jnp.issubdtype(x.dtype, jnp.inexact):
     return _median(x.reshape(-1), 0, False, True, ignore_nan)[0]
-  return _median_spread(ignore_nan, x)
+  return _MEDIAN_SPREAD[ignore_nan](x)
 
 
 def _evenly_distributed(out, primals, tangents):
   """torch's derivative of a full `median`/`nanmedian` (`evenly_distribute_backward`): the
   mean tangent of the elements equal to the result (NaN ones if it is NaN), not one of them."""
-  x, t = primals[1], tangents[1]
+  x, t = primals[0], tangents[0]
   hits = jnp.where(jnp.isnan(out), jnp.isnan(x), x == out)
   return jnp.sum(jnp.where(hits, t, jnp.zeros((), t.dtype))) / jnp.sum(hits).astype(t.dtype)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _median_spread(ignore_nan, x):
-  return _median(x.reshape(-1), 0, False, True, ignore_nan)[0]
-
-
-@_median_spread.defjvp
-def _median_spread_jvp(ignore_nan, primals, tangents):
-  out = _median_spread(ignore_nan, *primals)
-  return out, _evenly_distributed(out, (None, *primals), (None, *tangents))
+_MEDIAN_SPREAD = {  # by `ignore_nan`
+    flag: with_derivative(functools.partial(
+        lambda x, flag: _median(x.reshape(-1), 0, False, True, flag)[0], flag=flag),
+        _evenly_distributed)
+    for flag in (False, True)}
 
 
 @lowering(aten.median.default)

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import lowering, promote, result_dtypes, while_loop, with_derivative
+from bridge_ops._lowering import (lowering, promote, result_dtypes, torch_sign, while_loop,
+                                  with_derivative)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -389,21 +390,17 @@ def i0(self):
 # torch's derivatives (derivatives.yaml): i0' = i1; i0e' = i1e - sgn(x) i0e; i1' = i0 - i1 / x
 # (1/2 at 0); i1e' = i0e - i1e (sgn(x) + 1 / x) (1/2 at 0). JAX's own rules go through |x|,
 # whose derivative at 0 is 1 (giving i0'(0) = 1 where it is 0).
-def _sgn(x):
-  return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
-
-
 def _over_x(v, x):
-  return v / jnp.where(x == 0, jnp.ones((), x.dtype), x)
+  return v / _where_safe(x != 0, x, 1)
 
 
 _i0 = with_derivative(jsp.i0, lambda out, x, t: t[0] * jsp.i1(x[0]))
-_i0e = with_derivative(jsp.i0e, lambda out, x, t: t[0] * (jsp.i1e(x[0]) - _sgn(x[0]) * out))
+_i0e = with_derivative(jsp.i0e, lambda out, x, t: t[0] * (jsp.i1e(x[0]) - torch_sign(x[0]) * out))
 _i1 = with_derivative(jsp.i1, lambda out, x, t: t[0] * jnp.where(
     x[0] == 0, jnp.asarray(0.5, out.dtype), jsp.i0(x[0]) - _over_x(out, x[0])))
 _i1e = with_derivative(jsp.i1e, lambda out, x, t: t[0] * jnp.where(
     x[0] == 0, jnp.asarray(0.5, out.dtype),
-    jsp.i0e(x[0]) - out * (_sgn(x[0]) + _over_x(jnp.ones((), out.dtype), x[0]))))
+    jsp.i0e(x[0]) - out * (torch_sign(x[0]) + _over_x(jnp.ones((), out.dtype), x[0]))))
 
 
 @lowering(aten.special_i0e.default, prims.bessel_i0e.default)
