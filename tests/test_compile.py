@@ -478,6 +478,33 @@ def test_lean_programs_give_way_to_jax_jit(device):
     assert program.lean is None and program.forward is program.jitted
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(3, 4),
+    lambda: torch.randn(4, 3).t(),  # not contiguous
+    lambda: torch.randn(3, 4, requires_grad=True),  # requires grad, called under no_grad
+    lambda: torch.randn(3, 4).to(torch.bfloat16),  # no NumPy dtype
+], ids=["plain", "transposed", "requires_grad", "bfloat16"])
+def test_cpu_shortcut_keeps_the_lean_program(make):
+  """Repeated calls with CPU tensors that NumPy cannot share as they are stay on the recorded
+  shortcut and on the lean executable, with torch's numbers."""
+  torch.manual_seed(0)
+  x = make()
+  lin = torch.nn.Linear(4, 2).to(x.dtype)
+  compiled = bridge.compile(lin)
+  tol = dict(rtol=1.6e-2, atol=1e-2) if x.dtype == torch.bfloat16 else {}
+  with torch.no_grad():
+    want = lin(x)
+    compiled(x.contiguous().detach())  # recorded from a plain call
+    (program,) = compiled._programs.values()
+    recorded = compiled._fast
+    for _ in range(3):
+      out = compiled(x)
+      assert type(out) is torch.Tensor and out.dtype == x.dtype and out.shape == (3, 2)
+      assert not out.requires_grad
+      torch.testing.assert_close(out, want, **tol)
+    assert compiled._fast is recorded and program.lean is not None
+
+
 @pytest.mark.parametrize("device", ["jax", "cpu"])
 def test_repeated_calls_with_another_dtype_or_shape_take_another_program(device):
   calls = []

@@ -29,6 +29,7 @@ import torch
 from jax._src import config as _jax_config
 
 from bridge._src import call_torch as call_torch_lib
+from bridge._src import dtypes
 from bridge._src import modules as modules_lib
 from bridge._src import rng
 from bridge._src import tensor as tensor_lib
@@ -263,6 +264,11 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   general, finish = Compiled._call, compiled._finish
   out_dtype = out_dtypes[0] if single else None
   lean = program.lean  # a single-output program's own executable: no key, no x64 switch
+  # its C++ call (what `jax.stages.Compiled.__call__` forwards to, set by the recorded call):
+  # one Python frame less. It checks the arguments' shapes and dtypes itself and raises
+  # TypeError on a mismatch, so the loop below leaves those checks to it.
+  lean_call = getattr(lean, "_call", None) or lean
+  strided = torch.strided
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     if kwargs or len(args) != n_args or self is not compiled or autocast_on("jax"):
@@ -273,37 +279,48 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
       if table.get(attr) is not t or t._storage is not storage or (grad and t.requires_grad):
         return general(self, args, kwargs)
       arrays.append(storage.array)
-    if lean is None:
+    if lean is not None:  # shapes and dtypes: `lean_call` checks them
+      for a in args:
+        if type(a) is not tensor_cls or not a._whole or (grad and a.requires_grad):
+          return general(self, args, kwargs)
+        storage = a._storage
+        if storage.device is not device:
+          return general(self, args, kwargs)
+        arrays.append(storage.array)
+    else:
       key = fixed_key if fixed_key is not None else rng._key
       arrays.append(key if key is not None else current_key())
-    for a, (shape, dtype) in zip(args, sig):
-      if type(a) is not tensor_cls or not a._whole or (grad and a.requires_grad):
-        return general(self, args, kwargs)
-      storage = a._storage
-      array = storage.array
-      if (storage.device is not device or array.shape != shape
-          or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
-        return general(self, args, kwargs)
-      arrays.append(array)
+      for a, (shape, dtype) in zip(args, sig):
+        if type(a) is not tensor_cls or not a._whole or (grad and a.requires_grad):
+          return general(self, args, kwargs)
+        storage = a._storage
+        array = storage.array
+        if (storage.device is not device or array.shape != shape
+            or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
+          return general(self, args, kwargs)
+        arrays.append(array)
     for m, flag in zip(submodules, training):
       if m.training is not flag:
         return general(self, args, kwargs)
     if lean is not None:  # (then the output is single)
       try:
-        outs = (lean(*arrays),)
+        o = lean_call(*arrays)
       except (TypeError, ValueError):  # refused: the general path hands it to `jax.jit`
         return general(self, args, kwargs)
-    else:
-      prev = swap(True)
-      try:
-        outs, updates, new_key = program.forward(*arrays)
-      except (TypeError, ValueError) as e:
-        outs, updates, new_key = self._retry(program, arrays, n_state, e)
-      finally:
-        restore(prev)
-    if single:  # `tensor_lib.make_result`, written out: a call saved on the hot path
+      # `tensor_lib.make_result`, written out (positional: cheaper to parse than keywords)
+      t = new_tensor(tensor_cls, o.shape, None, None, None, out_dtype, strided, device)
+      t._storage = storage_cls(o, device)
+      return t
+    prev = swap(True)
+    try:
+      outs, updates, new_key = program.forward(*arrays)
+    except (TypeError, ValueError) as e:
+      outs, updates, new_key = self._retry(program, arrays, n_state, e)
+    finally:
+      restore(prev)
+    if single:
       o = outs[0]
-      t = new_tensor(tensor_cls, o.shape, dtype=out_dtype, device=device)
+      t = new_tensor(tensor_cls, o.shape, None, None, None, out_dtype, strided, device)
       t._storage = storage_cls(o, device)
       return t
     results = [make_result(o, device, dtype) for o, dtype in zip(outs, out_dtypes)]
@@ -328,6 +345,15 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
   to_torch, general, finish = transfer.fast_array_out, Compiled._call, compiled._finish
   lean = program.lean
+  lean_call = getattr(lean, "_call", None) or lean  # see `_fast_call`
+  # the lean output straight through DLPack: a fresh array of the CPU device, of a dtype
+  # torch has (else `to_torch` checks it and `_to_torch` takes it)
+  out_info = getattr(lean, "out_info", None)
+  to_dlpack = transfer.buffer_to_dlpack if (
+      lean is not None and transfer.buffer_to_dlpack is not None and hasattr(out_info, "dtype") and hasattr(out_info, "sharding")
+      and transfer.is_one_cpu_device(out_info.sharding)
+      and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID) else None
+  from_dlpack = torch._C._from_dlpack
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     if (kwargs or len(args) != n_args or self is not compiled or autocast_on("cpu")
@@ -340,6 +366,31 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
           or (grad and t.requires_grad)):
         return general(self, args, kwargs)
       arrays.append(a)
+    if to_dlpack is not None:  # lean: it checks the arguments' shapes and dtypes itself
+      for m, flag in zip(submodules, training):
+        if m.training is not flag:
+          return general(self, args, kwargs)
+      prev = swap(True)  # int64/float64 arguments stay 64-bit
+      try:
+        for a in args:
+          if type(a) is not plain or not a.is_cpu:
+            return general(self, args, kwargs)
+          if a.requires_grad:
+            if grad:
+              return general(self, args, kwargs)
+            a = a.detach()
+          if not a.is_contiguous():  # the executable takes row-major arrays only
+            a = a.contiguous()
+          try:
+            arrays.append(a.numpy())  # zero-copy
+          except (TypeError, RuntimeError):  # what NumPy cannot hold (bfloat16, conj views)
+            arrays.append(_array(a))
+        o = lean_call(*arrays)
+      except (TypeError, ValueError, RuntimeError):  # the general path explains or retries
+        return general(self, args, kwargs)
+      finally:
+        restore(prev)
+      return from_dlpack(to_dlpack(o))
     if lean is None:
       key = fixed_key if fixed_key is not None else rng._key
       arrays.append(key if key is not None else current_key())
@@ -356,7 +407,7 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
         arrays.append(_array(a))
       if lean is not None:  # (then the output is single)
         try:
-          outs = (lean(*arrays),)
+          outs = (lean_call(*arrays),)
         except (TypeError, ValueError):
           outs = None
       else:

@@ -35,6 +35,9 @@ try:  # The C++ entry points behind `jax.dlpack`; the public wrappers cost ~30 u
 except (ImportError, AttributeError):  # pragma: no cover - other jaxlib versions
   _dlpack_to_buffer = _buffer_to_dlpack = None
 
+# for hot paths that know their array is a fresh single-CPU-device one of a dtype torch has
+buffer_to_dlpack = _buffer_to_dlpack
+
 try:
   from jax._src.array import ArrayImpl as _ArrayImpl
 except ImportError:  # pragma: no cover
@@ -256,7 +259,7 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
 _CPU_SHARDINGS: dict[int, Any] = {}
 
 
-def _is_one_cpu_device(sharding: Any) -> bool:
+def is_one_cpu_device(sharding: Any) -> bool:
   if _CPU_SHARDINGS.get(id(sharding)) is sharding:
     return True
   if (isinstance(sharding, jax.sharding.SingleDeviceSharding)
@@ -270,7 +273,7 @@ def _is_one_cpu_device(sharding: Any) -> bool:
 def fast_array_out(a: Any) -> torch.Tensor | None:
   """A concrete single-CPU-device array as a zero-copy tensor, or None if that does not apply."""
   if (type(a) is _ArrayImpl and _buffer_to_dlpack is not None
-      and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and _is_one_cpu_device(a.sharding)
+      and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(a.sharding)
       and not a.is_deleted()):
     return torch._C._from_dlpack(_buffer_to_dlpack(a))
   return None
