@@ -227,12 +227,11 @@ class _Program:
     return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
 
 
-def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, tuple, bool]:
-  """(submodules, their train flags now, whether the output is one bare tensor with no
+def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, bool]:
+  """((submodule, its train flag now) pairs, whether the output is one bare tensor with no
   updates or key) for a shortcut being recorded."""
-  submodules = tuple(compiled._submodules)
   info = program.info
-  return (submodules, tuple([m.training for m in submodules]),
+  return (tuple([(m, m.training) for m in compiled._submodules]),
           info.out_plain and info.out_single and not info.mutated and not info.draws)
 
 
@@ -254,7 +253,7 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   else goes to the general path (`Compiled._call`), which records again."""
   entries = tuple([(table, attr, table[attr], table[attr]._storage)
                    for table, attr in compiled._slots or ()])
-  submodules, training, single = _recorded_flags(compiled, program)
+  flags, single = _recorded_flags(compiled, program)
   n_args, n_state = len(sig), len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor, make_result = torch.Tensor._make_wrapper_subclass, tensor_lib.make_result
@@ -299,7 +298,7 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
             or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
           return general(self, args, kwargs)
         arrays.append(array)
-    for m, flag in zip(submodules, training):
+    for m, flag in flags:
       if m.training is not flag:
         return general(self, args, kwargs)
     if lean is not None:  # (then the output is single)
@@ -337,7 +336,7 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   slots = tuple(compiled._slots or ())
   entries = tuple([(table, attr, t, version, a)
                    for (table, attr), (t, version, a) in zip(slots, imported)])
-  submodules, training, single = _recorded_flags(compiled, program)
+  flags, single = _recorded_flags(compiled, program)
   n_args, n_state = len(sig), len(slots)
   plain = torch.Tensor
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
@@ -367,7 +366,7 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
         return general(self, args, kwargs)
       arrays.append(a)
     if to_dlpack is not None:  # lean: it checks the arguments' shapes and dtypes itself
-      for m, flag in zip(submodules, training):
+      for m, flag in flags:
         if m.training is not flag:
           return general(self, args, kwargs)
       prev = swap(True)  # int64/float64 arguments stay 64-bit
@@ -398,7 +397,7 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
       if (type(a) is not plain or a.dtype is not dtype or a.shape != shape or not a.is_cpu
           or (grad and a.requires_grad)):
         return general(self, args, kwargs)
-    for m, flag in zip(submodules, training):
+    for m, flag in flags:
       if m.training is not flag:
         return general(self, args, kwargs)
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
