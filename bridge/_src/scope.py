@@ -50,7 +50,7 @@ def no_grad_inside() -> bool:
 
   A `no_grad()` block turns off torch's grad mode only; the forward of a custom
   `torch.autograd.Function` (and `inference_mode`) turns off forward-mode AD too. Those are
-  not taken for `no_grad()`: JAX then differentiates the Function's forward as traced.
+  not taken for `no_grad()` (a Function's derivative is its backward: `functions`).
   """
   return (_ACTIVE.get().grad and not torch.is_grad_enabled()
           and torch._C._is_fwd_grad_enabled())
@@ -133,8 +133,9 @@ class trace_scope:  # noqa: N801
     self._threads: Any = None
 
   def __enter__(self) -> None:
-    from bridge._src import compat, dtypes
+    from bridge._src import compat, dtypes, functions
     compat.tell_libraries()
+    functions.install()  # custom autograd.Functions keep their backward (`functions`)
     staged = is_staged()
     self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged,
                                      torch.is_grad_enabled()))
@@ -143,8 +144,10 @@ class trace_scope:  # noqa: N801
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:
+    from bridge._src import functions
     self._threads.__exit__(*exc)
     _ACTIVE.reset(self._token)
+    functions.uninstall()
 
 
 @functools.cache
