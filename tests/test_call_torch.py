@@ -632,3 +632,24 @@ def test_clipping_gradients_at_the_bounds_and_at_nan_are_torchs(fn):
   want.backward(torch.tensor(weights))
   np.testing.assert_array_equal(np.asarray(value), want.detach().numpy())  # nan where nan
   np.testing.assert_array_equal(np.asarray(grad), t.grad.numpy())
+
+
+def test_values_that_do_not_depend_on_the_inputs_are_known_while_tracing():
+  """Ops on values made inside the traced code (positions from `torch.arange`, what is computed
+  from them) run on torch's CPU kernels while the program is built, so Python can read them as
+  in eager torch (Hugging Face's "no packed sequences" check); the rest stays traced."""
+  def f(x):
+    pos = torch.arange(x.shape[-1], device=x.device)
+    steps = pos[1:] - pos[:-1]
+    assert not isinstance(bridge._src.tensor.value(steps), jax.core.Tracer)
+    if (steps == 1).all():  # a Python branch on a known value
+      x = x * 2
+    big = torch.arange(100_000, device=x.device) * 2  # too large for torch to fold it
+    return x + pos * int(pos.sum().item()), big[:3]
+
+  x = jnp.ones((2, 5), jnp.float32)
+  out, head = jax.jit(lambda a: bridge.call_torch(f, a))(x)
+  np.testing.assert_allclose(np.asarray(out), np.broadcast_to(2 + np.arange(5) * 10, (2, 5)))
+  assert np.asarray(head).tolist() == [0, 2, 4]
+  got = jax.grad(lambda a: bridge.call_torch(f, a)[0].sum())(x)
+  np.testing.assert_allclose(np.asarray(got), np.full((2, 5), 2.0))

@@ -413,6 +413,85 @@ def _replayable(dyn: list) -> bool:
   return True
 
 
+_UNKNOWN = object()
+_FOLD_MAX = 4096  # elements: larger known values stay computations of the program
+
+
+class _NotFoldable(Exception):
+  pass
+
+
+def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
+  """An op on known values while torch code is staged into a JAX program, computed by torch's
+  own CPU kernel; `_UNKNOWN` if it depends on traced values or is too large.
+
+  Values that do not depend on the program's inputs (positions from `torch.arange`, a
+  mask built from them) are then known when the torch code asks for them, as in eager torch:
+  code that checks them in Python (Hugging Face's "no packed sequences, so no attention mask"
+  test) takes torch's eager path instead of building what the values made unnecessary. Their
+  results join the program as constants. Compiling each such op in XLA instead (JAX's eager
+  mode) costs milliseconds per op.
+  """
+  for a in args:  # the common case, an op on traced values, found at once
+    if type(a) is Tensor and type(a._storage.array) is not _ArrayImpl:
+      return _UNKNOWN
+  leaves = _tree_flatten((args, kwargs))[0]
+  device = None
+  for leaf in leaves:
+    if type(leaf) is Tensor:
+      a = leaf._storage.array
+      if type(a) is not _ArrayImpl or a.size > _FOLD_MAX or not _is_cpu_array(a):
+        return _UNKNOWN
+      device = device or leaf._storage.device
+    elif isinstance(leaf, torch.Tensor) and not (leaf.device.type == "cpu"
+                                                 and leaf.numel() <= _FOLD_MAX):
+      return _UNKNOWN
+  from bridge._src import transfer
+
+  def to_cpu(x: Any) -> Any:
+    if type(x) is Tensor:
+      base = transfer.array_to_torch(x._storage.array, copy=None)
+      if base.dtype != x.dtype:
+        raise _NotFoldable
+      return base.as_strided(x.shape, x.stride(), x.storage_offset())
+    return x
+
+  def to_jax(o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+      if o.numel() > _FOLD_MAX or o.device.type != "cpu":
+        raise _NotFoldable
+      if narrow and o.dtype in dtypes.NARROWED:  # a 32-bit program (`scope.narrow`)
+        o = o.to(scope.narrow_dtype(o.dtype, f"the {o.dtype} result of {func}"))
+      return transfer.tensor_to_jax(o.detach().contiguous(), copy=True)
+    if isinstance(o, (tuple, list)):
+      return type(o)(to_jax(x) for x in o) if type(o) in (tuple, list) else tuple(map(to_jax, o))
+    return o
+
+  try:
+    cpu_args, cpu_kwargs = jax.tree_util.tree_map(
+        to_cpu, (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor))
+    if "device" in cpu_kwargs:
+      cpu_kwargs["device"] = "cpu"
+    with torch.no_grad():
+      out = func(*cpu_args, **cpu_kwargs)
+    if not isinstance(out, (torch.Tensor, tuple, list)):
+      return out  # a Python value
+    device = device or _factory_device(kwargs)
+    target = device_lib.jax_devices()[device.index or 0]
+    with jax.ensure_compile_time_eval(), jax.enable_x64(True):
+      out = jax.tree_util.tree_map(
+          lambda a: a if not isinstance(a, jax.Array) or next(iter(a.sharding.device_set)) == target
+          else jax.device_put(a, target), to_jax(out))
+  except (_NotFoldable, RuntimeError, TypeError, ValueError, NotImplementedError):
+    return _UNKNOWN  # (torch's CPU kernel refused: the lowering decides)
+  return wrap(out, device)
+
+
+def _is_cpu_array(a: Any) -> bool:
+  devices = a.sharding.device_set
+  return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+
+
 class _FunctionalPlan:
   """A non-mutating op: lowering (or decomposition), cached per static signature."""
 
@@ -430,6 +509,9 @@ class _FunctionalPlan:
         rets[0].type, (torch.BoolType, torch.IntType, torch.FloatType)))
     # Decompositions are torch code: they need Python numbers, so scalars stay static.
     self.trace_scalars = lowering is not None
+    # torch's CPU kernel may compute it on known values while a program is staged (`_fold`)
+    self.foldable = (torch.Tag.nondeterministic_seeded not in func.tags
+                     and not (lowering is not None and lowering.random))
 
   def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
     schema = self.func._schema.arguments
@@ -502,6 +584,12 @@ class _FunctionalPlan:
     return exe
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
+    if self.foldable:
+      where = _scope_var.get()
+      if where.staged:
+        folded = _fold(self.func, args, kwargs, where.narrow)
+        if folded is not _UNKNOWN:
+          return folded
     dyn, statics, treedef, device = self.split(args, kwargs)
     try:
       exe = self.exes.get((treedef, statics))
