@@ -349,7 +349,8 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   # torch has (else `to_torch` checks it and `_to_torch` takes it)
   out_info = getattr(lean, "out_info", None)
   to_dlpack = transfer.buffer_to_dlpack if (
-      lean is not None and transfer.buffer_to_dlpack is not None and hasattr(out_info, "dtype") and hasattr(out_info, "sharding")
+      lean is not None and transfer.buffer_to_dlpack is not None
+      and hasattr(out_info, "dtype") and hasattr(out_info, "sharding")
       and transfer.is_one_cpu_device(out_info.sharding)
       and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID) else None
   from_dlpack = torch._C._from_dlpack

@@ -418,7 +418,7 @@ _FOLD_MAX = 4096  # elements: larger known values stay computations of the progr
 
 
 class _NotFoldable(Exception):
-  pass
+  """A known value `_fold` leaves to the lowering (too large, another dtype view)."""
 
 
 def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
@@ -463,8 +463,8 @@ def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
       if narrow and o.dtype in dtypes.NARROWED:  # a 32-bit program (`scope.narrow`)
         o = o.to(scope.narrow_dtype(o.dtype, f"the {o.dtype} result of {func}"))
       return transfer.tensor_to_jax(o.detach().contiguous(), copy=True)
-    if isinstance(o, (tuple, list)):
-      return type(o)(to_jax(x) for x in o) if type(o) in (tuple, list) else tuple(map(to_jax, o))
+    if isinstance(o, (tuple, list)):  # (torch's named tuples become plain ones, as in `wrap`)
+      return (list if isinstance(o, list) else tuple)(to_jax(x) for x in o)
     return o
 
   try:
@@ -480,8 +480,8 @@ def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
     target = device_lib.jax_devices()[device.index or 0]
     with jax.ensure_compile_time_eval(), jax.enable_x64(True):
       out = jax.tree_util.tree_map(
-          lambda a: a if not isinstance(a, jax.Array) or next(iter(a.sharding.device_set)) == target
-          else jax.device_put(a, target), to_jax(out))
+          lambda a: jax.device_put(a, target) if isinstance(a, jax.Array)
+          and next(iter(a.sharding.device_set)) != target else a, to_jax(out))
   except (_NotFoldable, RuntimeError, TypeError, ValueError, NotImplementedError):
     return _UNKNOWN  # (torch's CPU kernel refused: the lowering decides)
   return wrap(out, device)

@@ -166,8 +166,8 @@ def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list
   name = cls.__name__
   inputs = [tensor_lib.value(args[i]) for i in positions]
   avals = [(a.shape, a.dtype) for a in inputs]
-  needs_input_grad = tuple(type(a) is tensor_lib.Tensor and (a.is_floating_point() or a.is_complex())
-                           for a in args)
+  needs_input_grad = tuple(
+      type(a) is tensor_lib.Tensor and (a.is_floating_point() or a.is_complex()) for a in args)
   structure: dict[str, Any] = {}  # what the forward's trace found out (Python values)
 
   def forward(*arrays: Any) -> tuple[tuple, _Ctx]:
