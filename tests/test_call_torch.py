@@ -645,11 +645,15 @@ def test_values_that_do_not_depend_on_the_inputs_are_known_while_tracing():
     if (steps == 1).all():  # a Python branch on a known value
       x = x * 2
     big = torch.arange(100_000, device=x.device) * 2  # too large for torch to fold it
-    return x + pos * int(pos.sum().item()), big[:3]
+    mask = torch.ones(5, 5, device=x.device).tril()  # `empty` + `fill_` + `tril`: known
+    assert not isinstance(bridge._src.tensor.value(mask), jax.core.Tracer)
+    mask[0, 1] = x[0, 0]  # a traced value written into a known tensor
+    return x + pos * int(pos.sum().item()) + mask.sum(0), big[:3]
 
   x = jnp.ones((2, 5), jnp.float32)
   out, head = jax.jit(lambda a: bridge.call_torch(f, a))(x)
-  np.testing.assert_allclose(np.asarray(out), np.broadcast_to(2 + np.arange(5) * 10, (2, 5)))
+  np.testing.assert_allclose(np.asarray(out), np.broadcast_to(
+      2 + np.arange(5) * 10 + [5, 6, 3, 2, 1], (2, 5)))  # mask[0, 1] = 2 * x[0, 0]
   assert np.asarray(head).tolist() == [0, 2, 4]
   got = jax.grad(lambda a: bridge.call_torch(f, a)[0].sum())(x)
-  np.testing.assert_allclose(np.asarray(got), np.full((2, 5), 2.0))
+  np.testing.assert_allclose(np.asarray(got), np.full((2, 5), 2.0) + [[4, 0, 0, 0, 0], [0] * 5])

@@ -17,6 +17,7 @@ so int64/float64 tensors keep their dtype without touching global JAX config.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import warnings
 from typing import Any, Callable
@@ -180,9 +181,15 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   dtype = dtype or torch.get_default_dtype()
   index = device_lib.device_index(device)
   dtype = scope.narrow_dtype(dtype, f"a new {dtype} tensor")
+  jdtype = dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype")
   with _x64():
-    array = _zeros(size, dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype"))
-    array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array
+    if scope.staged() and math.prod(size) <= _FOLD_MAX:
+      # a known value while a program is staged (see `_fold`): made by NumPy, not compiled
+      with jax.ensure_compile_time_eval():
+        array = jax.device_put(np.zeros(size, jdtype), device_lib.jax_devices()[index])
+    else:
+      array = _zeros(size, jdtype)
+      array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array
   return make(array, tensor_lib.jax_device(index), dtype)
 
 
