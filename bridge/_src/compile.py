@@ -306,24 +306,22 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
         o = lean_call(*arrays)
       except (TypeError, ValueError):  # refused: the general path hands it to `jax.jit`
         return general(self, args, kwargs)
-      # `tensor_lib.make_result`, written out (positional: cheaper to parse than keywords)
-      t = new_tensor(tensor_cls, o.shape, None, None, None, out_dtype, strided, device)
-      t._storage = storage_cls(o, device)
-      return t
-    prev = swap(True)
-    try:
-      outs, updates, new_key = program.forward(*arrays)
-    except (TypeError, ValueError) as e:
-      outs, updates, new_key = self._retry(program, arrays, n_state, e)
-    finally:
-      restore(prev)
-    if single:
+    else:
+      prev = swap(True)
+      try:
+        outs, updates, new_key = program.forward(*arrays)
+      except (TypeError, ValueError) as e:
+        outs, updates, new_key = self._retry(program, arrays, n_state, e)
+      finally:
+        restore(prev)
+      if not single:
+        results = [make_result(o, device, dtype) for o, dtype in zip(outs, out_dtypes)]
+        return finish(program, results, updates, new_key)
       o = outs[0]
-      t = new_tensor(tensor_cls, o.shape, None, None, None, out_dtype, strided, device)
-      t._storage = storage_cls(o, device)
-      return t
-    results = [make_result(o, device, dtype) for o, dtype in zip(outs, out_dtypes)]
-    return finish(program, results, updates, new_key)
+    # `tensor_lib.make_result`, written out (positional: cheaper to parse than keywords)
+    t = new_tensor(tensor_cls, o.shape, None, None, None, out_dtype, strided, device)
+    t._storage = storage_cls(o, device)
+    return t
 
   return call
 

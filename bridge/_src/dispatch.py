@@ -36,6 +36,7 @@ from bridge._src import ffi
 from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
 from bridge._src.errors import BridgeError
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make, make_view, value
@@ -453,7 +454,6 @@ def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
     elif isinstance(leaf, torch.Tensor) and not (leaf.device.type == "cpu"
                                                  and leaf.numel() <= _FOLD_MAX):
       return _UNKNOWN
-  from bridge._src import transfer
 
   def to_cpu(x: Any) -> Any:
     if type(x) is Tensor:

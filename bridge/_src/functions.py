@@ -284,7 +284,6 @@ def _backward(cls: type, api: str, structure: dict, residuals: list, cotangents:
 def _sum_to(v: Any, shape: tuple, name: str, i: int, api: str) -> Any:
   """torch's rule for a gradient of another shape: summed to the input's if it broadcasts."""
   try:
-    np.broadcast_shapes(shape, v.shape)
     if np.broadcast_shapes(shape, v.shape) != tuple(v.shape):
       raise ValueError
   except ValueError:
