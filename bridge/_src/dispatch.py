@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import threading
 import warnings
 from typing import Any, Callable
@@ -183,18 +184,37 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   index = device_lib.device_index(device)
   dtype = scope.narrow_dtype(dtype, f"a new {dtype} tensor")
   jdtype = dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype")
+  target = device_lib.jax_devices()[index]
   with _x64():
-    if scope.staged() and math.prod(size) <= _FOLD_MAX:
+    if not scope.staged():
+      array = jax.device_put(_host_zeros(size, jdtype), target)
+    elif math.prod(size) <= _FOLD_MAX:
       # a known value while a program is staged (see `_fold`): made by NumPy, not compiled
       with jax.ensure_compile_time_eval():
-        array = jax.device_put(np.zeros(size, jdtype), device_lib.jax_devices()[index])
+        array = jax.device_put(np.zeros(size, jdtype), target)
     else:
-      array = _zeros(size, jdtype)
-      array = jax.device_put(array, device_lib.jax_devices()[index]) if index else array
+      array = jnp.zeros(size, jdtype)
   return make(array, tensor_lib.jax_device(index), dtype)
 
 
-_zeros = jax.jit(lambda size, dtype: jnp.zeros(size, dtype), static_argnums=(0, 1))
+def _host_zeros(size: tuple, dtype: np.dtype) -> np.ndarray:
+  """Zeros in a 64-byte aligned NumPy buffer, which a CPU device takes without copying.
+
+  `empty` (and so `tensor.to("jax")`, `module.to("jax")`, whose `copy_` then replaces the
+  array) costs an allocation, not an XLA compile per new shape (tens of milliseconds
+  each). A large buffer is a fresh anonymous mapping: its zero pages are not written
+  until used, where `np.zeros` would clear recycled heap memory (a pass over all of it).
+  """
+  dtype = np.dtype(dtype)
+  nbytes = math.prod(size) * dtype.itemsize
+  if nbytes >= _MAP_BYTES:
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(size)  # page-aligned
+  raw = np.zeros(nbytes + transfer._ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % transfer._ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(size)
+
+
+_MAP_BYTES = 1 << 20
 
 
 # --- meta: torch's own shapes and dtypes ---------------------------------------------
