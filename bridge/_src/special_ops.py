@@ -70,6 +70,10 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
     return dst
   from bridge._src import transfer
   src_t = src.detach()
+  # inside a 32-bit program a 64-bit CPU source is narrowed, with the warning, as CPU tensors
+  # beside jax tensors are (`dispatch._scalar_from_cpu`); the destination was made narrowed
+  src_t = src_t.to(scope.narrow_dtype(src_t.dtype, f"a {src_t.dtype} CPU tensor (shape "
+                                      f"{tuple(src_t.shape)}) copied to the jax device"))
   with _x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
     index = dst.device.index or 0
@@ -140,6 +144,52 @@ def _as_strided_scatter(args: tuple, kwargs: dict) -> Any:
   return out
 
 
+def _pack_padded_sequence(args: tuple, kwargs: dict) -> tuple:
+  """torch's `_pack_padded_sequence` (`nn.utils.rnn.pack_padded_sequence`), on jax tensors.
+
+  As torch's kernel (CompositeExplicitAutograd, so it reaches the dispatcher), with the same
+  checks and messages: `lengths` is a CPU int64 tensor, so the packed layout is known in
+  Python; the data are slices of `input` (traced like any op: shapes are static) and
+  `batch_sizes` is a CPU tensor, which torch's recurrent kernels (`lstm.data`, ...) and
+  `pad_packed_sequence` read on the host.
+  """
+  bound = dict(zip(["input", "lengths", "batch_first"], args), **kwargs)
+  x, lengths, batch_first = bound["input"], bound["lengths"], bound["batch_first"]
+  if x.numel() == 0:
+    raise RuntimeError("Cannot pack empty tensors.")
+  if lengths.device.type != "cpu" or lengths.dtype != torch.int64 or lengths.dim() != 1:
+    kind = torch.empty(0, dtype=lengths.dtype).type().rpartition(".")[2].removesuffix("Tensor")
+    hint = ""
+    if isinstance(lengths, Tensor) and isinstance(lengths._storage.array, jax.core.Tracer):
+      hint = (". Here `lengths` is a value of the JAX program being traced (a tensor argument "
+              "of `bridge.compile` or `call_torch`), but the packed layout must be known "
+              "while tracing: pass the lengths as a Python list (a static argument) or as a "
+              "CPU tensor the function closes over")
+    raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
+                       f"{lengths.dim()}D {lengths.device} {kind} tensor{hint}")
+  if batch_first:
+    x = x.transpose(0, 1)
+  batch, lens = x.shape[1], lengths.tolist()
+  if len(lens) != batch:
+    raise RuntimeError(f"Expected `len(lengths)` to be equal to batch_size, but got "
+                       f"{len(lens)} (batch_size={batch})")
+  if lens[-1] <= 0:
+    raise RuntimeError("Length of all samples has to be greater than 0, but found an element "
+                       "in 'lengths' that is <= 0")
+  steps, sizes, prev = [], [], 0
+  for i, n in enumerate(reversed(lens)):  # shortest first: each run of steps has one batch
+    if n < prev:
+      raise RuntimeError(
+          "`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
+          "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence "
+          "to sidestep this requirement if you do not need ONNX exportability.")
+    if n > prev:
+      steps.append(x[prev:n, :batch - i].reshape(-1, *x.shape[2:]))
+      sizes += [batch - i] * (n - prev)
+      prev = n
+  return torch.cat(steps), torch.tensor(sizes, dtype=torch.int64, device="cpu")
+
+
 def _false(args: tuple, kwargs: dict) -> bool:
   return False
 
@@ -179,6 +229,7 @@ SPECIAL: dict[Any, Callable] = {
     aten.view_as_complex.default: _view_as_complex,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.is_pinned.default: _false,
+    aten._pack_padded_sequence.default: _pack_padded_sequence,
     aten._has_compatible_shallow_copy_type.default:
         lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
 }
