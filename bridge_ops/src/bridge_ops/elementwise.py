@@ -53,6 +53,11 @@ def _as(value: Any, dtype: Any) -> jax.Array:
   return value.astype(dtype)
 
 
+def _is_one(alpha: Any) -> bool:
+  """`alpha` is the literal 1 (the default; a traced scalar is never known to be)."""
+  return type(alpha) in (int, float, bool) and alpha == 1
+
+
 def _promoted(*values: Any, kind: str = "default") -> tuple[jax.Array, ...]:
   """`values` (arrays or Scalars) cast to torch's computation dtype for them."""
   compute, _ = result_dtypes(*values, kind=kind)
@@ -191,18 +196,24 @@ def _rshift(a: jax.Array, b: jax.Array) -> jax.Array:
 @lowering(aten.add.Tensor, aten.add.Scalar)
 @_promote("self", "other")
 def add(self, other, alpha=1):
+  if _is_one(alpha):  # `x + y`: no multiply by a constant 1 in the program
+    return self + other
   return self + other * _as(alpha, other.dtype)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 @_promote("self", "other")
 def sub(self, other, alpha=1):
+  if _is_one(alpha):
+    return self - other
   return self - other * _as(alpha, other.dtype)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 @_promote("self", "other")
 def rsub(self, other, alpha=1):
+  if _is_one(alpha):
+    return other - self
   return other - self * _as(alpha, self.dtype)
 
 

@@ -83,13 +83,25 @@ def _add_scaled(self, product, beta, alpha, out_dtype, zero_alpha_ignores_produc
   """beta * self + alpha * product, with torch's semantics for beta == 0 and alpha == 0."""
   if out_dtype == jnp.bool_:  # torch: for bool tensors beta/alpha act as logical and
     return (jnp.logical_and(beta, self) | jnp.logical_and(alpha, product)).astype(jnp.bool_)
-  beta, alpha = _scalar(beta, out_dtype), _scalar(alpha, out_dtype)
   bias = self.astype(product.dtype)
-  bias = jnp.where(beta == 0, jnp.zeros_like(bias), beta * bias)
-  scaled = alpha * product
-  if zero_alpha_ignores_product:
-    scaled = jnp.where(alpha == 0, jnp.zeros_like(product), scaled)
+  if _literal(beta) and beta in (0, 1):  # (the defaults: nothing to scale or select)
+    bias = jnp.zeros_like(bias) if beta == 0 else bias
+  else:
+    beta = _scalar(beta, out_dtype)
+    bias = jnp.where(beta == 0, jnp.zeros_like(bias), beta * bias)
+  if _literal(alpha) and alpha == 1:
+    scaled = product
+  else:
+    alpha = _scalar(alpha, out_dtype)
+    scaled = alpha * product
+    if zero_alpha_ignores_product:
+      scaled = jnp.where(alpha == 0, jnp.zeros_like(product), scaled)
   return (bias + scaled).astype(out_dtype)
+
+
+def _literal(v) -> bool:
+  """A Python number (not a traced scalar, whose value is unknown while tracing)."""
+  return type(v) in (int, float, bool)
 
 
 @lowering(aten.mm.default)

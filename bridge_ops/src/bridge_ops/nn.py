@@ -197,9 +197,10 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
   x = input.astype(ct)
   axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
   mean = jnp.mean(x, axis=axes, keepdims=True)
-  var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+  centered = x - mean
+  var = jnp.mean(jnp.square(centered), axis=axes, keepdims=True)
   rstd = 1 / jnp.sqrt(var + eps)
-  out = (x - mean) * rstd
+  out = centered * rstd
   if weight is not None:
     out = out * weight.astype(ct)
   if bias is not None:
