@@ -61,10 +61,10 @@ def _case(kind: str, enforce_sorted: bool):
   return model, x, lengths, expected, grads
 
 
-CASES = [(k, s) for k in RNNS for s in (True, False)]
 
 
-@pytest.mark.parametrize("kind,enforce_sorted", CASES)
+@pytest.mark.parametrize("kind,enforce_sorted", [("lstm", True), ("lstm", False), ("gru", True),
+                                                  ("rnn", False)])
 @pytest.mark.filterwarnings("ignore:bridge. torch code is being traced into a JAX program built")
 def test_extract_jax_under_jit_and_grad(kind, enforce_sorted):
   model, x, lengths, (want_out, want_h), (want_gx, *want_gp) = _case(kind, enforce_sorted)
