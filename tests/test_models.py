@@ -1,4 +1,5 @@
-"""Real models through the bridge: Hugging Face GPT-2 and BERT, a CNN with BatchNorm, an LSTM.
+"""Real models through the bridge: Hugging Face GPT-2, BERT and a Mixtral mixture of experts, a
+CNN with BatchNorm, an LSTM.
 
 For each: the forward under `jax.jit` through `extract_jax`/`call_torch` and through
 `bridge.compile` matches torch eager; gradients with respect to every parameter via
@@ -83,7 +84,20 @@ def _lstm():
   return _Tagger(), (ids,), {"labels": ids % 5}, lambda o: o[0], lambda o: o[1]
 
 
-MODELS = {"gpt2": _gpt2, "bert": _bert, "cnn_batchnorm": _cnn, "lstm": _lstm}
+def _mixtral():
+  # a mixture of experts: top-2 routing, then Hugging Face's grouped GEMMs (`F.grouped_mm`) over
+  # the tokens sorted by expert, with offsets computed from the router's traced choices
+  config = transformers.MixtralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_local_experts=4, num_experts_per_tok=2, vocab_size=100,
+                                      max_position_embeddings=32)
+  model = transformers.MixtralForCausalLM(config)
+  ids = _ids()
+  return model, (ids,), {"labels": ids}, lambda out: out.logits, lambda out: out.loss
+
+
+MODELS = {"gpt2": _gpt2, "bert": _bert, "cnn_batchnorm": _cnn, "lstm": _lstm,
+          "mixtral_moe": _mixtral}
 # float32 models compared with torch on the CPU: XLA fuses and reorders reductions.
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 

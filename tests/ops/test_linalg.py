@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import bridge
 from tests.ops.harness import check, lowering_of, run_direct
 
 aten = torch.ops.aten
@@ -327,3 +328,61 @@ def test_gauge_invariant_gradients(fn):
   with jax.enable_x64(True):
     got = jax.grad(lambda x: bridge.call_torch(loss, x))(jnp.asarray(a.numpy()))
   torch.testing.assert_close(torch.from_numpy(np.asarray(got).copy()), t.grad)
+
+
+_GROUPED = {  # (mat_a, mat_b, offs): torch's four layouts (its CPU kernel wants 16-byte strides)
+    "2d_3d": ((7, 4), (3, 4, 8), [2, 2, 5]),  # rows in groups (an empty one); rows 5, 6 in none
+    "3d_2d": ((3, 8, 4), (4, 12), [4, 8, 12]),  # columns of mat_b in groups
+    "2d_2d": ((8, 12), (12, 8), [4, 7, 12]),  # k in groups: one product per group
+    "3d_3d": ((3, 8, 4), (3, 4, 8), None),  # batched
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_GROUPED))
+def test_grouped_mm_matches_torch_with_gradients(layout):
+  """`F.grouped_mm` (Hugging Face's mixture-of-experts GEMMs) on the jax device and under
+  `jax.jit(jax.grad)` with traced offsets, against torch's CPU kernel and autograd."""
+  a_shape, b_shape, offs = _GROUPED[layout]
+  gen = torch.Generator().manual_seed(3)
+  a, b = torch.randn(a_shape, generator=gen), torch.randn(b_shape, generator=gen)
+  offs = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+  expected = torch._grouped_mm(a, b, offs=offs)
+  keep = slice(0, 5) if layout == "2d_3d" else slice(None)  # torch leaves rows 5, 6 unset
+  got = torch._grouped_mm(a.to("jax"), b.to("jax"), offs=None if offs is None else offs.to("jax"))
+  assert got.dtype == torch.float32 and got.shape == expected.shape
+  torch.testing.assert_close(got.cpu()[keep], expected[keep])
+  if layout == "2d_3d":
+    assert not got.cpu()[5:].any()
+
+  weights = torch.randn(expected.shape, generator=gen)
+  if layout == "2d_3d":
+    weights[5:] = 0  # the unset rows count for nothing
+  ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
+  (torch._grouped_mm(ar, br, offs=offs) * weights).sum().backward()
+
+  def loss(x, y, o):
+    out = bridge.call_torch(lambda t, u, v: torch._grouped_mm(t, u, offs=v), x, y, o)
+    return (out * jnp.asarray(weights.numpy())).sum()
+
+  arrays = [jnp.asarray(t.numpy()) for t in (a, b)]
+  o = None if offs is None else jnp.asarray(offs.numpy())
+  ga, gb = jax.jit(jax.grad(loss, argnums=(0, 1)))(*arrays, o)
+  # (torch's backward leaves the gradient of the rows in no group unset too; here it is 0)
+  torch.testing.assert_close(torch.tensor(np.asarray(ga))[keep], ar.grad[keep])
+  if layout == "2d_3d":
+    assert not np.asarray(ga)[5:].any()
+  torch.testing.assert_close(torch.tensor(np.asarray(gb)), br.grad)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(dtype=torch.float64), "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got "
+                                "Double"),
+    (dict(offs_dtype=torch.int64), "Offsets have to be int32"),
+    (dict(out_dtype=torch.float16), "Grouped gemm output dtype must match `mat_a` dtype"),
+])
+def test_grouped_mm_refuses_what_torch_refuses(bad, message):
+  a = torch.randn(7, 4, dtype=bad.get("dtype", torch.float32), device="jax")
+  b = torch.randn(3, 4, 8, dtype=bad.get("dtype", torch.float32), device="jax")
+  offs = torch.tensor([2, 2, 5], dtype=bad.get("offs_dtype", torch.int32), device="jax")
+  with pytest.raises(RuntimeError, match=message):
+    torch._grouped_mm(a, b, offs=offs, out_dtype=bad.get("out_dtype"))

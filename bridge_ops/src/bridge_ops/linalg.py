@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import aten, fori_loop, lowering, scan, while_loop
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, scan, torch_dtype,
+                                  while_loop)
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -155,6 +156,62 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
 @lowering(aten.addmv.default)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
   return _add_scaled(self, _product("ij,j->i", mat, vec), beta, alpha, mat.dtype)
+
+
+@lowering(aten._grouped_mm.default)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+  """torch's grouped GEMM (`F.grouped_mm`, what Hugging Face's mixture-of-experts layers call
+  on a non-CPU device). `offs` holds the int32 end offsets of the groups along the ragged
+  dimension:
+
+  * 2-D x 3-D: (M, K) rows in groups, group g times `mat2[g]` -> (M, N); rows past the last
+    offset are 0 (torch's CPU kernel leaves them unset);
+  * 3-D x 2-D: (N) columns in groups, `self[g]` times group g's columns -> (M, N);
+  * 2-D x 2-D: K in groups, one product per group -> (G, M, N);
+  * 3-D x 3-D (no `offs`): a batched product.
+
+  The offsets may be traced values (a router's counts): every shape is static.
+  """
+  allowed = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+  for name, m in (("mat_a", self), ("mat_b", mat2)):
+    if np.dtype(m.dtype) not in allowed:
+      kind = torch.empty(0, dtype=torch_dtype(m.dtype)).type().rpartition(".")[2]
+      raise RuntimeError(f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got "
+                         f"{kind.removesuffix('Tensor')}")
+  _same_dtype(self, mat2)
+  if bias is not None:
+    raise RuntimeError("Bias not supported yet")
+  if out_dtype is not None and np.dtype(jax_dtype(out_dtype)) != np.dtype(self.dtype):
+    raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
+  if (offs is None) != (self.ndim == 3 and mat2.ndim == 3):
+    raise RuntimeError("Offsets must be passed (only) when mat_a or mat_b is 2-D: "
+                       f"got {self.ndim}-D and {mat2.ndim}-D with offs "
+                       f"{'missing' if offs is None else 'given'}")
+  if offs is not None and np.dtype(offs.dtype) != np.dtype(jnp.int32):
+    raise RuntimeError("Offsets have to be int32")
+  acc = _acc(self.dtype)
+  if offs is None:
+    out = lax.dot_general(self, mat2, (((2,), (1,)), ((0,), (0,))), precision=_HIGHEST,
+                          preferred_element_type=acc)
+    return out.astype(self.dtype)
+  groups = offs.shape[0]
+  if self.ndim == 2 and mat2.ndim == 3:
+    sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype))
+    out = lax.ragged_dot(self, mat2, sizes, precision=_HIGHEST, preferred_element_type=acc)
+    return out.astype(self.dtype)
+  ragged = mat2.shape[1] if self.ndim == 3 else self.shape[1]  # N (3-D x 2-D) or K (2-D x 2-D)
+  # the group of each column of mat2 / each k; past the last offset: `groups`, in none
+  group = jnp.searchsorted(offs, jnp.arange(ragged, dtype=offs.dtype), side="right")
+  member = (group[None, :] == jnp.arange(groups)[:, None]).astype(acc)  # (G, ragged)
+  if self.ndim == 3:  # (G, M, K) x (K, N): column n uses self[group of n]
+    full = lax.dot_general(self, mat2, (((2,), (0,)), ((), ())), precision=_HIGHEST,
+                           preferred_element_type=acc)  # (G, M, N)
+    return (full * member[:, None, :]).sum(0).astype(self.dtype)
+  # (M, K) x (K, N) with K in groups -> (G, M, N)
+  masked = self.astype(acc)[None, :, :] * member[:, None, :]  # (G, M, K)
+  out = lax.dot_general(masked, mat2.astype(acc), (((2,), (0,)), ((), ())), precision=_HIGHEST,
+                        preferred_element_type=acc)
+  return out.astype(self.dtype)
 
 
 @lowering(aten.baddbmm.default)

@@ -964,6 +964,8 @@ def histc(self, bins=100, min=0, max=0):
   lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
   edges = _linspace(lo, hi, bins + 1, self.dtype)
   hist = _histdd(x, [edges], None, False, "linear")
+  if not jnp.issubdtype(hist.dtype, jnp.inexact):  # integer data (CUDA's histc takes it):
+    return hist  # its range is finite and widened to lo < hi, and NaN has no integer value
   bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi) & (lo < hi))
   return jnp.where(bad, jnp.full_like(hist, jnp.nan), hist)
 
