@@ -194,6 +194,7 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
         array = jax.device_put(np.zeros(size, jdtype), target)
     else:
       array = jnp.zeros(size, jdtype)
+      array = jax.device_put(array, target) if index else array
   return make(array, tensor_lib.jax_device(index), dtype)
 
 

@@ -96,6 +96,12 @@ def with_derivative(fn: Callable[..., Any],
   return f
 
 
+def literal(value: Any) -> bool:
+  """`value` is a Python number, known while tracing (a traced scalar's value is not): a
+  lowering may then skip work its value makes moot (a multiply by the default alpha of 1)."""
+  return type(value) in (int, float, bool)
+
+
 def torch_sign(x: Any) -> Any:
   """torch's sign of a real array: 0 at 0 and at NaN (jnp.sign(nan) is nan)."""
   return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, lowering, promote, result_dtypes, torch_abs,
+from bridge_ops._lowering import (aten, literal, lowering, promote, result_dtypes, torch_abs,
                                   torch_sign, while_loop, with_derivative)
 
 __all__: list[str] = []
@@ -55,7 +55,7 @@ def _as(value: Any, dtype: Any) -> jax.Array:
 
 def _is_one(alpha: Any) -> bool:
   """`alpha` is the literal 1 (the default; a traced scalar is never known to be)."""
-  return type(alpha) in (int, float, bool) and alpha == 1
+  return literal(alpha) and alpha == 1
 
 
 def _promoted(*values: Any, kind: str = "default") -> tuple[jax.Array, ...]:

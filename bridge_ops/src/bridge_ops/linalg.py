@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, scan, torch_dtype,
-                                  while_loop)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, scan,
+                                  torch_dtype, while_loop)
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -85,12 +85,12 @@ def _add_scaled(self, product, beta, alpha, out_dtype, zero_alpha_ignores_produc
   if out_dtype == jnp.bool_:  # torch: for bool tensors beta/alpha act as logical and
     return (jnp.logical_and(beta, self) | jnp.logical_and(alpha, product)).astype(jnp.bool_)
   bias = self.astype(product.dtype)
-  if _literal(beta) and beta in (0, 1):  # (the defaults: nothing to scale or select)
+  if literal(beta) and beta in (0, 1):  # (the defaults: nothing to scale or select)
     bias = jnp.zeros_like(bias) if beta == 0 else bias
   else:
     beta = _scalar(beta, out_dtype)
     bias = jnp.where(beta == 0, jnp.zeros_like(bias), beta * bias)
-  if _literal(alpha) and alpha == 1:
+  if literal(alpha) and alpha == 1:
     scaled = product
   else:
     alpha = _scalar(alpha, out_dtype)
@@ -98,11 +98,6 @@ def _add_scaled(self, product, beta, alpha, out_dtype, zero_alpha_ignores_produc
     if zero_alpha_ignores_product:
       scaled = jnp.where(alpha == 0, jnp.zeros_like(product), scaled)
   return (bias + scaled).astype(out_dtype)
-
-
-def _literal(v) -> bool:
-  """A Python number (not a traced scalar, whose value is unknown while tracing)."""
-  return type(v) in (int, float, bool)
 
 
 @lowering(aten.mm.default)
