@@ -383,18 +383,28 @@ class _Executable:
     # tracer is one) then trace inline rather than as nested programs, about a quarter of a
     # model's trace (see `registry.Lowering.jit_free`).
     self.jit_free = lowering is not None and lowering.jit_free
-    dynamic_shape = lowering.dynamic_shape if lowering is not None else False
-    jitted = jax.jit(self.run)
-    # Staged into a surrounding trace: jit's cache (by the arguments' types) replays the op's
-    # equations into that trace when it recurs with the same types (a model's next layer)
-    # instead of running the lowering and torch's meta kernel again.
-    self.staged = self.run if dynamic_shape else jax.jit(self.run, inline=True)
-    if dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
-      # (torch also reads uint8 index tensors as masks)
-      self.call = lambda *dyn: (self.run(*dyn) if any(
-          getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn) else jitted(*dyn))
-    else:
-      self.call = self.run if dynamic_shape else jitted
+    self.dynamic_shape = lowering.dynamic_shape if lowering is not None else False
+    # `call` (eager) and `staged` are made on first use (`__getattr__`): an op met only while
+    # a program is staged never needs the eager one, and each `jax.jit` costs tens of us.
+
+  def __getattr__(self, name: str) -> Any:
+    if name == "staged":
+      # Staged into a surrounding trace: jit's cache (by the arguments' types) replays the
+      # op's equations into that trace when it recurs with the same types (a model's next
+      # layer) instead of running the lowering and torch's meta kernel again.
+      self.staged = self.run if self.dynamic_shape else jax.jit(self.run, inline=True)
+      return self.staged
+    if name == "call":
+      if not self.dynamic_shape:
+        self.call = jax.jit(self.run)
+      elif self.dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
+        jitted = jax.jit(self.run)  # (torch also reads uint8 index tensors as masks)
+        self.call = lambda *dyn: (self.run(*dyn) if any(
+            getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn) else jitted(*dyn))
+      else:
+        self.call = self.run
+      return self.call
+    raise AttributeError(name)
 
   def run(self, *dyn: Any) -> Any:
     if self.keyed:
