@@ -61,8 +61,6 @@ def _case(kind: str, enforce_sorted: bool):
   return model, x, lengths, expected, grads
 
 
-
-
 @pytest.mark.parametrize("kind,enforce_sorted", [("lstm", True), ("lstm", False), ("gru", True),
                                                   ("rnn", False)])
 @pytest.mark.filterwarnings("ignore:bridge. torch code is being traced into a JAX program built")
