@@ -75,6 +75,7 @@ CASES = {
     "cumprod through 0": (lambda x: x.cumprod(0).sum(), [0.0, 2.0, 3.0]),
     "prod with one 0": (lambda x: x.prod(), [0.0, 2.0, 3.0]),
     "prod with two 0s": (lambda x: x.prod(), [0.0, 0.0, 3.0]),
+    "sinc near 0": (lambda x: torch.sinc(x).sum(), [1e-200, 1e-20, -1e-9, 0.0, 0.5]),
     "matrix_norm at 0": (lambda x: torch.linalg.matrix_norm(x.reshape(2, 2)), [0.0, 0.0, 0.0, 0.0]),
     "kl_div with a 0 target": (lambda x: F.kl_div(x, _t(0.0, 1.0), reduction="sum"), [-1.0, -2.0]),
     "binary_cross_entropy at 0 and 1": (lambda x: F.binary_cross_entropy(x, _t(0.0, 1.0)), [0.0, 1.0]),
@@ -111,6 +112,7 @@ LARGE = {
     "hypot of tiny values": (lambda x: torch.hypot(x, torch.zeros_like(x)).sum(), [1e-30, -1e-30, 2.0]),
     "hypot at (0, 0)": (lambda x: torch.hypot(x, torch.zeros_like(x)).sum(), [0.0, 1.0]),
     "copysign at 0": (lambda x: torch.copysign(x, -torch.ones_like(x)).sum(), [0.0, 2.0, -1.0]),
+    "sinc near 0": (lambda x: torch.sinc(x).sum(), [1e-30, -1e-30, 1e-5, 0.0, 0.5, 3.0]),
 }
 
 
