@@ -76,6 +76,12 @@ CASES = {
     "prod with one 0": (lambda x: x.prod(), [0.0, 2.0, 3.0]),
     "prod with two 0s": (lambda x: x.prod(), [0.0, 0.0, 3.0]),
     "sinc near 0": (lambda x: torch.sinc(x).sum(), [1e-200, 1e-20, -1e-9, 0.0, 0.5]),
+    "logit at and outside [0, 1]": (lambda x: torch.logit(x).sum(), [0.0, 1.0, 2.0, -1.0, 0.3]),
+    "logit with eps": (lambda x: torch.logit(x, 1e-3).sum(), [0.0, 1.0, 2.0, -1.0, 0.3, 1e-4]),
+    "pow(x, x) at 0": (lambda x: torch.pow(x, x).sum(), [0.0, 0.5, 2.0]),
+    "pow of a 0 base": (lambda x: torch.pow(torch.zeros_like(x), x).sum(), [-1.0, 0.0, 2.0]),
+    "norm p=0.5 with a 0": (lambda x: x.norm(p=0.5), [0.0, 1.0, 4.0]),
+    "mvlgamma at x <= (p-1)/2": (lambda x: torch.mvlgamma(x, 2).sum(), [-0.5, 0.3, 1.0, 3.0]),
     "matrix_norm at 0": (lambda x: torch.linalg.matrix_norm(x.reshape(2, 2)), [0.0, 0.0, 0.0, 0.0]),
     "kl_div with a 0 target": (lambda x: F.kl_div(x, _t(0.0, 1.0), reduction="sum"), [-1.0, -2.0]),
     "binary_cross_entropy at 0 and 1": (lambda x: F.binary_cross_entropy(x, _t(0.0, 1.0)), [0.0, 1.0]),
@@ -113,6 +119,7 @@ LARGE = {
     "hypot at (0, 0)": (lambda x: torch.hypot(x, torch.zeros_like(x)).sum(), [0.0, 1.0]),
     "copysign at 0": (lambda x: torch.copysign(x, -torch.ones_like(x)).sum(), [0.0, 2.0, -1.0]),
     "sinc near 0": (lambda x: torch.sinc(x).sum(), [1e-30, -1e-30, 1e-5, 0.0, 0.5, 3.0]),
+    "logit at and outside [0, 1]": (lambda x: torch.logit(x).sum(), [0.0, 1.0, 2.0, -1.0, 0.3]),
 }
 
 

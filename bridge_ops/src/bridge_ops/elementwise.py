@@ -293,9 +293,26 @@ def sgn(self):
   return sign(self)
 
 
+def _pow_tangent(out, primals, tangents):
+  # torch's pow_backward_self / pow_backward_exponent: no gradient through a 0 exponent, and
+  # none to the exponent where the base is 0 and the exponent >= 0 (x ** x at 0 has
+  # derivative 0 in torch, nan by JAX's rule).
+  (x, y), (tx, ty) = primals, tangents
+  zero = jnp.zeros((), out.dtype)
+  d_x = jnp.where(y == 0, zero, y * jnp.power(x, y - 1))
+  d_y = jnp.where((x == 0) & (y >= 0), zero, out * jnp.log(x))
+  return d_x * tx + d_y * ty
+
+
+_real_pow = with_derivative(jnp.power, _pow_tangent)
+
+
 @lowering(aten.pow.Tensor_Tensor)
 @_promote("self", "exponent")
 def pow(self, exponent):  # noqa: A001 - named after the op
+  if jnp.issubdtype(self.dtype, jnp.floating):
+    self, exponent = jnp.broadcast_arrays(self, exponent)
+    return _real_pow(self, exponent)
   return _pow(self, exponent)
 
 
@@ -486,12 +503,27 @@ def logit(self, eps=None):
   # torch's vectorized CPU kernel rounds each step (1 - x, the quotient, log) to the tensor's
   # own dtype, float16/bfloat16 included: no float32 opmath here.
   self = self.astype(result_dtypes(self, kind="int_to_float")[1])
-  if eps is not None:  # traced like a Scalar: a negative eps means no clamping, like None
-    lo = _as(eps, self.dtype)
-    hi = 1 - lo
-    clamped = jnp.where(self < lo, lo, jnp.where(self > hi, hi, self))
-    self = jnp.where(lo < 0, self, clamped)
-  return jnp.log(self / (1 - self))
+  if eps is None:
+    return _logit(self)
+  return _logit_eps(self, _as(eps, self.dtype))  # (eps traced like a Scalar)
+
+
+def _logit_value(x, lo=None):
+  if lo is not None:  # a negative eps means no clamping, like None
+    clamped = jnp.where(x < lo, lo, jnp.where(x > 1 - lo, 1 - lo, x))
+    x = jnp.where(lo < 0, x, clamped)
+  return jnp.log(x / (1 - x))
+
+
+# torch's logit_backward: 1 / (x (1 - x)); nan outside [0, 1] (where the value is nan: JAX's
+# rule gave a finite slope there), 0 outside [eps, 1 - eps] with an eps. eps gets no gradient.
+# (The slope is computed from the primals alone, so the tangent stays linear in `t`.)
+def _logit_slope(x, *eps):
+  return logit_backward(jnp.ones_like(x), x, *eps).astype(x.dtype)
+
+
+_logit = with_derivative(_logit_value, lambda out, p, t: t[0] * _logit_slope(p[0]))
+_logit_eps = with_derivative(_logit_value, lambda out, p, t: t[0] * _logit_slope(*p))
 
 
 @lowering(aten.erf.default)

@@ -255,7 +255,16 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   else:
     # torch's gradient at a zero norm is 0 (a subgradient), where d sqrt(s) at s = 0 is
     # inf * 0 = nan: the root sees a safe value there (a double `where`).
-    s = jnp.sum(a * a if ord == 2 else a ** ord, axis=axes, keepdims=keepdim)
+    # (and for 0 < ord < 1, d a**ord at a = 0 is inf * 0 = nan where torch's is 0: a zero
+    # element gets a safe base too; for ord < 0 it is inf, which makes the norm 0, as torch's)
+    if ord == 2:
+      powered = a * a
+    elif ord < 0:
+      powered = a ** ord
+    else:
+      nonzero = a != 0
+      powered = jnp.where(nonzero, jnp.where(nonzero, a, jnp.ones_like(a)) ** ord, jnp.zeros_like(a))
+    s = jnp.sum(powered, axis=axes, keepdims=keepdim)
     zero = s == 0
     safe = jnp.where(zero, jnp.ones_like(s), s)
     r = jnp.where(zero, jnp.zeros_like(s), jnp.sqrt(safe) if ord == 2 else safe ** (1.0 / ord))

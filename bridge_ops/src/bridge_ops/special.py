@@ -304,13 +304,12 @@ def polygamma(n, self):
 @lowering(aten.mvlgamma.default)
 @promote("self", kind="int_to_float")
 def mvlgamma(self, p):
-  # torch: sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi). torch raises when an element is
-  # <= (p-1)/2, which a traced lowering cannot check: those elements give nan.
+  # torch: sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi), for every x: torch no longer
+  # checks x > (p-1)/2 (mvlgamma(-0.5, 1) is lgamma(-0.5), mvlgamma(0, 1) is inf).
   if p < 1:
     raise ValueError(f"`torch.mvlgamma`: p has to be greater than or equal to 1, got p={p}")
   args = self[..., None] + jnp.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=self.dtype)
-  out = jnp.sum(lax.lgamma(args), axis=-1) + p * (p - 1) / 4 * np.log(np.pi)
-  return jnp.where(self > (p - 1) / 2, out, _nan(out))
+  return jnp.sum(lax.lgamma(args), axis=-1) + p * (p - 1) / 4 * np.log(np.pi)
 
 
 def _igamma_edges(a, x, out, *, upper):
