@@ -368,10 +368,19 @@ def exp2(self):
   # Split x = n + f and scale exp2(f) by 2**n exactly.
   if not jnp.issubdtype(self.dtype, jnp.floating):
     return jnp.exp2(self)  # complex
-  n = jnp.round(self)
+  return _exp2(self)
+
+
+def _exp2_value(x):
+  n = jnp.round(x)
   n_int = jnp.clip(jnp.where(jnp.isfinite(n), n, 0), -2000, 2000).astype(jnp.int32)
-  out = jnp.ldexp(jnp.exp2(self - n), n_int)
-  return jnp.where(jnp.isfinite(self), out, jnp.exp2(self))
+  out = jnp.ldexp(jnp.exp2(x - n), n_int)
+  return jnp.where(jnp.isfinite(x), out, jnp.exp2(x))
+
+
+# torch's derivative, from the output: exp2(x) ln 2 (inf where exp2 overflows, 0 at -inf;
+# differentiating the split above gave nan there)
+_exp2 = with_derivative(_exp2_value, lambda out, p, t: out * np.log(2.0).item() * t[0])
 
 
 @lowering(aten.expm1.default)
