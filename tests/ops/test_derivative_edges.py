@@ -120,7 +120,8 @@ LARGE = {
     "copysign at 0": (lambda x: torch.copysign(x, -torch.ones_like(x)).sum(), [0.0, 2.0, -1.0]),
     "sinc near 0": (lambda x: torch.sinc(x).sum(), [1e-30, -1e-30, 1e-5, 0.0, 0.5, 3.0]),
     "logit at and outside [0, 1]": (lambda x: torch.logit(x).sum(), [0.0, 1.0, 2.0, -1.0, 0.3]),
-    "exp2 where it overflows": (lambda x: torch.exp2(x).sum(), [1e10, float("inf"), float("-inf"), 3.5]),
+    "exp2 where it overflows": (lambda x: torch.exp2(x).sum(),
+                                [1e10, float("inf"), float("-inf"), 3.5]),
 }
 
 

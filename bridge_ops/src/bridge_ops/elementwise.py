@@ -364,14 +364,14 @@ def exp(self):
 @lowering(aten.exp2.default)
 @promote("self", kind="int_to_float")
 def exp2(self):
-  # XLA's exp2 is exp(x * ln 2): ~20 ulp off for |x| ~ 100 in float32 (2**100 inexact).
-  # Split x = n + f and scale exp2(f) by 2**n exactly.
   if not jnp.issubdtype(self.dtype, jnp.floating):
     return jnp.exp2(self)  # complex
   return _exp2(self)
 
 
 def _exp2_value(x):
+  # XLA's exp2 is exp(x * ln 2): ~20 ulp off for |x| ~ 100 in float32 (2**100 inexact).
+  # Split x = n + f and scale exp2(f) by 2**n exactly.
   n = jnp.round(x)
   n_int = jnp.clip(jnp.where(jnp.isfinite(n), n, 0), -2000, 2000).astype(jnp.int32)
   out = jnp.ldexp(jnp.exp2(x - n), n_int)

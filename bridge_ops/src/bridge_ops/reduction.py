@@ -263,7 +263,8 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
       powered = a ** ord
     else:
       nonzero = a != 0
-      powered = jnp.where(nonzero, jnp.where(nonzero, a, jnp.ones_like(a)) ** ord, jnp.zeros_like(a))
+      base = jnp.where(nonzero, a, jnp.ones_like(a))
+      powered = jnp.where(nonzero, base ** ord, jnp.zeros_like(a))
     s = jnp.sum(powered, axis=axes, keepdims=keepdim)
     zero = s == 0
     safe = jnp.where(zero, jnp.ones_like(s), s)
