@@ -96,6 +96,22 @@ def with_derivative(fn: Callable[..., Any],
   return f
 
 
+def power_of_abs(a: Any, p: float) -> Any:
+  """`a ** p` for `a >= 0` (an absolute value) and a static `p > 0`, with a zero gradient at
+  `a == 0`, where `p < 1` makes the plain derivative infinite (inf * 0 = nan through `abs`):
+  torch's norm and distance backwards give 0 there."""
+  zero = a == 0
+  return jnp.where(zero, jnp.zeros((), a.dtype), jnp.where(zero, 1, a) ** p)
+
+
+def root(s: Any, p: float) -> Any:
+  """`s ** (1 / p)` (`sqrt` for p == 2) with a zero gradient at `s == 0`, as torch's norm and
+  distance backwards (the root's derivative there is inf)."""
+  zero = s == 0
+  r = jnp.sqrt(jnp.where(zero, 1, s)) if p == 2 else jnp.where(zero, 1, s) ** (1.0 / p)
+  return jnp.where(zero, jnp.zeros((), s.dtype), r)
+
+
 def literal(value: Any) -> bool:
   """`value` is a Python number, known while tracing (a traced scalar's value is not): a
   lowering may then skip work its value makes moot (a multiply by the default alpha of 1)."""

@@ -32,7 +32,8 @@ import torch
 # lazily, on the first chunked call).
 import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import aten, lowering, promote, result_dtypes, scan, with_derivative
+from bridge_ops._lowering import (aten, lowering, power_of_abs, promote, result_dtypes, root, scan,
+                                  with_derivative)
 
 torch_nn = torch.ops.torch_nn
 
@@ -221,13 +222,6 @@ def _linear_cross_entropy_batch_chunked_no_reduction(
 # --- distances (`torch.cdist`, `F.pdist`: what metric losses and k-NN code build on) -----------
 
 
-def _safe_root(s, p):
-  """`s ** (1 / p)` with a zero gradient at s == 0, as torch's distance backward."""
-  zero = s == 0
-  root = jnp.sqrt(jnp.where(zero, 1, s)) if p == 2 else jnp.where(zero, 1, s) ** (1.0 / p)
-  return jnp.where(zero, jnp.zeros((), s.dtype), root)
-
-
 def _p_norm(diff, p, axis=-1):
   """torch's `cdist`/`pdist` p-norm of `diff` along `axis`, with its special cases of p.
 
@@ -244,11 +238,8 @@ def _p_norm(diff, p, axis=-1):
     ties = jnp.where(a == top, a - jax.lax.stop_gradient(a), jnp.zeros((), a.dtype))
     return jnp.squeeze(top, axis) + jnp.sum(ties, axis=axis)
   if p == 2:
-    return _safe_root(jnp.sum(a * a, axis=axis), 2)
-  # |0| ** p has a zero gradient in torch even where p < 1 makes its derivative infinite.
-  zero = a == 0
-  powered = jnp.where(zero, jnp.zeros((), a.dtype), jnp.where(zero, 1, a) ** p)
-  return _safe_root(jnp.sum(powered, axis=axis), p)
+    return root(jnp.sum(a * a, axis=axis), 2)
+  return root(jnp.sum(power_of_abs(a, p), axis=axis), p)
 
 
 def _euclidean_dist(x1, x2):

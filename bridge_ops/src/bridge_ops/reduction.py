@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, result_dtypes, torch_abs,
-                                  while_loop, with_derivative)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, power_of_abs,
+                                  result_dtypes, root, torch_abs, while_loop, with_derivative)
 
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -253,22 +253,10 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   elif ord == 1:
     r = jnp.sum(a, axis=axes, keepdims=keepdim)
   else:
-    # torch's gradient at a zero norm is 0 (a subgradient), where d sqrt(s) at s = 0 is
-    # inf * 0 = nan: the root sees a safe value there (a double `where`).
-    # (and for 0 < ord < 1, d a**ord at a = 0 is inf * 0 = nan where torch's is 0: a zero
-    # element gets a safe base too; for ord < 0 it is inf, which makes the norm 0, as torch's)
-    if ord == 2:
-      powered = a * a
-    elif ord < 0:
-      powered = a ** ord
-    else:
-      nonzero = a != 0
-      base = jnp.where(nonzero, a, jnp.ones_like(a))
-      powered = jnp.where(nonzero, base ** ord, jnp.zeros_like(a))
-    s = jnp.sum(powered, axis=axes, keepdims=keepdim)
-    zero = s == 0
-    safe = jnp.where(zero, jnp.ones_like(s), s)
-    r = jnp.where(zero, jnp.zeros_like(s), jnp.sqrt(safe) if ord == 2 else safe ** (1.0 / ord))
+    # torch's gradient at a zero norm, and at a zero element for 0 < ord < 1, is 0 (`root`,
+    # `power_of_abs`); for ord < 0 a zero element's a ** ord is inf, which makes the norm 0.
+    powered = a * a if ord == 2 else a ** ord if ord < 0 else power_of_abs(a, ord)
+    r = root(jnp.sum(powered, axis=axes, keepdims=keepdim), ord)
   return r.astype(out)
 
 
