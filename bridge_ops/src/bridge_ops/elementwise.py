@@ -352,7 +352,12 @@ def sqrt(self):
 @lowering(aten.rsqrt.default)
 @promote("self", kind="int_to_float")
 def rsqrt(self):
-  return lax.rsqrt(self)
+  return _rsqrt(self)
+
+
+# torch's derivative, from the output: -out**3 / 2 (+inf at -0, where rsqrt is -inf; JAX's
+# -out / (2 x) gave -inf)
+_rsqrt = with_derivative(lax.rsqrt, lambda out, p, t: -0.5 * (out * out * out) * t[0])
 
 
 @lowering(aten.exp.default)

@@ -252,12 +252,23 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
     r = jnp.sum(a != 0, axis=axes, keepdims=keepdim, dtype=a.dtype)
   elif ord == 1:
     r = jnp.sum(a, axis=axes, keepdims=keepdim)
+  elif ord < 0:
+    r = _negative_order_norm(a, ord, axes, keepdim)
   else:
     # torch's gradient at a zero norm, and at a zero element for 0 < ord < 1, is 0 (`root`,
-    # `power_of_abs`); for ord < 0 a zero element's a ** ord is inf, which makes the norm 0.
-    powered = a * a if ord == 2 else a ** ord if ord < 0 else power_of_abs(a, ord)
+    # `power_of_abs`).
+    powered = a * a if ord == 2 else power_of_abs(a, ord)
     r = root(jnp.sum(powered, axis=axes, keepdims=keepdim), ord)
   return r.astype(out)
+
+
+def _negative_order_norm(a, ord, axes, keepdim):
+  """(sum a ** ord) ** (1 / ord) for ord < 0: a zero element's a ** ord is inf, which makes
+  the norm 0 and torch's gradient 0 for every element: the zeros are left out of the powers,
+  so the untaken branch has no inf * 0. A nan makes the norm and all its gradients nan."""
+  zero = (a == 0) & ~jnp.any(jnp.isnan(a), axis=axes, keepdims=True)
+  r = jnp.sum(jnp.where(zero, 1, a) ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+  return jnp.where(jnp.any(zero, axis=axes, keepdims=keepdim), jnp.zeros((), r.dtype), r)
 
 
 @lowering(aten.linalg_vector_norm.default, static_argnames=("ord",))

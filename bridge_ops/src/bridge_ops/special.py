@@ -181,7 +181,7 @@ def _where_safe(cond, x, fill):
 @lowering(aten.lgamma.default, prims.lgamma.default)
 @promote("self", kind="int_to_float")
 def lgamma(self):
-  return lax.lgamma(self)
+  return _lgamma(self)
 
 
 def _trigamma(x):
@@ -287,6 +287,10 @@ def _polygamma_jvp(n, primals, tangents):
   return _polygamma(n, x), _polygamma(n + 1, x) * dx
 
 
+# torch's derivative: digamma, so -+inf at +-0 (JAX's rule gives nan there)
+_lgamma = with_derivative(lax.lgamma, lambda out, p, t: _polygamma(0, p[0]) * t[0])
+
+
 @lowering(aten.digamma.default, prims.digamma.default)
 @promote("self", kind="int_to_float")
 def digamma(self):
@@ -309,7 +313,7 @@ def mvlgamma(self, p):
   if p < 1:
     raise ValueError(f"`torch.mvlgamma`: p has to be greater than or equal to 1, got p={p}")
   args = self[..., None] + jnp.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=self.dtype)
-  return jnp.sum(lax.lgamma(args), axis=-1) + p * (p - 1) / 4 * np.log(np.pi)
+  return jnp.sum(_lgamma(args), axis=-1) + p * (p - 1) / 4 * np.log(np.pi)
 
 
 def _igamma_edges(a, x, out, *, upper):
@@ -357,7 +361,13 @@ def special_ndtr(self):
 @lowering(aten.special_ndtri.default, prims.ndtri.default)
 @promote("self", kind="int_to_float")
 def special_ndtri(self):
-  return jsp.ndtri(self)
+  return _ndtri(self)
+
+
+# torch's derivative, from the output: sqrt(2 pi) exp(ndtri(x)**2 / 2), inf at 0 and 1
+# (JAX's rule gives 0 there)
+_ndtri = with_derivative(
+    jsp.ndtri, lambda out, p, t: math.sqrt(2 * math.pi) * jnp.exp(out * out / 2) * t[0])
 
 
 @lowering(aten.special_entr.default)
