@@ -46,6 +46,17 @@ CASES = {
     "pow with a zero base": (lambda x: torch.pow(torch.zeros(2, dtype=x.dtype), x).sum(), [2.0, 0.0]),
     "x ** 2 and x ** 0.5 at 0": (lambda x: (x ** 2.0).sum() + (x ** 0.5).sum(), [0.0, 1.0]),
     "xlogy at 0": (lambda x: torch.xlogy(x, x).sum(), [0.0, 1.0]),
+    "xlogy with x = 0": (lambda x: torch.xlogy(x[:3], x[3:]).sum(), [0.0, 0.0, 0.0, 2.0, 0.0, -1.0]),
+    "xlog1py with x = 0": (lambda x: torch.special.xlog1py(x[:3], x[3:]).sum(),
+                           [0.0, 0.0, 0.0, 2.0, -1.0, -0.5]),
+    "div with rounding by 0": (lambda x: (torch.div(x[:2], x[2:], rounding_mode="floor")
+                                          + torch.div(x[:2], x[2:], rounding_mode="trunc")).sum(),
+                               [1.0, 0.0, 0.0, 0.0]),
+    "remainder of inf": (lambda x: torch.remainder(x[:2], x[2:]).sum(), [float("inf"), 3.0, 1.0, 2.0]),
+    "huber and smooth_l1 at an infinite target": (
+        lambda x: (F.huber_loss(x, _t(float("inf"), float("-inf"), 0.0), delta=2.0)
+                   + F.smooth_l1_loss(x, _t(float("inf"), float("-inf"), 0.0), beta=2.0)), [0.0, 1.0, 0.5]),
+    "huber at a nan difference": (lambda x: F.huber_loss(x, _t(float("inf"), 0.0)), [float("inf"), 1.0]),
     "atan2 at (0, 0)": (lambda x: torch.atan2(x, x).sum(), [0.0, 1.0]),
     "max with ties": (lambda x: x.max(), [1.0, 1.0, 0.0]),
     "max(dim) with ties": (lambda x: x.reshape(1, 3).max(dim=1).values.sum(), [1.0, 1.0, 0.0]),

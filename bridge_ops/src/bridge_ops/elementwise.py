@@ -104,6 +104,9 @@ def _isnan(x: jax.Array) -> jax.Array:
 def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
   a, b = jnp.broadcast_arrays(a, b)  # lax.div/rem need equal shapes
   if _inexact(a):
+    # A step function: torch's derivative of a rounded division is 0 (the steps' formula
+    # below differentiates to inf/nan at b == 0).
+    a, b = lax.stop_gradient(a), lax.stop_gradient(b)
     # c10::div_floor_floating (Python's float floordiv); x / 0 stays inf/nan.
     mod = lax.rem(a, b)
     div = (a - mod) / b
@@ -116,11 +119,21 @@ def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where((rem != 0) & ((rem < 0) != (b < 0)), quot - 1, quot)
 
 
-def _remainder(a: jax.Array, b: jax.Array) -> jax.Array:
+def _remainder_value(a: jax.Array, b: jax.Array) -> jax.Array:
   # fmod, then moved into the divisor's sign (torch's remainder, ints and floats alike).
   a, b = jnp.broadcast_arrays(a, b)
   mod = lax.rem(a, b)
   return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
+
+
+# torch's derivative: da - db * floor(a / b), with torch's floor division (nan at a = inf)
+_remainder_real = with_derivative(
+    _remainder_value, lambda out, p, t: t[0] - t[1] * _div_floor(*p))
+
+
+def _remainder(a: jax.Array, b: jax.Array) -> jax.Array:
+  inexact = jnp.issubdtype(jnp.result_type(a, b), jnp.inexact)
+  return _remainder_real(a, b) if inexact else _remainder_value(a, b)
 
 
 def _int_pow(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -238,8 +251,8 @@ def div_mode(self, other, *, rounding_mode=None):
     a, b = _promoted(self, other)
     if _inexact(a):
       # torch rounds the quotient to the result dtype before truncating: in bfloat16,
-      # -100 / -0.8789 = 113.78 rounds to 114 first.
-      return jnp.trunc((a / b).astype(result))
+      # -100 / -0.8789 = 113.78 rounds to 114 first. A step function: derivative 0.
+      return lax.stop_gradient(jnp.trunc((a / b).astype(result)))
     return lax.div(*jnp.broadcast_arrays(a, b))  # C division: rounds towards zero
   if rounding_mode == "floor":
     return floor_divide(self, other)
@@ -841,9 +854,19 @@ _hypot = with_derivative(jnp.hypot, lambda out, p, t: (p[0] * t[0] + p[1] * t[1]
 @lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)
 @_promote("self", "other", kind="int_to_float")
 def xlogy(self, other):
+  return _xlogy(self, other)
+
+
+def _xlogy_value(x, y):
   # torch: nan if y is nan, else 0 if x == 0, else x * log(y) (jax's xlogy gives 0 at (0, nan)).
-  out = jnp.where(self == 0, jnp.zeros((), self.dtype), self * jnp.log(other))
-  return jnp.where(jnp.isnan(other), other, out)
+  out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log(y))
+  return jnp.where(jnp.isnan(y), y, out)
+
+
+# torch's derivative: log(y) dx (0 where x == 0 and y <= 0) + x / y dy. The value's `where`
+# gave dx 0 at every x == 0, where torch gives log(y).
+_xlogy = with_derivative(_xlogy_value, lambda out, p, t: t[0] * jnp.where(
+    (p[0] == 0) & (p[1] <= 0), jnp.zeros((), out.dtype), jnp.log(p[1])) + t[1] * (p[0] / p[1]))
 
 
 @lowering(aten.heaviside.default)

@@ -58,7 +58,15 @@ def mse_loss(self, target, reduction=_MEAN):
 @promote("self", "target")
 def huber_loss(self, target, reduction=_MEAN, delta=1.0):
   z = jnp.abs(self - target)
-  return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
+  q = _quadratic_part(z, delta)
+  return _reduce(jnp.where(z < delta, 0.5 * q * q, delta * (z - 0.5 * delta)), reduction)
+
+
+def _quadratic_part(z, bound):
+  """`z` where the quadratic branch is taken (and at nan), else 0: an infinite difference then
+  has the linear branch's gradient (torch's +-delta), not inf * 0 = nan from the untaken
+  square; a nan difference keeps torch's nan gradient."""
+  return jnp.where(z >= bound, jnp.zeros((), z.dtype), z)
 
 
 @lowering(aten.smooth_l1_loss.default)
@@ -68,7 +76,8 @@ def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
   # beta == 0 is the L1 loss: `z < 0` never holds, and the quadratic branch divides by 1
   # instead of 0 (`beta` may be traced: no Python branch on it).
   safe_beta = beta + (beta == 0)
-  return _reduce(jnp.where(z < beta, 0.5 * z * z / safe_beta, z - 0.5 * beta), reduction)
+  q = _quadratic_part(z, beta)
+  return _reduce(jnp.where(z < beta, 0.5 * q * q / safe_beta, z - 0.5 * beta), reduction)
 
 
 def _bce_elements(x, y):
