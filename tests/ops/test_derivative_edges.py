@@ -57,6 +57,15 @@ CASES = {
         lambda x: (F.huber_loss(x, _t(float("inf"), float("-inf"), 0.0), delta=2.0)
                    + F.smooth_l1_loss(x, _t(float("inf"), float("-inf"), 0.0), beta=2.0)), [0.0, 1.0, 0.5]),
     "huber at a nan difference": (lambda x: F.huber_loss(x, _t(float("inf"), 0.0)), [float("inf"), 1.0]),
+    "renorm of a zero row": (
+        lambda x: (torch.renorm(x.reshape(2, 2), 2, 0, 1.0) * _t(1, 2, 3, 4).reshape(2, 2)).sum(),
+        [0.0, 0.0, 3.0, 4.0]),
+    "renorm p=3 of a zero row": (lambda x: torch.renorm(x.reshape(2, 2), 3, 0, 1.0).sum(),
+                                 [0.0, 0.0, 3.0, 4.0]),
+    "embedding_bag max with ties": (lambda x: F.embedding_bag(torch.tensor([0, 1, 2]), x.reshape(3, 2),
+                                                              torch.tensor([0, 2]), mode="max").sum(),
+                                    [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]),
+    "angle of complex 0": (lambda x: torch.complex(x[:2], x[2:]).angle().sum(), [0.0, 1.0, 0.0, 1.0]),
     "atan2 at (0, 0)": (lambda x: torch.atan2(x, x).sum(), [0.0, 1.0]),
     "max with ties": (lambda x: x.max(), [1.0, 1.0, 0.0]),
     "max(dim) with ties": (lambda x: x.reshape(1, 3).max(dim=1).values.sum(), [1.0, 1.0, 0.0]),

@@ -1184,7 +1184,11 @@ def logaddexp(self, other):
 @promote("self", kind="int_to_float")
 def angle(self):
   if jnp.issubdtype(self.dtype, jnp.complexfloating):
-    return jnp.arctan2(jnp.imag(self), jnp.real(self))
+    re, im = jnp.real(self), jnp.imag(self)
+    # torch's derivative at 0 is 0 (arctan2's is nan there); the value keeps atan2's signs
+    zero = (re == 0) & (im == 0)
+    safe = jnp.arctan2(jnp.where(zero, 0, im), jnp.where(zero, 1, re))
+    return jnp.where(zero, lax.stop_gradient(jnp.arctan2(im, re)), safe)
   # torch: nan stays nan, pi for negatives, 0 otherwise (gradient 0 everywhere).
   out = jnp.where(self < 0, jnp.full((), jnp.pi, self.dtype), jnp.zeros((), self.dtype))
   return jnp.where(jnp.isnan(self), self, out)

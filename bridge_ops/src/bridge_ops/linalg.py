@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, scan,
-                                  torch_dtype, while_loop)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, power_of_abs,
+                                  root, scan, torch_abs, torch_dtype, while_loop)
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -1126,7 +1126,9 @@ def renorm(self, p, dim, maxnorm):
   to the dtype before the multiplication."""
   dim = dim % self.ndim
   axes = tuple(d for d in range(self.ndim) if d != dim)
-  x = jnp.abs(self.astype(_acc(self.dtype)))
+  # torch's derivative of |x| and of the root is 0 at 0, so a zero slice (left as it is) has
+  # the identity's gradient, not nan
+  x = torch_abs(self.astype(_acc(self.dtype)))
   if p == float("inf"):
     norm = jnp.max(x, axis=axes, keepdims=True, initial=0)
   elif p == float("-inf"):
@@ -1136,9 +1138,9 @@ def renorm(self, p, dim, maxnorm):
   elif p == 1:
     norm = jnp.sum(x, axis=axes, keepdims=True)
   elif p == 2:
-    norm = jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=True))
+    norm = root(jnp.sum(x * x, axis=axes, keepdims=True), 2)
   else:
-    norm = jnp.sum(x ** p, axis=axes, keepdims=True) ** (1.0 / p)
+    norm = root(jnp.sum(power_of_abs(x, p), axis=axes, keepdims=True), p)
   factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(self.dtype)
   return self * factor
 

@@ -276,6 +276,10 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     is_max = valid[:, None] & (rows == out[jnp.clip(bag, 0, n_bags - 1)])
     first = jax.ops.segment_min(jnp.where(is_max, pos[:, None], n), segment, n_bags + 1)[:n_bags]
     max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, n - 1)]).astype(indices.dtype)
+    # The value read from that first maximum, so the gradient goes to it alone, as torch's
+    # (segment_max's derivative splits it among tied rows).
+    picked = jnp.take_along_axis(rows, jnp.clip(first, 0, n - 1), axis=0)
+    out = jnp.where(first < n, picked, lax.stop_gradient(out))
   else:
     out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, jnp.zeros((), ct)), segment,
                               n_bags + 1)[:n_bags]
