@@ -65,6 +65,8 @@ CASES = {
     "embedding_bag max with ties": (lambda x: F.embedding_bag(torch.tensor([0, 1, 2]), x.reshape(3, 2),
                                                               torch.tensor([0, 2]), mode="max").sum(),
                                     [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]),
+    "det of singular matrices": (lambda x: torch.linalg.det(x.reshape(3, 2, 2)).sum(),
+                                 [1.0, 2.0, 2.0, 4.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]),
     "angle of complex 0": (lambda x: torch.complex(x[:2], x[2:]).angle().sum(), [0.0, 1.0, 0.0, 1.0]),
     "atan2 at (0, 0)": (lambda x: torch.atan2(x, x).sum(), [0.0, 1.0]),
     "max with ties": (lambda x: x.max(), [1.0, 1.0, 0.0]),

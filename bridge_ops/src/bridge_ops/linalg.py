@@ -31,7 +31,7 @@ import torch
 from jax import lax
 
 from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, power_of_abs,
-                                  root, scan, torch_abs, torch_dtype, while_loop)
+                                  root, scan, torch_abs, torch_dtype, while_loop, with_derivative)
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -409,8 +409,28 @@ def _linalg_det(A):
   # torch: LU of A^T for a contiguous real A (det A^T = det A), of A otherwise
   use_t = not jnp.iscomplexobj(A)
   lu, pivots, _, _ = _lu(_mT(A) if use_t else A)
+  return _det(A, lu, pivots), lu, pivots
+
+
+def _det_value(A, lu, pivots):
+  del A  # the value comes from A's LU; the derivative is A's (below)
   parity, diag = _lu_det_parts(lu, pivots)
-  return parity * jnp.prod(diag, axis=-1), lu, pivots
+  return parity * jnp.prod(diag, axis=-1)
+
+
+def _det_tangent(out, primals, tangents):
+  # torch's derivative: det * trace(A^-1 dA), and 0 at an exactly singular A (JAX's rule,
+  # through the LU, gives nan there); the singular matrices are swapped for I in the solve so
+  # that its transpose (reverse mode) does not divide by their zero pivots.
+  A, dA = primals[0], tangents[0]
+  singular = out == 0
+  eye = jnp.eye(A.shape[-1], dtype=A.dtype)
+  x = jnp.linalg.solve(jnp.where(singular[..., None, None], eye, A), dA)
+  return jnp.where(singular, jnp.zeros((), out.dtype),
+                   out * jnp.trace(x, axis1=-2, axis2=-1))
+
+
+_det = with_derivative(_det_value, _det_tangent)
 
 
 @lowering(aten._linalg_slogdet.default)
