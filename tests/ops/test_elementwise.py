@@ -776,3 +776,28 @@ def test_polynomials(op, dtype):
   check(op, x, n)
   check(op, x, (n.to(dtype) + 0.7))
   check(getattr(op.overloadpacket, "n_scalar"), x, 9)
+
+
+# Points where torch answers a huge degree without its loop (a boundary value, hermite's degree
+# limit, or, last, a trigonometric form): the lowering must not run its recurrence up to the
+# degree either (it did, for 1e10 steps).
+_NO_LOOP_X = {"shifted": ([0.0, 1.0], [0.25, 0.5, 0.6]), "hermite": ([0.5, -3.0, 0.0], []),
+              "laguerre": ([0.0], []), "legendre": ([1.0, -1.0], []),
+              "chebyshev": ([1.0, -1.0], [0.5, 0.0, -0.3])}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", (F32, F64), ids=_ids)
+@pytest.mark.parametrize("op", POLYNOMIALS, ids=_ids)
+def test_polynomials_of_a_huge_degree_do_not_loop_to_it(op, dtype):
+  name = op.overloadpacket.__name__
+  exact, trig = next(v for k, v in _NO_LOOP_X.items() if k in name)
+  x = torch.tensor(exact, dtype=dtype)
+  check(op, x, torch.full_like(x, 1e10))
+  check(op, x, torch.full(x.shape, 10 ** 12, dtype=torch.int64))
+  if trig:
+    # cos(n acos(x)) at n ~ 1e10 is ill-conditioned (an ulp of acos moves it): only finite,
+    # as torch's, and the same shape
+    x = torch.tensor(trig, dtype=dtype)
+    out = op(x.to("jax"), torch.full_like(x, 1e10).to("jax")).cpu()
+    assert out.shape == x.shape and out.dtype == dtype and bool(out.isfinite().all())

@@ -667,12 +667,16 @@ def _degree(n):
                    jnp.iinfo(jnp.int64).min)
 
 
-def _recurrence(x, n, p, q, step, first_k, *, stop_at_nan=True):
+def _recurrence(x, n, p, q, step, first_k, needed, *, stop_at_nan=True):
   """torch's loop `for (k = first_k; k <= n && !isnan(q); k++) {r = step(k, p, q); p = q; q = r;}`
   run for all elements up to the largest n, freezing each where its own loop stops.
-  Returns q (torch's r after the loop; equal to q once the loop ran at least once)."""
+  Returns q (torch's r after the loop; equal to q once the loop ran at least once).
+
+  `needed` marks the elements whose result is the loop's: torch answers the others (a closed
+  form, a boundary value) without looping, so they must not keep the loop going: a degree of
+  1e10 at x = 0.5 would run it 1e10 times."""
   def active(k, q):
-    act = k <= n
+    act = (k <= n) & needed
     return act & ~jnp.isnan(q) if stop_at_nan else act
 
   def cond(state):
@@ -698,9 +702,16 @@ def _parity_sign(n):
   return jnp.where(n % 2 == 0, 1.0, -1.0)
 
 
+def _by_recurrence(x, n, threshold):
+  """The Chebyshev elements torch computes by its recurrence: not |x| == 1, nor |x| < 1 with
+  n above the threshold of the trigonometric form."""
+  return (jnp.abs(x) != 1.0) & ~((n > threshold) & (jnp.abs(x) < 1.0))
+
+
 def _chebyshev_t(x, n, threshold):
   one = jnp.ones_like(x)
-  rec = _recurrence(x, n, one, x, lambda k, p, q: (x + x) * q - p, 2)
+  rec = _recurrence(x, n, one, x, lambda k, p, q: (x + x) * q - p, 2,
+                    _by_recurrence(x, n, threshold))
   out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
   inside = jnp.abs(x) < 1.0
   out = jnp.where((n > threshold) & inside, jnp.cos(n.astype(x.dtype) * jnp.arccos(
@@ -711,7 +722,8 @@ def _chebyshev_t(x, n, threshold):
 
 def _chebyshev_u(x, n, threshold):
   one = jnp.ones_like(x)
-  rec = _recurrence(x, n, one, x + x, lambda k, p, q: (x + x) * q - p, 2)
+  rec = _recurrence(x, n, one, x + x, lambda k, p, q: (x + x) * q - p, 2,
+                    _by_recurrence(x, n, threshold))
   out = jnp.where(n == 0, one, jnp.where(n == 1, x + x, rec))
   inside = jnp.abs(x) < 1.0
   nf = n.astype(x.dtype)
@@ -728,7 +740,8 @@ def _chebyshev_u(x, n, threshold):
 def _chebyshev_vw(x, n, kind, threshold, shifted):
   one = jnp.ones_like(x)
   first = x + x - 1.0 if kind == "v" else x + x + 1.0
-  rec = _recurrence(x, n, one, first, lambda k, p, q: (x + x) * q - p, 2)
+  rec = _recurrence(x, n, one, first, lambda k, p, q: (x + x) * q - p, 2,
+                    _by_recurrence(x, n, threshold))
   out = jnp.where(n == 0, one, jnp.where(n == 1, first, rec))
   nf = n.astype(x.dtype)
   odd_sign = _parity_sign(n).astype(x.dtype)
@@ -830,7 +843,7 @@ def special_hermite_polynomial_h(x, n):
   x, _, n = _poly_args(x, n)
   one = jnp.ones_like(x)
   rec = _recurrence(x, n, one, x + x, lambda k, p, q: (x + x) * q - (k + k - 2.0) * p, 2,
-                    stop_at_nan=False)
+                    n <= _hermite_limit(x.dtype), stop_at_nan=False)
   out = jnp.where(n == 0, one, jnp.where(n == 1, x + x, rec))
   out = jnp.where(n > _hermite_limit(x.dtype), _nan(x), out)
   return jnp.where(n < 0, jnp.zeros_like(x), out)
@@ -843,7 +856,8 @@ def special_hermite_polynomial_he(x, n):
   # torch: k runs 1 .. n - 1 with r = x q - k p.
   x, _, n = _poly_args(x, n)
   one = jnp.ones_like(x)
-  rec = _recurrence(x, n, one, x, lambda k, p, q: x * q - (k - 1.0) * p, 2, stop_at_nan=False)
+  rec = _recurrence(x, n, one, x, lambda k, p, q: x * q - (k - 1.0) * p, 2,
+                    n <= _hermite_limit(x.dtype), stop_at_nan=False)
   out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
   out = jnp.where(n > _hermite_limit(x.dtype), _nan(x), out)
   return jnp.where(n < 0, jnp.zeros_like(x), out)
@@ -861,7 +875,7 @@ def special_laguerre_polynomial_l(x, n):
     k = k - 1.0
     return (((k + k) + (1.0 - x)) * q - k * p) / (k + 1.0)
 
-  rec = _recurrence(x, n, one, 1.0 - x, step, 2)
+  rec = _recurrence(x, n, one, 1.0 - x, step, 2, x != 0.0)
   out = jnp.where(n == 0, one, jnp.where(n == 1, 1.0 - x, rec))
   out = jnp.where(jnp.abs(x) == 0.0, one, out)
   return jnp.where(n < 0, jnp.zeros_like(x), out)
@@ -879,7 +893,7 @@ def special_legendre_polynomial_p(x, n):
     k = k - 1.0
     return ((k + k + 1.0) * x * q - k * p) / (k + 1.0)
 
-  rec = _recurrence(x, n, one, x, step, 2)
+  rec = _recurrence(x, n, one, x, step, 2, jnp.abs(x) != 1.0)
   out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
   out = jnp.where(jnp.abs(x) == 1.0, jnp.where((x > 0) | (n % 2 == 0), 1.0, -1.0), out)
   return jnp.where(n < 0, jnp.zeros_like(x), out)
