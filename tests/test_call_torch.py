@@ -22,6 +22,14 @@ import bridge
 RNG = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+  """Each test draws the same inputs whichever tests ran before it in its xdist worker (a
+  float32 gradient compared at 2e-5 once failed on the inputs of another test order)."""
+  global RNG
+  RNG = np.random.default_rng(0)
+
+
 def _np(shape, dtype=np.float32):
   return RNG.standard_normal(shape).astype(dtype)
 
