@@ -112,6 +112,13 @@ def root(s: Any, p: float) -> Any:
   return jnp.where(zero, jnp.zeros((), s.dtype), r)
 
 
+def p_norm(a: Any, p: float, axis: Any, keepdims: bool = False) -> Any:
+  """(sum a ** p) ** (1 / p) over `axis` of `a >= 0` (an absolute value) for a static p > 0,
+  with torch's zero gradients at a zero element and at a zero norm (`power_of_abs`, `root`)."""
+  powered = a * a if p == 2 else power_of_abs(a, p)
+  return root(jnp.sum(powered, axis=axis, keepdims=keepdims), p)
+
+
 def literal(value: Any) -> bool:
   """`value` is a Python number, known while tracing (a traced scalar's value is not): a
   lowering may then skip work its value makes moot (a multiply by the default alpha of 1)."""

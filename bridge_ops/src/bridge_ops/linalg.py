@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, power_of_abs,
-                                  root, scan, torch_abs, torch_dtype, while_loop, with_derivative)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, p_norm,
+                                  scan, torch_abs, torch_dtype, while_loop, with_derivative)
 
 _HIGHEST = lax.Precision.HIGHEST
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -1157,10 +1157,8 @@ def renorm(self, p, dim, maxnorm):
     norm = jnp.sum(x != 0, axis=axes, keepdims=True).astype(x.dtype)
   elif p == 1:
     norm = jnp.sum(x, axis=axes, keepdims=True)
-  elif p == 2:
-    norm = root(jnp.sum(x * x, axis=axes, keepdims=True), 2)
   else:
-    norm = root(jnp.sum(power_of_abs(x, p), axis=axes, keepdims=True), p)
+    norm = p_norm(x, p, axes, keepdims=True)
   factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(self.dtype)
   return self * factor
 

@@ -32,7 +32,7 @@ import torch
 # lazily, on the first chunked call).
 import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import (aten, lowering, power_of_abs, promote, result_dtypes, root, scan,
+from bridge_ops._lowering import (aten, lowering, p_norm, promote, result_dtypes, scan,
                                   with_derivative)
 
 torch_nn = torch.ops.torch_nn
@@ -246,9 +246,7 @@ def _p_norm(diff, p, axis=-1):
     top = jax.lax.stop_gradient(jnp.max(a, axis=axis, keepdims=True, initial=0))
     ties = jnp.where(a == top, a - jax.lax.stop_gradient(a), jnp.zeros((), a.dtype))
     return jnp.squeeze(top, axis) + jnp.sum(ties, axis=axis)
-  if p == 2:
-    return root(jnp.sum(a * a, axis=axis), 2)
-  return root(jnp.sum(power_of_abs(a, p), axis=axis), p)
+  return p_norm(a, p, axis)
 
 
 def _euclidean_dist(x1, x2):

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, power_of_abs,
-                                  result_dtypes, root, torch_abs, while_loop, with_derivative)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, p_norm,
+                                  result_dtypes, torch_abs, while_loop, with_derivative)
 
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -255,10 +255,7 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   elif ord < 0:
     r = _negative_order_norm(a, ord, axes, keepdim)
   else:
-    # torch's gradient at a zero norm, and at a zero element for 0 < ord < 1, is 0 (`root`,
-    # `power_of_abs`).
-    powered = a * a if ord == 2 else power_of_abs(a, ord)
-    r = root(jnp.sum(powered, axis=axes, keepdims=keepdim), ord)
+    r = p_norm(a, ord, axes, keepdim)  # (torch's zero gradients at zeros)
   return r.astype(out)
 
 
