@@ -96,6 +96,22 @@ def with_derivative(fn: Callable[..., Any],
   return f
 
 
+def x_times_log(log: Callable[[Any], Any], pole: float) -> Callable[[Any, Any], Any]:
+  """torch's `xlogy` (log = jnp.log, pole 0) or `xlog1py` (jnp.log1p, pole -1): x * log(y),
+  nan where y is nan, else 0 where x == 0; derivative torch's, log(y) dx (0 where x == 0 and
+  y <= pole) + x / (y - pole) dy (a `where` in the value would give dx 0 at every x == 0)."""
+  def value(x: Any, y: Any) -> Any:
+    out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * log(y))
+    return jnp.where(jnp.isnan(y), y, out)
+
+  def tangent(out: Any, p: tuple, t: tuple) -> Any:
+    x, y = p
+    dx = jnp.where((x == 0) & (y <= pole), jnp.zeros((), out.dtype), log(y))
+    return t[0] * dx + t[1] * (x / (y - pole))
+
+  return with_derivative(value, tangent)
+
+
 def power_of_abs(a: Any, p: float) -> Any:
   """`a ** p` for `a >= 0` (an absolute value) and a static `p > 0`, with a zero gradient at
   `a == 0`, where `p < 1` makes the plain derivative infinite (inf * 0 = nan through `abs`):

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from bridge_ops._lowering import (aten, literal, lowering, promote, result_dtypes, torch_abs,
-                                  torch_sign, while_loop, with_derivative)
+                                  torch_sign, while_loop, with_derivative, x_times_log)
 
 __all__: list[str] = []
 
@@ -857,16 +857,8 @@ def xlogy(self, other):
   return _xlogy(self, other)
 
 
-def _xlogy_value(x, y):
-  # torch: nan if y is nan, else 0 if x == 0, else x * log(y) (jax's xlogy gives 0 at (0, nan)).
-  out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log(y))
-  return jnp.where(jnp.isnan(y), y, out)
-
-
-# torch's derivative: log(y) dx (0 where x == 0 and y <= 0) + x / y dy. The value's `where`
-# gave dx 0 at every x == 0, where torch gives log(y).
-_xlogy = with_derivative(_xlogy_value, lambda out, p, t: t[0] * jnp.where(
-    (p[0] == 0) & (p[1] <= 0), jnp.zeros((), out.dtype), jnp.log(p[1])) + t[1] * (p[0] / p[1]))
+# (jax's own xlogy gives 0 at (0, nan), and its derivative 0 at every x == 0)
+_xlogy = x_times_log(jnp.log, 0.0)
 
 
 @lowering(aten.heaviside.default)

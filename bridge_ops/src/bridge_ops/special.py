@@ -28,7 +28,7 @@ import torch
 from jax import lax
 
 from bridge_ops._lowering import (lowering, promote, result_dtypes, torch_sign, while_loop,
-                                  with_derivative)
+                                  with_derivative, x_times_log)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -364,17 +364,7 @@ def special_xlog1py(self, other):
   return _xlog1py(*_float(self, other))
 
 
-def _xlog1py_value(x, y):
-  # torch: nan if y is nan, else 0 if x == 0, else x * log1p(y)
-  out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log1p(y))
-  return jnp.where(jnp.isnan(y), y, out)
-
-
-# torch's derivative: log1p(y) dx (0 where x == 0 and y <= -1) + x / (1 + y) dy; torch's
-# decomposition, differentiated, gave dx 0 at every x == 0.
-_xlog1py = with_derivative(_xlog1py_value, lambda out, p, t: t[0] * jnp.where(
-    (p[0] == 0) & (p[1] <= -1), jnp.zeros((), out.dtype), jnp.log1p(p[1]))
-    + t[1] * (p[0] / (1 + p[1])))
+_xlog1py = x_times_log(jnp.log1p, -1.0)  # (torch's decomposition's derivative: 0 at x == 0)
 
 
 @lowering(aten.special_ndtri.default, prims.ndtri.default)
