@@ -181,6 +181,16 @@ class _Program:
     n = self.n_state
     return (self.lean(*flat[:n], *flat[n + 1:]),), (), None
 
+  def written_back(self) -> frozenset[int]:
+    """The positions (among the program's inputs) of the state its forward updates, which
+    the call writes back in place afterwards: torch autograd must not hold that write
+    against the call's own node (see `vjp._JaxFunction`)."""
+    info = self.info
+    if info is None or not info.mutated:
+      return frozenset()
+    index = {name: i for i, name in enumerate(self.names)}
+    return frozenset(index[name] for name in info.mutated if name in index)
+
   def mismatch(self) -> bool:
     """The arguments do not fit the ahead-of-time compiled program (the user replaced a
     parameter by one of another shape, or placed arrays elsewhere): from now on `jax.jit`

@@ -5,6 +5,16 @@ recomputation in the backward); the pullback's structure is remembered per
 input signature on the Python side, so only arrays cross the `jit` boundary and
 the backward is one cached jitted call. Complex gradients follow torch's
 convention: the conjugate of JAX's cotangent.
+
+The residuals live as long as torch's graph does: a backward that does not
+retain the graph (`retain_graph=False`, the default) releases them, and a second
+one raises torch's own error, as for any torch op (the node saves its input
+tensors, so torch also refuses a backward after an input was modified in place,
+which would otherwise read the aliased new values). A backward that records a
+graph (`create_graph=True`: gradient penalties, double backward, Hessian-vector
+products) is itself a differentiable call: `_Pullback`, JAX's VJP as a function
+of (inputs, output gradients), run through this same machinery, so every order
+torch asks for is JAX's derivative of the one before.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ class VjpCache:
     self._forwards: dict[tuple[bool, ...], Callable] = {}
     self._residual_defs: dict[tuple, Any] = {}
     self._backwards: dict[tuple, Callable] = {}
+    self._pullbacks: dict[tuple, _Pullback] = {}
     self._lock = threading.Lock()
 
   def _merge(self, mask: tuple[bool, ...], diff: tuple, rest: tuple) -> list:
@@ -86,6 +97,55 @@ class VjpCache:
         bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
 
+  def pullback(self, mask: tuple[bool, ...], out_def: Any, name: str) -> "_Pullback":
+    """The backward of the calls with this mask and output structure, as a function to call
+    differentiably (a backward under `create_graph=True`)."""
+    key = (mask, out_def)
+    pb = self._pullbacks.get(key)
+    if pb is None:
+      with self._lock:
+        pb = self._pullbacks.setdefault(key, _Pullback(self, mask, out_def, name))
+    return pb
+
+
+def _inexact(dtype: Any) -> bool:
+  return jnp.issubdtype(dtype, jnp.inexact)
+
+
+class _Pullback:
+  """JAX's VJP of one function as a function of its own: `(*inputs, *output gradients) ->
+  input gradients`, in torch's conventions (complex gradients conjugated, no gradient
+  arrays for integer outputs). It has what `call_with_grad` needs of an entry (`apply`,
+  `forward`, `vjp`, `name`), so a backward that torch records (`create_graph=True`) is a
+  differentiable call of it, and its own backward a `_Pullback` of it, to any order."""
+
+  def __init__(self, cache: VjpCache, mask: tuple[bool, ...], out_def: Any, name: str):
+    self.fn_apply, self.mask, self.out_def = cache.apply, mask, out_def
+    self.name = f"the backward of {name}"
+    self.forward = jax.jit(self.apply)
+    self.vjp = VjpCache(self.apply)
+
+  def apply(self, *arrays: Any) -> tuple:
+    n = len(self.mask)
+    primals, given = arrays[:n], iter(arrays[n:])
+    diff = [a for a, m in zip(primals, self.mask) if m]
+    rest = [a for a, m in zip(primals, self.mask) if not m]
+
+    def f(*d: Any) -> Any:
+      r, dd = iter(rest), iter(d)
+      return self.fn_apply(*[next(dd) if m else next(r) for m in self.mask])
+
+    out, pullback = jax.vjp(f, *diff)
+    cts = []
+    for o in jax.tree_util.tree_leaves(out):
+      if _inexact(o.dtype):
+        g = next(given)
+        cts.append(jnp.conj(g) if jnp.iscomplexobj(g) else g)
+      else:
+        cts.append(np.zeros(np.shape(o), jax.dtypes.float0))
+    in_cts = pullback(self.out_def.unflatten(cts))
+    return tuple(jnp.conj(c) if jnp.iscomplexobj(c) else c for c in in_cts)
+
 
 class _Call:
   """One differentiable call: the forward with residuals, then the backward."""
@@ -101,6 +161,8 @@ class _Call:
     self.out_def: Any = None
     self.out_avals: list[tuple[tuple, np.dtype]] = []
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
+    self.positions: tuple[int, ...] = ()  # each tensor's position among the arrays
+    self.tensor_mask: tuple[bool, ...] = ()  # which tensors require grad
 
   def forward(self) -> list[torch.Tensor]:
     # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
@@ -127,9 +189,19 @@ class _Call:
     self.out_avals = [(tuple(o.shape), o.dtype) for o in outs]
     return outs
 
-  def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
+  def backward(self, grads: tuple[torch.Tensor | None, ...], keep: bool) -> list[torch.Tensor]:
+    """The input gradients from the saved residuals; `keep`: the graph is retained (else the
+    residuals are released: torch refuses a second backward through this node)."""
     if isinstance(self.residuals, Exception):
       raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
+    self._check_not_released()
+    try:
+      return self._backward(grads)
+    finally:
+      if not keep:
+        self.residuals = self.diff = self.rest = None
+
+  def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
     with _x64_scope(self.x64):
       cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
       bwd = self.entry.vjp.backward(self.mask, self.diff, self.rest,
@@ -140,6 +212,60 @@ class _Call:
         # e.g. JAX linearizes a while_loop but cannot transpose it.
         raise _differentiation_error(self.entry.name, e) from e
       return [_gradient(c, self.device) for c in in_cts]
+
+  def differentiable_backward(self, saved: tuple[torch.Tensor, ...],
+                              grads: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The input gradients as a differentiable call of the `_Pullback` on the saved input
+    tensors and the output gradients (`create_graph=True`)."""
+    if isinstance(self.residuals, Exception):
+      raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
+    self._check_not_released()
+    with _x64_scope(self.x64):
+      pullback = self.entry.vjp.pullback(self.mask, self.out_def, self.entry.name)
+      arrays = self._merge_primals()
+      tensors = [(pos, pos, t) for pos, t in zip(self.positions, saved)]
+      for g, (shape, dtype) in zip(grads, self.out_avals):
+        if not (dtype.is_floating_point or dtype.is_complex):
+          continue
+        if g is None:
+          g = torch.zeros(shape, dtype=dtype, device=self.device or "cpu")
+        elif tuple(g.shape) != shape:
+          g = g.expand(shape)
+        tensors.append((len(arrays), len(arrays), g))
+        arrays.append(_full_array(g))
+      if torch.is_grad_enabled() and any(t.requires_grad for _, _, t in tensors):
+        outs, _ = call_with_grad(pullback, arrays, tensors, self.outputs_to_torch, self.device)
+      else:
+        outs, _ = self.outputs_to_torch(pullback, pullback.forward(*arrays))
+    if not _keep_graph():  # `create_graph=True, retain_graph=False`
+      self.residuals = self.diff = self.rest = None
+    return outs
+
+  def _check_not_released(self) -> None:
+    # torch raises this itself from `ctx.saved_tensors`; this covers a node that saved none
+    if self.diff is None:
+      raise RuntimeError(
+          f"`{_API}`: trying to backward through the graph a second time (or directly "
+          "access saved tensors after they have already been freed): the residuals of "
+          f"{self.entry.name} were released by the first backward. Specify "
+          "retain_graph=True if you need to backward through the graph a second time.")
+
+  def written_back(self) -> frozenset[int]:
+    """Positions of inputs the entry's caller overwrites after the forward (compiled state)."""
+    written = getattr(self.entry, "written_back", None)
+    return written() if written is not None else frozenset()
+
+  def _merge_primals(self) -> list:
+    d, r = iter(self.diff), iter(self.rest)
+    return [next(d) if m else next(r) for m in self.mask]
+
+
+def _full_array(g: torch.Tensor) -> Any:
+  """An output gradient as an array of its full shape (a differentiable input of the
+  pullback, so no stride-0 shortcut)."""
+  if isinstance(g, tensor_lib.Tensor):
+    return tensor_lib.value(g)
+  return transfer.tensor_to_jax_arg(g.detach(), api=_API, where=lambda: "an output gradient")
 
 
 def _differentiation_error(name: str, cause: Exception) -> BridgeError:
@@ -184,6 +310,18 @@ class _JaxFunction(torch.autograd.Function):
   def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     outs = call.forward()
     ctx.call = call
+    # Saved as torch saves an op's inputs: torch then refuses a second backward once the
+    # graph is freed and a backward after an input was changed in place (the residuals may
+    # alias its memory), and a recorded backward (`create_graph`) links to these tensors.
+    # Module state that a compiled forward updates is written back in place by the call
+    # itself, after this: those tensors are kept without torch's version check.
+    written = call.written_back()
+    if written:
+      ctx.unchecked = {i: t for i, t in enumerate(tensors) if call.positions[i] in written}
+      ctx.save_for_backward(*(t for i, t in enumerate(tensors) if i not in ctx.unchecked))
+    else:
+      ctx.unchecked = None
+      ctx.save_for_backward(*tensors)
     ctx.mark_non_differentiable(*(o for o in outs
                                   if not (o.is_floating_point() or o.is_complex())))
     return tuple(outs)
@@ -191,10 +329,25 @@ class _JaxFunction(torch.autograd.Function):
   @staticmethod
   def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     call: _Call = ctx.call
-    in_grads = iter(call.backward(grads))
+    saved = ctx.saved_tensors  # torch's error if the graph was freed by an earlier backward
+    if ctx.unchecked:
+      rest = iter(saved)
+      saved = tuple(ctx.unchecked[i] if i in ctx.unchecked else next(rest)
+                    for i in range(len(call.positions)))
+    if torch.is_grad_enabled():  # create_graph=True: a backward that is itself recorded
+      in_grads = iter(call.differentiable_backward(saved, grads))
+    else:
+      in_grads = iter(call.backward(grads, _keep_graph()))
     # One gradient per tensor given to forward(); the mask picked exactly the
     # tensors that require grad, in the same order.
     return (None, *(next(in_grads) if m else None for m in call.tensor_mask))
+
+
+def _keep_graph() -> bool:
+  """Whether the running backward retains the graph (`retain_graph=True`); True if this
+  torch cannot tell, so residuals are then kept as long as the graph."""
+  get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+  return True if get is None else bool(get())
 
 
 def call_with_grad(entry: Any, arrays: list, tensors: list, outputs_to_torch: Callable,
@@ -206,6 +359,7 @@ def call_with_grad(entry: Any, arrays: list, tensors: list, outputs_to_torch: Ca
   wanted = {pos for pos, _, t in tensors if t.requires_grad}
   call = _Call(entry, tuple(i in wanted for i in range(len(arrays))), arrays, outputs_to_torch)
   call.device = device
+  call.positions = tuple(pos for pos, _, _ in tensors)
   call.tensor_mask = tuple(t.requires_grad for _, _, t in tensors)
   outs = _JaxFunction.apply(call, *(t for _, _, t in tensors))
   return list(outs), call.out_def
