@@ -245,6 +245,22 @@ def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, b
           info.out_plain and info.out_single and not info.mutated and not info.draws)
 
 
+def _locked(compiled: "Compiled", program: "_Program", call: Callable[..., Any]
+            ) -> Callable[..., Any]:
+  """`call`, holding the compiled module's lock if the program updates the module's buffers:
+  reading the state, running the program and writing the updates back are then one step
+  for other threads' calls (BatchNorm's counter counts each call)."""
+  if not program.info.mutated:
+    return call
+  lock = compiled._lock
+
+  def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
+    with lock:
+      return call(self, *args, **kwargs)
+
+  return locked
+
+
 def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   """The key the recorded call passed, if the program never draws (its key input is unused,
   so the shortcut passes this one instead of looking up the generator's); else None."""
@@ -469,6 +485,7 @@ class Compiled:
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
     self._fast: Callable[..., Any] | None = None  # the recorded call, see `_record`
+    self._lock = threading.RLock()  # see `_locked`
     if self.module is not None:
       self._submodules = list(self.module.modules())
     functools.update_wrapper(self, target.forward if isinstance(target, torch.nn.Module)
@@ -503,8 +520,9 @@ class Compiled:
     for name in state:
       owner_name, _, attr = name.rpartition(".")
       owner = self.module.get_submodule(owner_name)
-      table = owner._parameters if attr in owner._parameters else owner._buffers
-      slots.append((table, attr))
+      params = modules_lib.own_table(owner, "_parameters")
+      slots.append((params if attr in params else modules_lib.own_table(owner, "_buffers"),
+                    attr))
     self._slots, self._names = slots, tuple(state)
     self._submodules = list(self.module.modules())
 
@@ -614,6 +632,16 @@ class Compiled:
     program = self._programs.get(key)
     if program is None:
       program = self._programs[key] = _Program(self, spec, statics, self._names, amp)
+    info = program.info
+    if info is None or info.mutated:  # (`_locked`; not yet traced: it may update buffers)
+      with self._lock:
+        return self._run(program, state, args, dyn, fast, amp)
+    return self._run(program, state, args, dyn, fast, amp)
+
+  def _run(self, program: _Program, state: list, args: tuple, dyn: Any, fast: bool,
+           amp: torch.dtype | None) -> Any:
+    """Runs `program` on the module's state and the call's tensors `dyn` (a plain call's
+    `args`, when `fast`), and writes back what it updated."""
     prev = _x64_state.swap_local(True)
     try:
       arrays, device = self._state_arrays(state)
@@ -675,8 +703,9 @@ class Compiled:
     if all([type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device
             for t in tensors]):
       sig = tuple([(a._storage.array.shape, a._storage.array.dtype) for a in args])
-      self._record(_fast_call(self, program, sig, device, tuple([o.dtype for o in outs]),
-                              _fixed_key(program, arrays, len(state))))
+      self._record(_locked(self, program, _fast_call(
+          self, program, sig, device, tuple([o.dtype for o in outs]),
+          _fixed_key(program, arrays, len(state)))))
     else:
       self._record(None)
 
@@ -688,8 +717,8 @@ class Compiled:
                                                 for h, t in zip(imported, state)])
         and all([type(a) is torch.Tensor for a in args])):
       sig = tuple([(a.shape, a.dtype) for a in args])
-      self._record(_fast_cpu_call(self, program, sig, list(imported),
-                                  _fixed_key(program, arrays, len(state))))
+      self._record(_locked(self, program, _fast_cpu_call(
+          self, program, sig, list(imported), _fixed_key(program, arrays, len(state)))))
     else:
       self._record(None)
 
@@ -811,6 +840,12 @@ def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (), 
 
   A function (rather than a module) has no state threaded: tensors it closes over
   are constants of the program as of its first call.
+
+  Threads: a trace swaps the module's parameters for traced tensors in the tracing
+  thread only, so other threads may meanwhile run the module eagerly or call the
+  compiled module (with new shapes too). A program that updates buffers runs under
+  the compiled module's lock: reading the state, running and writing the updates
+  back is one step, so BatchNorm called from several threads counts every call.
 
   A large CPU program compiles in two tiers: its first call runs a version compiled
   with XLA's optimizations off, while the optimized version compiles in a background

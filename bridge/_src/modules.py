@@ -1,24 +1,27 @@
 """Modules as pure JAX functions: `extract_jax`, and the module state `call_torch` threads.
 
 A module's forward runs with its parameters and buffers swapped for
-`bridge.Tensor`s holding JAX arrays (torch's own reparametrization, with tied
-weights kept tied), so they can be inputs of a JAX program and be differentiated.
-Buffers the forward updates in place (BatchNorm running statistics, counters) are
-seen after the call: written back to the module when the values are concrete,
-returned as new state by `extract_jax(..., return_state=True)`, and otherwise
-reported, never silently dropped.
+`bridge.Tensor`s holding JAX arrays (with tied weights kept tied), so they can be
+inputs of a JAX program and be differentiated. The swap is the tracing thread's
+own (`reparametrized`): every other thread, an eager forward of the same module
+included, sees the module's real tensors meanwhile. Buffers the forward updates
+in place (BatchNorm running statistics, counters) are seen after the call:
+written back to the module when the values are concrete, returned as new state
+by `extract_jax(..., return_state=True)`, and otherwise reported, never silently
+dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
 import torch
-from torch.nn.utils.stateless import _reparametrize_module
 
 from bridge._src import call_torch as call_torch_lib
 from bridge._src import dtypes
@@ -69,6 +72,192 @@ def _state_where(name: str) -> str:
   return f"module state {name!r}"
 
 
+# --- the tracing thread's own parameters ---------------------------------------------------
+
+_TABLES = ("_parameters", "_buffers")
+_get_ident = threading.get_ident
+_overlay_lock = threading.Lock()  # installs and removes overlays, and counts their users
+
+
+class _Overlay(dict):
+  """A module's `_parameters` or `_buffers` dict while threads trace the module.
+
+  Its own entries are the module's tensors, and a write from a thread that is not tracing
+  goes to them and to the dict it stands in for (`original`, which is back in the module
+  once the last trace has ended), so such threads see the module as it is. A tracing thread
+  sees its layer instead: the whole table with its traced tensors in place, written to by
+  its forward (a reassigned buffer). torch reads these tables through their Python methods
+  (`Module.__getattr__`, `named_parameters`, `state_dict`), which are the ones overridden.
+  """
+
+  __slots__ = ("original", "layers", "users")
+
+  def __init__(self, original: dict):
+    super().__init__(original)
+    self.original = original
+    self.layers: dict[int, dict] = {}  # thread id -> that thread's table
+    self.users = 0
+
+  def _layer(self) -> dict | None:
+    return self.layers.get(_get_ident()) if self.layers else None
+
+  def __getitem__(self, key: Any) -> Any:
+    layer = self._layer()
+    return dict.__getitem__(self, key) if layer is None else layer[key]
+
+  def __contains__(self, key: Any) -> bool:
+    layer = self._layer()
+    return dict.__contains__(self, key) if layer is None else key in layer
+
+  def get(self, key: Any, default: Any = None) -> Any:
+    layer = self._layer()
+    return dict.get(self, key, default) if layer is None else layer.get(key, default)
+
+  def __iter__(self) -> Iterator[Any]:
+    layer = self._layer()
+    return dict.__iter__(self) if layer is None else iter(layer)
+
+  def __len__(self) -> int:
+    layer = self._layer()
+    return dict.__len__(self) if layer is None else len(layer)
+
+  def keys(self) -> Any:
+    layer = self._layer()
+    return dict.keys(self) if layer is None else layer.keys()
+
+  def values(self) -> Any:
+    layer = self._layer()
+    return dict.values(self) if layer is None else layer.values()
+
+  def items(self) -> Any:
+    layer = self._layer()
+    return dict.items(self) if layer is None else layer.items()
+
+  def copy(self) -> dict:
+    layer = self._layer()
+    return dict(dict.items(self)) if layer is None else dict(layer)
+
+  def __repr__(self) -> str:
+    return repr(self.copy())
+
+  def __reduce_ex__(self, protocol: Any) -> Any:  # copies and pickles are plain dicts
+    return dict, (dict(dict.items(self)),)
+
+  def __setitem__(self, key: Any, value: Any) -> None:
+    layer = self._layer()
+    if layer is not None:
+      layer[key] = value
+      return
+    self.original[key] = value
+    dict.__setitem__(self, key, value)
+
+  def __delitem__(self, key: Any) -> None:
+    layer = self._layer()
+    if layer is not None:
+      del layer[key]
+      return
+    self.original.pop(key, None)
+    dict.__delitem__(self, key)
+
+  def pop(self, key: Any, *default: Any) -> Any:
+    layer = self._layer()
+    if layer is not None:
+      return layer.pop(key, *default)
+    self.original.pop(key, None)
+    return dict.pop(self, key, *default)
+
+  def setdefault(self, key: Any, default: Any = None) -> Any:
+    if key not in self:
+      self[key] = default
+    return self[key]
+
+  def update(self, *args: Any, **kwargs: Any) -> None:
+    for key, value in dict(*args, **kwargs).items():
+      self[key] = value
+
+  def clear(self) -> None:
+    for key in list(self.keys()):
+      del self[key]
+
+  def popitem(self) -> tuple:
+    key = next(reversed(list(self.keys())))
+    return key, self.pop(key)
+
+
+def own_table(module: torch.nn.Module, name: str) -> dict:
+  """`module._parameters` or `module._buffers` (`name`), the module's own dict even while a
+  thread traces the module (`reparametrized`)."""
+  table = module.__dict__[name]
+  return table.original if type(table) is _Overlay else table
+
+
+@contextlib.contextmanager
+def reparametrized(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
+                   ) -> Iterator[dict[str, Any]]:
+  """`module` with the named parameters and buffers replaced by `tensors`, in this thread only.
+
+  As torch's `_reparametrize_module(module, tensors, tie_weights=True)`, but other threads
+  keep seeing the module's own tensors: each of the tree's parameter and buffer tables is
+  replaced by an `_Overlay` (shared by the threads tracing it) whose layer for this thread
+  holds `tensors`. Names tied to a given one (the same tensor under two names) get its
+  value. Yields a dict that holds, once the block is left, each given name's value at its
+  end (the forward may have reassigned a buffer).
+  """
+  untied = dict(tensors)
+  by_id: dict[int, list[str]] = {}
+  for name, t in [*module.named_parameters(remove_duplicate=False),
+                  *module.named_buffers(remove_duplicate=False)]:
+    by_id.setdefault(id(t), []).append(name)
+  for names in by_id.values():
+    given = [n for n in names if n in tensors]
+    if given:
+      for n in names:
+        untied.setdefault(n, tensors[given[0]])
+  slots: dict[str, tuple[torch.nn.Module, str, str]] = {}
+  for name in untied:
+    prefix, _, attr = name.rpartition(".")
+    owner = module.get_submodule(prefix)
+    slots[name] = (owner, "_parameters" if attr in own_table(owner, "_parameters")
+                   else "_buffers", attr)
+  ident = _get_ident()
+  installed = []
+  with _overlay_lock:
+    for m in module.modules():
+      for key in _TABLES:
+        table = m.__dict__.get(key)
+        if table is None:
+          continue
+        if type(table) is not _Overlay:
+          table = _Overlay(table)
+          m.__dict__[key] = table
+        table.users += 1
+        before = table.layers.get(ident)  # a trace of this module inside another one's
+        table.layers[ident] = dict(before if before is not None else dict.items(table))
+        installed.append((m, key, table, before))
+  layers = {(id(m), key): table.layers[ident] for m, key, table, _ in installed}
+  after: dict[str, Any] = {}
+  try:
+    for name, t in untied.items():  # (this thread's own layers: no lock needed)
+      owner, key, attr = slots[name]
+      layers[id(owner), key][attr] = t
+    yield after
+    for name in tensors:
+      owner, key, attr = slots[name]
+      layer = layers[id(owner), key]
+      if attr in layer:
+        after[name] = layer[attr]
+  finally:
+    with _overlay_lock:
+      for m, key, table, before in reversed(installed):
+        if before is None:
+          del table.layers[ident]
+        else:
+          table.layers[ident] = before
+        table.users -= 1
+        if not table.users and m.__dict__.get(key) is table:
+          m.__dict__[key] = table.original
+
+
 def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str, Any],
           args: tuple, kwargs: dict, api: str) -> tuple[Any, dict[str, Any]]:
   """Run `call(*args, **kwargs)` with `module`'s state replaced by `params` (JAX arrays).
@@ -99,13 +288,12 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
       missing = {n: t.to(dtypes.NARROWED.get(t.dtype, t.dtype)) for n, t in missing.items()}
     for name, a in state_to_jax(missing, copy=True, api=api).items():
       tensors[name] = call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
-  made = dict(tensors)
   arrays = {name: t._storage.array for name, t in tensors.items()}
-  with _reparametrize_module(module, tensors, tie_weights=True):
+  with reparametrized(module, tensors) as after:
     out = call_torch_lib.run_traced(call, args, kwargs, api)
   mutated = {}
-  for name, t in tensors.items():  # reparametrization writes reassigned entries back here
-    if t is not made[name] or t._storage.array is not arrays[name]:
+  for name, t in after.items():  # reassigned, or updated in place
+    if t is not tensors[name] or t._storage.array is not arrays[name]:
       mutated[name] = (tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor)
                        else call_torch_lib.outputs_to_jax(t, api))
   return out, mutated
@@ -207,6 +395,8 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: st
   running statistics) come back with `return_state=True`: `fn` then returns
   `(output, new_params)`. Without it, such updates are dropped with a warning.
   Random ops inside `jax.jit` need a key: `with bridge.rng_key(key): fn(...)`.
+  Tracing `fn` swaps the module's state for `params` in the tracing thread only:
+  other threads may run the module eagerly meanwhile.
 
   With `mode="callback"` the forward is not traced but run for real by eager
   torch, from inside the JAX program, with the module's state swapped for CPU
@@ -288,7 +478,7 @@ def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str |
   from bridge._src import callback  # it builds on call_torch, as this module does
 
   def forward(state: dict, args: tuple, kwargs: dict) -> Any:
-    with _reparametrize_module(module, state, tie_weights=True):
+    with reparametrized(module, state):
       return module(*args, **kwargs)
 
   name = f"`{type(module).__name__}.forward`"
