@@ -36,12 +36,23 @@ class Config:
       quickly with XLA's optimizations off, so that the first call returns sooner, then
       fully in a background thread, whose program replaces the quick one when ready.
       False compiles once, fully, on the first call. Read at each program's first call.
+    check_indices: check indices inside JAX programs too. In eager mode the `jax` device
+      always raises torch's error for an index out of range (`x[i]`, `gather`,
+      `index_select`, `scatter`, `embedding`...). Inside `jax.jit`, `bridge.compile` or
+      `call_torch` under a JAX transformation the values are unknown while the program is
+      built, and by default unchecked: JAX clamps an out-of-range read into range and drops
+      an out-of-range write. True adds a host call after each such op that fails the
+      program's run with an error naming the op and the first bad index (a
+      `jax.errors.JaxRuntimeError`, raised when the result is waited for). It costs a
+      host round trip per op, and needs a platform whose programs can call back into Python
+      (CPU, GPU). Read when a program is traced: a program built without it stays unchecked.
   """
   debug_print_each_op: bool = False
   debug_file: TextIO | None = None
   decompose_missing_ops: bool = True
   fallback: str = "callback"
   tiered_compile: bool = True
+  check_indices: bool = False
 
 
 _CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
@@ -74,6 +85,10 @@ class config:  # noqa: N801 - used like a function: `with bridge.config(...):`
       raise BridgeTypeError(
           f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', "
           "'error'.")
+    if "check_indices" in changes and not isinstance(changes["check_indices"], bool):
+      raise BridgeTypeError(
+          f"`bridge.config`: check_indices={changes['check_indices']!r} is not a bool; pass "
+          "True or False.")
     self._changes = changes
     self._tokens: list[contextvars.Token] = []
 

@@ -7,7 +7,9 @@ Each overload gets a plan once, by what its schema says it does:
 * functional ops run a lowering from the registry, or torch's decomposition,
   jitted and cached per (static arguments, argument structure); JAX caches per
   shapes and dtypes. Results are cast to the dtype torch's meta kernel gives;
-* in-place and `out=` ops run their functional twin and store the result.
+* in-place and `out=` ops run their functional twin and store the result;
+* where torch raises for a value (an index out of range, an integer division by zero), the
+  lowering declares the rule and the op raises torch's error (see "value checks" below).
 
 `Scalar` arguments are traced, so a changing learning rate does not recompile.
 All of it runs with JAX's 64-bit types enabled for the duration of the op only,
@@ -17,6 +19,8 @@ so int64/float64 tensors keep their dtype without touching global JAX config.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import math
 import mmap
 import threading
@@ -28,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax._src import config as _jax_config
+from jax._src import core as _jax_core
 from torch._decomp import decomposition_table
 
 from bridge._src import config as config_lib
@@ -38,7 +43,7 @@ from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.errors import BridgeError
+from bridge._src.errors import BridgeError, TorchIndexError, TorchRuntimeError
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make, make_view, value
 
@@ -271,6 +276,117 @@ def _conform(func: Any, out: Any, expected: Any) -> Any:
   return out
 
 
+# --- value checks ------------------------------------------------------------------------
+#
+# torch raises for some values: an index out of range, an integer division by zero... JAX
+# clamps, drops or computes something. A lowering declares each such rule
+# (`bridge_ops._lowering.check`: a bool array `bad`, the offending values, torch's exception
+# and message), and `_report_check` enforces it:
+# * on concrete arrays (an op run on known values: `dynamic_shape` ops, `jax.grad` without
+#   `jax.jit`, the re-run below), at once: torch's exception with torch's message;
+# * while an eager op's program is traced (`_Executable.checked`), `any(bad)` joins one bool
+#   flag the program returns beside its results. The dispatch reads it after the call (one
+#   bool to the host) and, when set, runs the op again op by op on the same arrays, where the
+#   rule that failed raises with torch's message: the message costs only on the error path;
+# * while torch code is staged into a JAX program (`jax.jit`, `bridge.compile`), the values
+#   are unknown: unchecked (JAX clamps reads, drops writes) unless
+#   `bridge.config(check_indices=True)`, which stages a host call per index check that fails
+#   the program's run with the op and the bad index.
+
+_TORCH_ERRORS = {IndexError: TorchIndexError, RuntimeError: TorchRuntimeError}
+_checks = threading.local()  # .found: flags of the eager op being traced, or None; .op: its op
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+  """`x`'s value, if known here (a JVP tracer of a known value too), else None."""
+  if not isinstance(x, jax.core.Tracer):
+    return np.asarray(x)
+  known = _jax_core.to_concrete_value(x)
+  return None if known is None else np.asarray(known)
+
+
+def _check_message(message: Any, value: Any, position: int) -> str:
+  if isinstance(message, str):
+    return message.format(value=value, position=position)
+  return message(value, position)
+
+
+def _check_error(error: type[Exception], message: Any, bad: np.ndarray,
+                values: np.ndarray | None) -> Exception:
+  """torch's exception for the first True element of `bad` (in C order)."""
+  position = int(np.argmax(np.ravel(bad)))
+  value = None
+  if values is not None:
+    value = np.ravel(np.broadcast_to(values, np.shape(bad)))[position].item()
+  return _TORCH_ERRORS.get(error, error)(_check_message(message, value, position))
+
+
+def _report_check(bad: Any, values: Any, error: type[Exception], message: Any,
+                  kind: str) -> None:
+  """Enforce one rule a lowering declares (`bridge_ops._lowering.check`; see above)."""
+  known = _concrete(bad)
+  if known is not None:
+    if known.any():
+      raise _check_error(error, message, known, None if values is None else _concrete(values))
+    return
+  found = getattr(_checks, "found", None)
+  if found is not None:
+    found.append(jnp.any(bad))
+  elif kind == "index" and _config_var.get().check_indices:
+    _stage_check(bad, values, error, message)
+
+
+_STAGED: dict[int, tuple] = {}  # a staged check's id -> (op, error, message)
+_STAGED_IDS = itertools.count()
+_host_key: list[int] = []
+
+
+def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) -> None:
+  """A host call in the program being staged that raises torch's error if `bad` holds."""
+  op = getattr(_checks, "op", None)
+  if not ffi.supported():
+    raise BridgeError(
+        f"`bridge.config(check_indices=True)`: checking the indices of {op} inside a JAX "
+        f"program needs a host call, which programs on {ffi.platform()} cannot make. Leave "
+        "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
+        "the indices before the program.")
+  if not _host_key:
+    _host_key.append(ffi.register(_raise_staged_check, "`bridge.config(check_indices=True)`"))
+  ident = next(_STAGED_IDS)
+  _STAGED[ident] = (op, error, message)
+  flat = jnp.ravel(bad)
+  position = jnp.argmax(flat)
+  value = position if values is None else jnp.ravel(jnp.broadcast_to(values, bad.shape))[position]
+  ffi.emit(_host_key[0], [jnp.any(flat), value, position, np.int32(ident)], [],
+           vmap_method="broadcast_all", side_effect=True)
+
+
+def _raise_staged_check(tensors: list) -> list:
+  """The host side of `_stage_check` (under `jax.vmap`, every input has the batch dims)."""
+  flags, values, positions, idents = (t.reshape(-1) for t in tensors)
+  hits = torch.nonzero(flags)
+  if len(hits):
+    i = int(hits[0, 0])
+    op, error, message = _STAGED[int(idents[i])]
+    text = _check_message(message, values[i].item(), int(positions[i]))
+    raise _TORCH_ERRORS.get(error, error)(f"`bridge.config(check_indices=True)`: {op}: {text}")
+  return []
+
+
+_installed_checks: list[bool] = []
+
+
+def _install_checks() -> None:
+  """Hand `_report_check` to the plugins that declare value checks (once, when loaded)."""
+  if _installed_checks:
+    return
+  for info in REGISTRY.plugins:
+    install = getattr(info.module, "install_checks", None)
+    if callable(install):
+      install(_report_check)
+  _installed_checks.append(True)
+
+
 # --- executables ----------------------------------------------------------------------
 
 
@@ -394,17 +510,70 @@ class _Executable:
       # layer) instead of running the lowering and torch's meta kernel again.
       self.staged = self.run if self.dynamic_shape else jax.jit(self.run, inline=True)
       return self.staged
+    if name == "staged_checked":
+      # The same with `check_indices` on: another function, so another entry in jit's cache
+      # (one traced without the setting would replay without its checks)
+      self.staged_checked = (self.run if self.dynamic_shape
+                             else jax.jit(self.run_checking_indices, inline=True))
+      return self.staged_checked
     if name == "call":
+      # eager: (results, flag of the value checks or None), see `checked`
+      checked = jax.jit(self.checked)
       if not self.dynamic_shape:
-        self.call = jax.jit(self.run)
+        self.call = checked
       elif self.dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
-        jitted = jax.jit(self.run)  # (torch also reads uint8 index tensors as masks)
-        self.call = lambda *dyn: (self.run(*dyn) if any(
-            getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn) else jitted(*dyn))
+        self.call = lambda *dyn: ((self.run(*dyn), None) if any(  # (torch also reads uint8
+            getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn)  # index tensors
+            else checked(*dyn))  # as masks)
       else:
-        self.call = self.run
+        self.call = lambda *dyn: (self.run(*dyn), None)  # (concrete: checked as it runs)
       return self.call
     raise AttributeError(name)
+
+  def checked(self, *dyn: Any) -> tuple[Any, Any]:
+    """`run`, and one bool: whether a value check the lowering declared fails (None if it
+    declares none). Traced by the eager `call`."""
+    prev = getattr(_checks, "found", None)
+    found = _checks.found = []
+    try:
+      out = self.run(*dyn)
+    finally:
+      _checks.found = prev
+    return out, (functools.reduce(jnp.logical_or, found) if found else None)
+
+  def run_checking_indices(self, *dyn: Any) -> Any:
+    return self.run(*dyn)
+
+  def check(self, flag: Any, dyn: list) -> None:
+    """After an eager call: raise torch's error where the program's check flag is set."""
+    if type(flag) is _ArrayImpl:
+      if np.asarray(flag):  # (several times quicker than `bool(flag)`)
+        self.raise_failed_check(dyn)
+      return
+    known = _concrete(flag)
+    if known is not None:
+      if known:
+        self.raise_failed_check(dyn)
+      return
+    # run inside another trace: a decomposition being traced (its flag joins the outer op's),
+    # or `jax.vmap` without `jax.jit`
+    found = getattr(_checks, "found", None)
+    if found is not None:
+      found.append(flag)
+    elif _config_var.get().check_indices:
+      self.run(*dyn)  # (stages the index checks, which run at once here)
+
+  def raise_failed_check(self, dyn: list) -> None:
+    """Run the op again on the same arrays, op by op: the failing rule raises torch's error."""
+    prev = getattr(_checks, "found", None)
+    _checks.found = None
+    try:
+      self.run(*dyn)
+    finally:
+      _checks.found = prev
+    raise BridgeError(
+        f"bridge: a value check of {self.func} failed in its program but not when the op ran "
+        "again on the same inputs. This is a bug in its lowering; please report it.")
 
   def run(self, *dyn: Any) -> Any:
     if self.keyed:
@@ -421,6 +590,7 @@ class _Executable:
     args, kwargs = self.treedef.unflatten([next(it) if s is _DYN else s for s in self.statics])
     jit_off = self.jit_free and any(isinstance(d, jax.core.Tracer) for d in dyn)
     prev = _disable_jit.swap_local(True) if jit_off else None
+    op, _checks.op = getattr(_checks, "op", None), self.func  # (named by staged checks)
     try:
       if self.random:
         out = self.fn(*args, **dict(kwargs, key=key))
@@ -431,6 +601,7 @@ class _Executable:
       else:
         out = self.fn(*args, **kwargs)
     finally:
+      _checks.op = op
       if jit_off:
         _disable_jit.set_local(prev)
     return _conform(self.func, out, _meta_outputs(self.func, args, kwargs))
@@ -539,6 +710,7 @@ class _FunctionalPlan:
     self.exes: dict[tuple, _Executable] = {}
     self.lock = threading.Lock()
     lowering = REGISTRY.lookup(func)
+    _install_checks()
     self.static_names = lowering.static_argnames if lowering is not None else frozenset()
     self.like = func in _LIKE_OPS  # its result goes where its first argument is
     # `-> bool` (equal, allclose, is_nonzero...): torch code receives a Python value
@@ -638,7 +810,8 @@ class _FunctionalPlan:
       exe = self.executable(treedef, statics)
     if device is None:
       device = _factory_device(kwargs)
-    if _config_var.get().debug_print_each_op:
+    config = _config_var.get()
+    if config.debug_print_each_op:
       _debug_print(self.func, dyn)
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
     # building a context manager per op).
@@ -648,16 +821,23 @@ class _FunctionalPlan:
     try:
       if not exe.keyed:
         if not where.staged:
-          out = exe.call(*dyn)
+          out, flag = exe.call(*dyn)
+          if flag is not None:
+            exe.check(flag, dyn)
         elif _replayable(dyn):
-          out = exe.staged(*dyn)
+          out = (exe.staged_checked if config.check_indices else exe.staged)(*dyn)
         else:
           out = exe.run(*dyn)
       elif exe.decomposed and (where.staged or scope.is_staged()):
         out = exe.inline(*dyn)
       else:
         dyn.append(rng.next_key(self.func) if exe.draws is not False else _NO_KEY)
-        out = exe.run(*dyn) if where.staged else exe.call(*dyn)
+        if where.staged:
+          out = exe.run(*dyn)
+        else:
+          out, flag = exe.call(*dyn)
+          if flag is not None:
+            exe.check(flag, dyn)
     except jax.errors.UnexpectedTracerError as e:
       raise scope.leaked_tracer_error(e) from e
     except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)

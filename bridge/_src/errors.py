@@ -33,3 +33,13 @@ class TransferError(BridgeError, ValueError):
 
 class PluginError(BridgeError, RuntimeError):
   """A lowering plugin that cannot be loaded (incompatible registry API, bad entry point)."""
+
+
+class TorchIndexError(BridgeError, IndexError):
+  """torch's `IndexError` for a value on the `jax` device (an index out of range), with
+  torch's message: raised where eager torch raises it."""
+
+
+class TorchRuntimeError(BridgeError, RuntimeError):
+  """torch's `RuntimeError` for a value on the `jax` device (an index out of range in
+  `gather`/`scatter`, an integer division by zero...), with torch's message."""

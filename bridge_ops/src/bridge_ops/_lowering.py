@@ -79,6 +79,41 @@ def scan(*args: Any, **kwargs: Any) -> Any:
     return jax.lax.scan(*args, **kwargs)
 
 
+# --- torch's errors for invalid values ------------------------------------------------------
+#
+# torch raises for an index out of range, an integer division by zero... A lowering declares
+# such a rule with `check`; the core enforces it (see `plugin.install_checks`): at once on
+# concrete values, through one "any broken" flag returned by an eager op's jitted program, and
+# inside `jax.jit` only where asked to. Without a core (a lowering called directly), unchecked.
+
+_REPORT: list[Callable[..., None] | None] = [None]  # the core's, from `plugin.install_checks`
+
+
+def check(bad: Any, values: Any, error: type[Exception], message: Any, *,
+          kind: str = "value") -> None:
+  """torch raises `error(message)` where the bool array `bad` is True.
+
+  `values` (`bad`'s shape, or None) holds the offending values; `message` is torch's text,
+  a str formatted with `value` (the first offending value, in C order) and `position` (its
+  flat position), or a function of (value, position). `kind`: "index" for an index out of
+  range (also checked inside `jax.jit` with `bridge.config(check_indices=True)`), or "value".
+  """
+  report = _REPORT[0]
+  if report is not None:
+    report(bad, values, error, message, kind)
+
+
+def check_index(index: Any, size: int, error: type[Exception], message: Any, *,
+                negative: bool = False) -> None:
+  """`check` that `index` lies in [0, size), or with `negative` in [-size, size) (torch's
+  negative indices count from the end)."""
+  if _REPORT[0] is None or np.size(index) == 0:
+    return
+  index = jnp.asarray(index)
+  bad = (index >= size) | (index < (-size if negative else 0))
+  check(bad, index, error, message, kind="index")
+
+
 def with_derivative(fn: Callable[..., Any],
                     tangent: Callable[[Any, tuple, tuple], Any]) -> Callable[..., Any]:
   """`fn` (a function of arrays) differentiated by `tangent(out, primals, tangents)` instead

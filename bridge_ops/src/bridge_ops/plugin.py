@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 REGISTRY_API_VERSION = 1
 # The core may trace these lowerings with `jax.disable_jit()` on (jnp's jitted helpers then
@@ -24,6 +24,14 @@ def import_families() -> list:
   for family in FAMILIES:
     importlib.import_module(f"bridge_ops.{family}")
   return _lowering.RECORDS
+
+
+def install_checks(report: Callable[..., None]) -> None:
+  """Optional (a core that does not know it never calls it, and the checks are then skipped):
+  the core's `report(bad, values, error, message, kind)`, which enforces the value checks the
+  lowerings declare with `_lowering.check` (torch's errors for out-of-range indices...)."""
+  from bridge_ops import _lowering
+  _lowering._REPORT[0] = report
 
 
 def register(registry: Any) -> None:
