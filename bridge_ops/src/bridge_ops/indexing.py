@@ -1,8 +1,11 @@
 """Indexing family: advanced indexing, gather/scatter, index_* and searches.
 
 Index values follow torch for valid inputs: negative indices count from the end
-where torch allows them (advanced indexing, `take`). Out-of-range indices are an
-error in torch; here they are not checked (JAX clamps reads and drops writes).
+where torch allows them (advanced indexing, `take`/`put`, `index_fill`). An index out
+of range raises torch's error, with torch's message: each lowering declares its rule
+(`check_index`, `check`) and the core enforces it in eager mode. Inside a JAX program
+the values are unknown and, unless `bridge.config(check_indices=True)`, unchecked:
+JAX clamps reads and drops writes.
 
 Ops whose output shape depends on values (`index.Tensor` with boolean masks,
 `nonzero`, `masked_select`) are registered with `dynamic_shape=True` and so run
@@ -22,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, lowering, result_dtypes, with_derivative
+from bridge_ops._lowering import (aten, check, check_index, lowering, result_dtypes,
+                                  with_derivative)
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -57,12 +61,57 @@ def _mul_at(x, idx, values, mode=None):
   return x.at[idx].multiply(values, mode=mode)
 
 
+def _dim_message(prefix=""):
+  """torch's "index 9 is out of bounds for dimension 1 with size 4" (scatter, index_add...)."""
+  return prefix + "index {value} is out of bounds for dimension {dim} with size {size}"
+
+
+def _check_along(self, dim, index, error, message, negative=False):
+  """`index` within `self`'s dim `dim` (a 0-d `self` has one element), with torch's message."""
+  d = _dim(dim, self.ndim)
+  size = self.shape[d] if self.ndim else 1
+  check_index(index, size, error, message.replace("{dim}", str(d)).replace("{size}", str(size)),
+              negative=negative)
+
+
 # --- advanced indexing ------------------------------------------------------------------------
+
+
+def _check_advanced(self, indices):
+  """torch's check of advanced indices: every integer index in [-size, size) of its dim. torch
+  names the first bad element (in broadcast order; the index tensors' order within it) and
+  numbers the dim among the index tensors (a k-dim mask counts k), not among `self`'s dims."""
+  arrays, dims, j, d = [], [], 0, 0
+  for i in indices:
+    if i is not None and i.dtype == jnp.bool_:
+      j, d = j + i.ndim, d + i.ndim
+      continue
+    if i is not None:
+      if self.shape[d] == 0 and i.size:  # known now (and JAX could not build the gather)
+        check(np.ones((), bool), None, IndexError,
+              "index is out of bounds for dimension with size 0", kind="index")
+      arrays.append(i)
+      dims.append((j, self.shape[d]))
+      j += 1
+    d += 1
+  if not arrays:
+    return
+  shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+  values = jnp.stack([jnp.broadcast_to(a, shape) for a in arrays], axis=-1)
+  sizes = np.array([n for _, n in dims])
+  bad = (values >= sizes) | (values < -sizes)
+
+  def message(value, position):
+    j, n = dims[position % len(dims)]
+    return f"index {value} is out of bounds for dimension {j} with size {n}"
+  check(bad, values, IndexError, message, kind="index")
 
 
 @lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin, dynamic_shape="bool_inputs")
 def index(self, indices):
-  return self[_getitem_tuple(_masks_to_bool(indices))]
+  indices = _masks_to_bool(indices)
+  _check_advanced(self, indices)
+  return self[_getitem_tuple(indices)]
 
 
 def _selected_count(ndim, indices, values_shape):
@@ -121,23 +170,27 @@ def _index_put(self, indices, values, accumulate):
 
 @lowering(aten.index_put.default, aten.index_put.hacked_twin)
 def index_put(self, indices, values, accumulate=False):
+  _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
 
 
 @lowering(aten._index_put_impl.default, aten._index_put_impl_.default,
           aten._index_put_impl_.hacked_twin)
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+  _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
 
 
 @lowering(aten._unsafe_index.Tensor, aten._unsafe_index.Tensor_hacked_twin)
 def _unsafe_index(self, indices):
   """`index` with integer indices only (what decompositions emit): static shapes."""
+  _check_advanced(self, indices)
   return self[_getitem_tuple(indices)]
 
 
 @lowering(aten._unsafe_index_put.default, aten._unsafe_index_put.hacked_twin)
 def _unsafe_index_put(self, indices, values, accumulate=False):
+  _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
 
 
@@ -170,6 +223,12 @@ def _along(self, dim, index):
 
 @lowering(aten.index_select.default)
 def index_select(self, dim, index):
+  # [0, size); torch's CPU kernel words it by its path: its own loop along dim 1
+  if self.ndim > 1 and _dim(dim, self.ndim) == 1:
+    _check_along(self, dim, index, RuntimeError,
+                 "INDICES element is out of DATA bounds, id={value} axis_dim={size}")
+  else:
+    _check_along(self, dim, index, IndexError, "index out of range in self")
   if self.ndim == 0:
     return jnp.reshape(self, (1,))[jnp.reshape(index, (-1,))].reshape(())
   return self[_along(self, dim, index)]
@@ -179,6 +238,7 @@ def index_select(self, dim, index):
 def index_add(self, dim, index, source, *, alpha=1):
   if self.ndim == 0:
     return index_add(self.reshape(1), 0, index, source.reshape(1), alpha=alpha).reshape(())
+  _check_along(self, dim, index, RuntimeError, _dim_message())
   # bool: torch's `source * alpha` is a logical and, its addition a logical or
   src = jnp.logical_and(source, alpha) if self.dtype == jnp.bool_ else source * alpha
   src = src.astype(self.dtype)
@@ -192,6 +252,7 @@ def _indexed_shape(self, dim, index):
 
 @lowering(aten.index_copy.default)
 def index_copy(self, dim, index, source):
+  _check_along(self, dim, index, IndexError, _dim_message("index_copy_(): "))
   if self.ndim == 0:
     return jnp.reshape(source, ()).astype(self.dtype)
   src = source.astype(self.dtype).reshape(_indexed_shape(self, dim, index))
@@ -202,6 +263,7 @@ def index_copy(self, dim, index, source):
 def index_fill_int_Scalar(self, dim, index, value):
   if self.ndim == 0:
     return index_fill_int_Scalar(self.reshape(1), 0, index, value).reshape(())
+  _check_along(self, dim, index, IndexError, _dim_message(), negative=True)
   return self.at[_along(self, dim, index)].set(jnp.asarray(value).astype(self.dtype))
 
 
@@ -216,22 +278,35 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
   if self.ndim == 0:
     return index_reduce(self.reshape(1), 0, index, source.reshape(1), reduce,
                         include_self=include_self).reshape(())
+  _check_along(self, dim, index, IndexError, "index out of range in self")
   d = _dim(dim, self.ndim)
   src = jnp.reshape(source, _indexed_shape(self, d, index))
   shape = [1] * self.ndim
   shape[d] = -1
   full = jnp.broadcast_to(jnp.reshape(index, shape), src.shape)
-  return scatter_reduce_two(self, d, full, src, reduce, include_self=include_self)
+  return _scatter_reduce_two(self, d, full, src, reduce, include_self)
+
+
+def _check_flat(self, index, empty):
+  """`take`/`put`'s check: flat positions in [-numel, numel)."""
+  if not self.size:  # known now (and JAX could not build `take`'s gather)
+    check(np.ones((), bool) if np.size(index) else np.zeros((), bool), None, IndexError, empty,
+          kind="index")
+    return
+  check_index(index, self.size, IndexError, f"out of range: tried to access index {{value}} on "
+              f"a tensor of {self.size} elements.", negative=True)
 
 
 @lowering(aten.take.default)
 def take(self, index):
+  _check_flat(self, index, "take(): tried to take from an empty tensor")
   return jnp.reshape(self, (-1,))[index]
 
 
 @lowering(aten.put.default)
 def put(self, index, source, accumulate=False):
   """Writes `source` at flat positions `index` of `self` (negative ones count from the end)."""
+  _check_flat(self, index, "put_(): Tried to put elements into an empty tensor")
   flat = jnp.reshape(self, (-1,))
   idx = jnp.reshape(index, (-1,))
   idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
@@ -247,18 +322,25 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
   row's gradient is divided by how often it is looked up in `indices`. JAX's transforms of
   the gather (`jax.grad`, `jax.jvp`, the VJP behind a compiled module's backward) follow
   torch through `_embedding`'s JVP rule."""
+  check_index(indices, weight.shape[0], IndexError, "index out of range in self")
   if (((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq)
       or not jnp.issubdtype(weight.dtype, jnp.inexact)):  # (no derivative to shape)
-    return jnp.take(weight, indices, axis=0)
+    return _rows(weight, indices)
   return _embedding(padding_idx if padding_idx is not None else -1, bool(scale_grad_by_freq),
                     weight, indices)
+
+
+def _rows(weight, indices):
+  """`weight[indices]`: an index out of range is clamped into range, as every JAX read (its
+  check raised in eager mode; `jnp.take`'s default NaN fill costs a mask and a select)."""
+  return jnp.take(weight, indices, axis=0, mode="clip")
 
 
 # rows of `weight`; derivative: the weight tangent's rows times the per-position factor
 # (linear in that tangent, so JAX transposes it for reverse mode: a scatter-add)
 _embedding_rows = with_derivative(
-    lambda weight, indices, factor: jnp.take(weight, indices, axis=0),
-    lambda out, p, t: jnp.take(t[0], p[1], axis=0) * p[2][..., None])
+    lambda weight, indices, factor: _rows(weight, indices),
+    lambda out, p, t: _rows(t[0], p[1]) * p[2][..., None])
 
 
 def _embedding(padding_idx: int, scale_grad_by_freq: bool, weight, indices):
@@ -324,9 +406,15 @@ def _weak(x) -> bool:
   return bool(getattr(getattr(x, "aval", x), "weak_type", False))
 
 
+def _check_scatter(self, dim, index):
+  """gather/scatter's check: `index` in [0, size) of `self`'s dim `dim`."""
+  _check_along(self, dim, index, RuntimeError, _dim_message())
+
+
 @lowering(aten.gather.default)
 @_as_1d("index")
 def gather(self, dim, index, *, sparse_grad=False):
+  _check_scatter(self, dim, index)
   return self[_scatter_index(self, dim, index)]
 
 
@@ -341,18 +429,21 @@ def _reduce_at(x, idx, values, reduce):
 @lowering(aten.scatter.src)
 @_as_1d("self")
 def scatter_src(self, dim, index, src):
+  _check_scatter(self, dim, index)
   return self.at[_scatter_index(self, dim, index)].set(_src_part(src, index).astype(self.dtype))
 
 
 @lowering(aten.scatter.value)
 @_as_1d("self")
 def scatter_value(self, dim, index, value):
+  _check_scatter(self, dim, index)
   return self.at[_scatter_index(self, dim, index)].set(jnp.asarray(value).astype(self.dtype))
 
 
 @lowering(aten.scatter.reduce)
 @_as_1d("self")
 def scatter_reduce(self, dim, index, src, *, reduce):
+  _check_scatter(self, dim, index)
   idx = _scatter_index(self, dim, index)
   return _reduce_at(self, idx, _src_part(src, index).astype(self.dtype), reduce)
 
@@ -360,6 +451,7 @@ def scatter_reduce(self, dim, index, src, *, reduce):
 @lowering(aten.scatter.value_reduce)
 @_as_1d("self")
 def scatter_value_reduce(self, dim, index, value, *, reduce):
+  _check_scatter(self, dim, index)
   vals = jnp.broadcast_to(jnp.asarray(value).astype(self.dtype), index.shape)
   return _reduce_at(self, _scatter_index(self, dim, index), vals, reduce)
 
@@ -367,6 +459,7 @@ def scatter_value_reduce(self, dim, index, value, *, reduce):
 @lowering(aten.scatter_add.default)
 @_as_1d("self")
 def scatter_add(self, dim, index, src):
+  _check_scatter(self, dim, index)
   return _add_at(self, _scatter_index(self, dim, index), _src_part(src, index).astype(self.dtype))
 
 
@@ -421,6 +514,11 @@ _scatter_prod.defvjp(_scatter_prod_fwd, _scatter_prod_bwd)
 @lowering(aten.scatter_reduce.two)
 @_as_1d("self")
 def scatter_reduce_two(self, dim, index, src, reduce, *, include_self=True):
+  _check_scatter(self, dim, index)
+  return _scatter_reduce_two(self, dim, index, src, reduce, include_self)
+
+
+def _scatter_reduce_two(self, dim, index, src, reduce, include_self):
   idx = _scatter_index(self, dim, index)
   src = _src_part(src, index).astype(self.dtype)
   dt = self.dtype

@@ -32,8 +32,8 @@ import torch
 # lazily, on the first chunked call).
 import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import (aten, lowering, p_norm, promote, result_dtypes, scan,
-                                  with_derivative)
+from bridge_ops._lowering import (aten, check, lowering, p_norm, promote, result_dtypes,
+                                  scan, with_derivative)
 
 torch_nn = torch.ops.torch_nn
 
@@ -132,6 +132,9 @@ def _nll(logp, target, weight, reduction, ignore_index):
   """`logp` (..., C) with the classes last, `target` (...): (output, total_weight) as torch."""
   target = target.astype(jnp.int64)
   ignored = target == ignore_index
+  n_classes = logp.shape[-1]
+  check(~ignored & ((target < 0) | (target >= n_classes)), target, IndexError,
+        "Target {value} is out of bounds.", kind="index")
   safe = jnp.where(ignored, 0, target)
   picked = jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
   w = jnp.ones_like(picked) if weight is None else weight.astype(logp.dtype)[safe]

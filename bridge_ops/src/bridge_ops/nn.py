@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, check_index, lowering
 from bridge_ops.indexing import _embedding
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -242,6 +242,21 @@ def _bags(indices, offsets, n_bags, include_last_offset, padding_idx):
   return pos, bag, valid, jnp.where(valid, bag, n_bags)
 
 
+def _check_bag_indices(weight, indices, mode, padding_idx):
+  """Rows in [0, num_embeddings), with the message of torch's CPU kernel: its FBGEMM path
+  (16/32-bit floats, "sum"/"mean", no padding_idx) names the position (FBGEMM words a bad
+  index past the first bag otherwise; this message is kept for it too)."""
+  n = weight.shape[0]
+  if (mode != _BAG_MAX and (padding_idx is None or padding_idx < 0)
+      and np.dtype(weight.dtype) in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16),
+                                     np.dtype(jnp.float32))):
+    message = f"Index {{position}} of input takes value {{value}} which is not in the valid " \
+              f"range [0, {n})"
+  else:
+    message = "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {value}"
+  check_index(indices, n, RuntimeError, message)
+
+
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
@@ -254,6 +269,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
   CUDA layout): the bag of every index, the entries per bag, the row index of each maximum
   ("max"; 0 for an empty bag, as torch's CPU kernel). Sums run in float32 for the 16-bit floats.
   """
+  _check_bag_indices(weight, indices, mode, padding_idx)
   n = indices.shape[0]
   n_offsets = offsets.shape[0]
   n_bags = n_offsets - 1 if include_last_offset else n_offsets
