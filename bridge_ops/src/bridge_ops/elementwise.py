@@ -6,10 +6,14 @@ Semantics follow torch's CPU kernels, not NumPy/JAX, wherever the two differ:
   towards -inf (Python), `fmod` and `div(rounding_mode="trunc")` towards zero;
   float floor division is torch's `div_floor_floating` (x / 0 stays x / 0, not nan);
 * integer `pow` wraps like repeated squaring and gives torch's values for negative
-  exponents (1 -> 1, -1 -> +-1, anything else -> 0);
+  tensor exponents (1 -> 1, -1 -> +-1, anything else -> 0); a negative Scalar exponent
+  raises torch's error, as does an integer division or remainder by zero (`check`: in eager
+  mode; inside a JAX program XLA's quotient stands);
 * `sign`/`sgn` of nan is 0; `heaviside(nan, v)` is 0; `xlogy(0, nan)` is nan;
 * `clamp` propagates a nan bound, and with min > max gives max;
-* `minimum`/`maximum` propagate nan, `fmin`/`fmax` ignore it;
+* `minimum`/`maximum` propagate nan, `fmin`/`fmax` ignore it; on a tie all four return
+  their first argument, as torch's CPU kernels (so `maximum(-0.0, 0.0)` is -0.0, where XLA
+  orders -0 < +0), and `relu`/`clamp` keep an input equal to a bound (`relu(-0.0)` is -0.0);
 * shifts by a negative amount or >= the bit width give torch's values (0, or the
   sign fill for a right shift);
 * a `Scalar` is cast to the computation dtype before use (so an out-of-range int
@@ -31,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, literal, lowering, promote, result_dtypes, torch_abs,
-                                  torch_sign, while_loop, with_derivative, x_times_log)
+from bridge_ops._lowering import (aten, check, literal, lowering, promote, result_dtypes,
+                                  torch_abs, torch_sign, while_loop, with_derivative,
+                                  x_times_log)
 
 __all__: list[str] = []
 
@@ -117,6 +122,13 @@ def _div_floor(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.where(b == 0, a / b, floordiv)
   quot, rem = lax.div(a, b), lax.rem(a, b)
   return jnp.where((rem != 0) & ((rem < 0) != (b < 0)), quot - 1, quot)
+
+
+def _check_divisor(a: jax.Array, b: jax.Array) -> None:
+  """torch's integer division (floor, trunc, remainder, fmod) by zero: RuntimeError."""
+  if _integer(a):
+    zero = jnp.broadcast_to(b == 0, jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b)))
+    check(zero, None, RuntimeError, "ZeroDivisionError")
 
 
 def _remainder_value(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -253,6 +265,7 @@ def div_mode(self, other, *, rounding_mode=None):
       # torch rounds the quotient to the result dtype before truncating: in bfloat16,
       # -100 / -0.8789 = 113.78 rounds to 114 first. A step function: derivative 0.
       return lax.stop_gradient(jnp.trunc((a / b).astype(result)))
+    _check_divisor(a, b)
     return lax.div(*jnp.broadcast_arrays(a, b))  # C division: rounds towards zero
   if rounding_mode == "floor":
     return floor_divide(self, other)
@@ -263,18 +276,21 @@ def div_mode(self, other, *, rounding_mode=None):
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
 @_promote("self", "other")
 def floor_divide(self, other):
+  _check_divisor(self, other)
   return _div_floor(self, other)
 
 
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 @_promote("self", "other")
 def remainder(self, other):
+  _check_divisor(self, other)
   return _remainder(self, other)
 
 
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 @_promote("self", "other")
 def fmod(self, other):
+  _check_divisor(self, other)
   return lax.rem(*jnp.broadcast_arrays(self, other))
 
 
@@ -329,7 +345,32 @@ def pow(self, exponent):  # noqa: A001 - named after the op
   return _pow(self, exponent)
 
 
+def _scalar(x: Any) -> bool:
+  """A Scalar argument: a Python number or a weakly typed 0-d value (a traced number)."""
+  return not hasattr(x, "dtype") or (np.ndim(x) == 0 and getattr(
+      getattr(x, "aval", x), "weak_type", False))
+
+
+def _check_int_power(fn: Callable) -> Callable:
+  """torch: an integral tensor to a negative integral Scalar power raises (before promotion,
+  which wraps -1 into 255 for uint8). `pow_` with a Scalar runs `pow.Scalar` with the tensor
+  as `self`, so both overloads check."""
+  @functools.wraps(fn)
+  def wrapper(self: Any, exponent: Any) -> Any:
+    if (not _scalar(self) and _scalar(exponent) and _integral_kind(self)
+        and _integral_kind(exponent)):
+      check(jnp.asarray(exponent) < 0, None, RuntimeError,
+            "Integers to negative integer powers are not allowed.")
+    return fn(self, exponent)
+  return wrapper
+
+
+def _integral_kind(x: Any) -> bool:
+  return np.dtype(getattr(x, "dtype", type(x))).kind in "biu"
+
+
 @lowering(aten.pow.Tensor_Scalar)
+@_check_int_power
 @_promote("self", "exponent")
 def pow_tensor_scalar(self, exponent):
   if not _inexact(self):
@@ -344,6 +385,7 @@ def pow_tensor_scalar(self, exponent):
 
 
 @lowering(aten.pow.Scalar)
+@_check_int_power
 @_promote("self", "exponent")
 def pow_scalar(self, exponent):
   # torch: a base equal to 1 gives ones (pow(1, nan) = 1 too, so no special case).
@@ -633,16 +675,32 @@ def clamp_max(self, max):  # noqa: A002
   return _clamp(self, None, max)
 
 
+def _first_on_tie(extreme: Callable) -> Callable:
+  """`extreme` (jnp.maximum/minimum: NaN-propagating) returning its first argument on a tie,
+  as torch's CPU loop (-0.0 and 0.0 are a tie), with `extreme`'s derivative (half to each
+  argument on a tie, as torch's)."""
+  return with_derivative(lambda a, b: jnp.where(a == b, a, extreme(a, b)),
+                         lambda out, p, t: jax.jvp(extreme, p, t)[1])
+
+
+_float_minimum = _first_on_tie(jnp.minimum)
+_float_maximum = _first_on_tie(jnp.maximum)
+
+
 @lowering(aten.minimum.default)
 @_promote("self", "other")
 def minimum(self, other):
-  return jnp.minimum(self, other)  # nan-propagating, like torch
+  if not _inexact(self) or jnp.iscomplexobj(self):
+    return jnp.minimum(self, other)
+  return _float_minimum(*jnp.broadcast_arrays(self, other))  # nan-propagating, like torch
 
 
 @lowering(aten.maximum.default)
 @_promote("self", "other")
 def maximum(self, other):
-  return jnp.maximum(self, other)
+  if not _inexact(self) or jnp.iscomplexobj(self):
+    return jnp.maximum(self, other)
+  return _float_maximum(*jnp.broadcast_arrays(self, other))
 
 
 @lowering(aten.fmin.default)
@@ -874,8 +932,10 @@ def heaviside(self, values):
 def relu(self):
   # As torch: relu(nan) = nan; the derivative is 0 where x <= 0 (at exactly 0 too: that of a
   # bare `maximum(x, 0)` there is 0.5) and 1 elsewhere, NaN included (torch's
-  # threshold_backward passes the gradient where the result is not <= 0).
-  return jnp.where(self <= 0, jnp.zeros((), self.dtype), self)
+  # threshold_backward passes the gradient where the result is not <= 0). An input of 0
+  # stays itself (relu(-0.0) is -0.0, torch's clamp_min).
+  zeroed = jnp.where(self < 0, jnp.zeros((), self.dtype), self)
+  return jnp.where(self <= 0, jax.lax.stop_gradient(zeroed), self)
 
 
 @lowering(aten.gelu.default)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, lowering, p_norm,
+from bridge_ops._lowering import (aten, check, fori_loop, jax_dtype, lowering, p_norm,
                                   result_dtypes, torch_abs, while_loop, with_derivative)
 
 _LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -356,7 +356,10 @@ def _cum_extreme(x, dim, better):
       take_b = jnp.isnan(vb) | (~jnp.isnan(va) & take_b)
     return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
-  v, i = lax.associative_scan(combine, (x1, idx), axis=axis)
+  _, i = lax.associative_scan(combine, (x1, idx), axis=axis)
+  # the values read at the indices: the scan's own lose the sign of a zero (it interleaves by
+  # adding), and torch's tie goes to the later element, -0.0 or 0.0
+  v = jnp.take_along_axis(x1, i, axis=axis)
   return v.reshape(x.shape), i.reshape(x.shape)
 
 
@@ -1008,9 +1011,7 @@ def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
 def bincount(self, weights=None, minlength=0):
   """Counts (int64), or sums of `weights`, of each value 0..max(self); at least `minlength` bins.
   The length depends on the values, so this runs on concrete arrays (not under `jax.jit`)."""
-  if self.size and int(jnp.min(self)) < 0:
-    raise ValueError("bridge: `torch.bincount`: the input must hold non-negative integers, got "
-                     f"a minimum of {int(jnp.min(self))}.")
+  check(self < 0, self, RuntimeError, "bincount only supports 1-d non-negative integral inputs.")
   n = max(int(jnp.max(self)) + 1 if self.size else 0, minlength)
   if weights is None:
     return jnp.zeros((n,), jnp.int64).at[self].add(1)
