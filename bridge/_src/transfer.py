@@ -11,7 +11,8 @@ device, a dense layout (row-major or a permutation of it) and, for JAX on CPU, a
 A zero-copy result aliases its source: writing into the torch tensor in place
 changes the JAX array (which JAX assumes never happens), and a torch tensor made
 from a JAX array writes into JAX's buffer. Copy (`copy=True`) when either side
-will be mutated.
+will be mutated. A tensor made from an array keeps the buffer alive: `a.delete()`
+afterwards drops the array's claim only, and the tensor stays valid.
 """
 
 from __future__ import annotations
@@ -271,7 +272,13 @@ def is_one_cpu_device(sharding: Any) -> bool:
 
 
 def fast_array_out(a: Any) -> torch.Tensor | None:
-  """A concrete single-CPU-device array as a zero-copy tensor, or None if that does not apply."""
+  """A concrete single-CPU-device array as a zero-copy tensor, or None if that does not apply.
+
+  Only for arrays that nothing else holds (the fresh outputs of a jitted call): the tensor
+  takes its DLPack reference on `a` itself, and `a.delete()` while that reference is held
+  aborts the process (XLA's "Non-zero type 1 hold on destruction" check). An array the
+  caller may still hold goes through `_cpu_array_to_torch`.
+  """
   if (type(a) is _ArrayImpl and _buffer_to_dlpack is not None
       and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(a.sharding)
       and not a.is_deleted()):
@@ -286,9 +293,16 @@ def array_to_torch_arg(a: jax.Array, *, api: str, where: Where) -> torch.Tensor:
 
 
 def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
+  """A single-CPU-device array the caller may hold as a zero-copy tensor.
+
+  The DLPack reference is taken on `a.addressable_data(0)`, an array object of its own that
+  shares `a`'s buffer (as `a.__dlpack__` does): `a.delete()` then drops only `a`'s claim, and
+  the buffer lives on until the tensor dies. A reference taken on `a` itself would make
+  `a.delete()` abort the process.
+  """
   if _buffer_to_dlpack is None:  # pragma: no cover
     return torch.from_dlpack(a)
-  return torch._C._from_dlpack(_buffer_to_dlpack(a))
+  return torch._C._from_dlpack(_buffer_to_dlpack(a.addressable_data(0)))
 
 
 def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge.to_torch",
@@ -354,9 +368,10 @@ def to_torch(tree: Any, copy: bool | None = None) -> Any:
   """
   _check_copy(copy, "bridge.to_torch")
   if type(tree) is _ArrayImpl:  # a lone array: skip the pytree machinery
-    out = fast_array_out(tree) if copy is None else None
-    return out if out is not None else array_to_torch(
-        tree, copy=copy, api="bridge.to_torch", where=lambda: "the array")
+    if (copy is None and _buffer_to_dlpack is not None and id(tree.dtype) in
+        dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(tree.sharding) and not tree.is_deleted()):
+      return _cpu_array_to_torch(tree)  # (the caller holds `tree`: not `fast_array_out`)
+    return array_to_torch(tree, copy=copy, api="bridge.to_torch", where=lambda: "the array")
 
   def leaf(x: Any, where: Where) -> Any:
     if isinstance(x, jax.Array):
