@@ -73,3 +73,28 @@ def test_deleting_an_array_that_torch_shares_does_not_abort():
   assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-3000:]}"
   assert out.stdout.strip().endswith("done"), out.stdout
 
+
+# --- one device per call ------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpu_first", [True, False], ids=["cpu, jax", "jax, cpu"])
+def test_cpu_and_jax_tensors_in_one_call_name_both(cpu_first):
+  cpu, dev = torch.ones(3), torch.ones(3, device="jax")
+  args = (cpu, {"b": dev}) if cpu_first else (dev, {"b": cpu})
+  with pytest.raises(bridge.TransferError) as info:
+    bridge.call_jax(lambda a, b: a + b["b"], *args)
+  msg = str(info.value)
+  first, second = ("cpu", "jax:0") if cpu_first else ("jax:0", "cpu")
+  assert f"argument args[0] is on {first}" in msg, msg
+  assert f"argument args[1]['b'] is on {second}" in msg, msg
+  assert "`bridge.call_jax`" in msg and ".to(" in msg
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_tensors_on_one_device_are_fine(device):
+  a = torch.ones(3, device=device)
+  b = torch.full((3,), 2.0, device=device, requires_grad=True)
+  out = bridge.call_jax(lambda a, b: a * b, a, b=b)
+  assert out.device == a.device and out.cpu().tolist() == [2.0] * 3
+  out.sum().backward()
+  assert b.grad.device == b.device

@@ -152,16 +152,16 @@ class _Leaves:
         if self.device is None:
           self.device = leaf._storage.device
         arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
-        if len(tensors) > 1 and tensors[0][2].device != leaf.device:
-          self.slow = True  # convert_slow() names the two devices
+        if tensors[0][2].device != leaf.device:
+          self.slow = True  # another device, or a plain tensor before: convert_slow() says so
       elif isinstance(leaf, torch.Tensor):
         if type(leaf) is not torch.Tensor and isinstance(leaf, _fake_tensor_type()):
           raise _HasFake
         tensors.append((len(arrays), i, leaf))
         if leaf.requires_grad:
           self.needs_grad = True
-        arg = fast(leaf)
-        if arg is None:  # not a plain CPU tensor: converted by `convert_slow`
+        arg = fast(leaf) if self.device is None else None  # after a `jax` tensor: an error
+        if arg is None:  # not a plain CPU tensor: converted (or refused) by `convert_slow`
           self.slow, arg = True, leaf
         arrays.append(arg)
       elif isinstance(leaf, _ARRAY_TYPES):
@@ -187,16 +187,21 @@ class _Leaves:
     return tuple(statics)
 
   def convert_slow(self, args: tuple, kwargs: dict) -> None:
-    """Convert the tensors the fast path left alone; check that all share one device."""
+    """Convert the tensors the fast path left alone; check that all share one device.
+
+    One rule: every tensor of a call is on the same torch device (all plain tensors on
+    one device, or all `jax` tensors on one `jax` device).
+    """
     described = _Args(args, kwargs)
-    device = self.tensors[0][2].device
+    _, first, t0 = self.tensors[0]
     for pos, i, t in self.tensors:
-      if t.device != device or (self.device is not None and type(t) is not tensor_lib.Tensor):
-        first = self.tensors[0][1]
+      if t.device != t0.device:
         raise TransferError(
-            f"`{API}`: tensors on two devices: {described.describe(first)} is on {device} and "
-            f"{described.describe(i)} is on {t.device}. One JAX call runs on one device: "
-            f"move them together first, e.g. `.to('{device}')`.")
+            f"`{API}`: tensors on two devices: {described.describe(first)} is on "
+            f"{t0.device} and {described.describe(i)} is on {t.device}. One JAX call runs on "
+            f"one device: move them together first, e.g. `.to('{t0.device}')` or "
+            f"`.to('{t.device}')`.")
+    for pos, i, t in self.tensors:
       if self.arrays[pos] is t:
         self.arrays[pos] = transfer.tensor_to_jax(
             t, copy=None, api=API, where=functools.partial(described.describe, i))
@@ -284,8 +289,9 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   """Calls the JAX function `fn` on torch tensors; returns torch tensors.
 
   As `fn(*args, **kwargs)` with JAX arrays in place of tensors, but run from
-  torch: tensors in any pytree position cross zero-copy (they must share one
-  device; `jax`-device tensors simply hand over their arrays), other hashable
+  torch: tensors in any pytree position cross zero-copy (all of a call's tensors
+  must be on one torch device: all plain tensors on one device, or all `jax`
+  tensors on one `jax` device, which simply hand over their arrays), other hashable
   leaves are static arguments, and the outputs come back as torch tensors on
   that device in the same pytree. `fn` is jitted and
   cached per function, argument structure and static values; JAX compiles once
@@ -317,7 +323,7 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   Raises:
     BridgeTypeError: an unhashable non-array argument, an unsupported tensor or
       dtype, or an output leaf that is not an array.
-    TransferError: tensors on different devices.
+    TransferError: tensors on different devices (plain and `jax` tensors mixed).
 
   Example:
     >>> import torch, jax.numpy as jnp, bridge
