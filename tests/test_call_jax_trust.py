@@ -28,6 +28,92 @@ def _fresh_cache():
   interop.clear_cache()
 
 
+# --- static arguments are keyed exactly ---------------------------------------
+
+
+def _sign(x, s):
+  return jnp.copysign(x, s)
+
+
+def _imag_sign(x, z):
+  return jnp.copysign(x, jnp.imag(jnp.asarray(z)))
+
+
+# (function, a static value, another that compares equal to it but gives another result)
+_EQUAL_BUT_DISTINCT = {
+    "float -0.0": (_sign, 0.0, -0.0),
+    "float nan sign": (_sign, math.nan, -math.nan),
+    "complex -0.0 imag": (_imag_sign, complex(1.0, 0.0), complex(1.0, -0.0)),
+    "numpy float32 -0.0": (_sign, np.float32(0.0), np.float32(-0.0)),
+    "numpy complex64 -0.0 imag": (_imag_sign, np.complex64(1.0), np.complex64(complex(1.0, -0.0))),
+}
+
+
+@pytest.mark.parametrize("name", list(_EQUAL_BUT_DISTINCT))
+def test_equal_but_distinguishable_statics_get_their_own_entries(name):
+  fn, a, b = _EQUAL_BUT_DISTINCT[name]
+  x = torch.ones(2)
+  for s in (a, b, a, b):  # in both orders, and again from the cache
+    want = torch.tensor(np.asarray(fn(jnp.ones(2), s)))
+    assert torch.equal(bridge.call_jax(fn, x, s), want), (s, want)
+  assert len(interop._cache) == 2
+
+
+def test_bool_int_and_float_statics_keep_their_types():
+  with jax.enable_x64(False):
+    outs = [bridge.call_jax(jnp.asarray, s) for s in (True, 1, 1.0, True)]
+  assert [o.dtype for o in outs] == [torch.bool, torch.int32, torch.float32, torch.bool]
+  assert len(interop._cache) == 3
+
+
+@pytest.mark.parametrize("make_nan", [lambda: float("nan"), lambda: np.float32("nan"),
+                                      lambda: complex(float("nan"), 0.0)],
+                         ids=["float", "numpy float32", "complex"])
+def test_a_nan_static_finds_its_entry_again(make_nan):
+  traces = []
+
+  def f(x, s):
+    traces.append(1)
+    return x + jnp.real(s)
+  for _ in range(3):  # a new NaN object each time (nan != nan)
+    assert torch.isnan(bridge.call_jax(f, torch.ones(2), make_nan())).all()
+  assert len(traces) == 1 and len(interop._cache) == 1
+
+
+# --- NumPy inputs follow the tensors' 64-bit rule -----------------------------
+
+
+_NUMPY_64 = {
+    "float64 array": (np.ones(3), torch.float64, "astype(np.float32)"),
+    "int64 array": (np.arange(3), torch.int64, "astype(np.int32)"),
+    "complex128 array": (np.ones(3, np.complex128), torch.complex128, "astype(np.complex64)"),
+    "float64 scalar": (np.float64(1.5), torch.float64, "np.float32(x)"),
+    "int64 scalar": (np.int64(7), torch.int64, "np.int32(x)"),
+    "uint64 scalar": (np.uint64(7), torch.uint64, "np.uint32(x)"),
+}
+
+
+@pytest.mark.parametrize("name", list(_NUMPY_64))
+def test_64_bit_numpy_inputs_need_x64_and_say_so(name):
+  value, dtype, fix = _NUMPY_64[name]
+  with jax.enable_x64(False):
+    with pytest.raises(bridge.BridgeTypeError) as info:
+      bridge.call_jax(lambda x, s: s["v"] + 0, torch.ones(1), {"v": value})
+  msg = str(info.value)
+  assert "`bridge.call_jax`" in msg and "argument args[1]['v']" in msg
+  assert "jax.enable_x64(True)" in msg and "jax_enable_x64" in msg and fix in msg
+  with jax.enable_x64(True):
+    out = bridge.call_jax(lambda x, s: s["v"] + 0, torch.ones(1), {"v": value})
+  assert out.dtype is dtype
+  assert out.tolist() == np.asarray(value).tolist()
+
+
+def test_32_bit_numpy_inputs_pass_without_x64():
+  with jax.enable_x64(False):
+    out = bridge.call_jax(lambda a, s: a * s, np.ones(3, np.float32), np.float32(2.0))
+  assert out.dtype is torch.float32 and out.tolist() == [2.0] * 3
+
+
 # --- deleting a JAX array never aborts ----------------------------------------
 
 

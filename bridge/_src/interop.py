@@ -5,12 +5,16 @@ leaf is a static argument. The function is jitted once per (function, argument
 structure, static values), JAX caches the compilation per shapes and dtypes, and
 the per-call path is kept lean: a repeated call costs the JAX call plus a few
 microseconds. Gradients are the business of `bridge._src.vjp`.
+
+Static values are keyed exactly: `0.0` and `-0.0`, or `1` and `True`, get entries
+of their own, and a NaN finds its entry again.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import struct
 import threading
 from typing import Any, Callable, TypeVar
 
@@ -29,8 +33,9 @@ API = "bridge.call_jax"
 _DYN = object()  # stands for an array leaf in a call's list of static leaves
 _CACHE_SIZE = 4096
 _OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
-_ARRAY_TYPES = (jax.Array, np.ndarray)
 _tree_flatten = jax.tree_util.tree_flatten
+_DOUBLE = struct.Struct("<d")
+_COMPLEX = struct.Struct("<dd")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -133,29 +138,31 @@ class _Args:
 class _Leaves:
   """The leaves of one call's arguments, sorted into arrays and static values."""
 
-  __slots__ = ("spec", "arrays", "tensors", "key_statics", "n", "slow", "needs_grad", "device")
+  __slots__ = ("spec", "leaves", "arrays", "tensors", "key_statics", "slow", "needs_grad",
+               "device")
 
   def __init__(self, leaves: list, spec: Any, args: tuple, kwargs: dict):
-    self.spec, self.n = spec, len(leaves)
+    self.spec, self.leaves = spec, leaves
     self.arrays: list[Any] = []
     self.tensors: list[tuple[int, int, torch.Tensor]] = []  # (array pos, leaf index, tensor)
-    self.key_statics: list[Any] = []
+    self.key_statics: list[Any] = []  # (leaf index, type, exact key of the value)
     self.slow = self.needs_grad = False
     self.device: torch.device | None = None  # the `jax` device, when the tensors live there
     fast = transfer.fast_tensor_arg if transfer.default_device_is_cpu() else _no_fast_path
-    arrays, tensors = self.arrays, self.tensors
+    arrays, tensors, key_statics = self.arrays, self.tensors, self.key_statics
     for i, leaf in enumerate(leaves):
-      if type(leaf) is tensor_lib.Tensor:  # a `jax` tensor: its array, no transfer
-        tensors.append((len(arrays), i, leaf))
+      tp = type(leaf)
+      if tp is tensor_lib.Tensor:  # a `jax` tensor: its array, no transfer
         if leaf.requires_grad:
           self.needs_grad = True
         if self.device is None:
           self.device = leaf._storage.device
-        arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
-        if tensors[0][2].device != leaf.device:
+        if tensors and tensors[0][2].device != leaf.device:
           self.slow = True  # another device, or a plain tensor before: convert_slow() says so
+        tensors.append((len(arrays), i, leaf))
+        arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
       elif isinstance(leaf, torch.Tensor):
-        if type(leaf) is not torch.Tensor and isinstance(leaf, _fake_tensor_type()):
+        if tp is not torch.Tensor and isinstance(leaf, _fake_tensor_type()):
           raise _HasFake
         tensors.append((len(arrays), i, leaf))
         if leaf.requires_grad:
@@ -164,26 +171,25 @@ class _Leaves:
         if arg is None:  # not a plain CPU tensor: converted (or refused) by `convert_slow`
           self.slow, arg = True, leaf
         arrays.append(arg)
-      elif isinstance(leaf, _ARRAY_TYPES):
+      elif tp is float:
+        # 0.0 == -0.0 and nan != nan: such values are keyed by their bits
+        key_statics.append((i, tp, _DOUBLE.pack(leaf) if leaf == 0.0 or leaf != leaf else leaf))
+      elif tp is int or tp is bool or tp is str:
+        key_statics.append((i, tp, leaf))
+      elif isinstance(leaf, jax.Array):
+        arrays.append(leaf)
+      elif isinstance(leaf, np.ndarray):
+        transfer.check_numpy_x64(leaf, api=API, where=lambda: _Args(args, kwargs).describe(i))
         arrays.append(leaf)
       elif tree_lib.is_dataclass_instance(leaf):
         raise _HasDataclass
       else:
-        try:
-          hash(leaf)
-        except TypeError:
-          raise BridgeTypeError(
-              f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
-              "is neither a tensor nor an array, so it must be a static argument, and static "
-              "arguments must be hashable. Pass it as a tensor or array, make it hashable "
-              "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
-              f"Got: {leaf!r:.80}") from None
-        self.key_statics.append((i, type(leaf), leaf))
+        key_statics.append((i, tp, _static_key(leaf, i, args, kwargs)))
 
   def statics(self) -> tuple:
-    statics: list[Any] = [_DYN] * self.n
-    for i, _, value in self.key_statics:
-      statics[i] = value
+    statics: list[Any] = [_DYN] * len(self.leaves)
+    for i, _, _ in self.key_statics:
+      statics[i] = self.leaves[i]
     return tuple(statics)
 
   def convert_slow(self, args: tuple, kwargs: dict) -> None:
@@ -205,6 +211,26 @@ class _Leaves:
       if self.arrays[pos] is t:
         self.arrays[pos] = transfer.tensor_to_jax(
             t, copy=None, api=API, where=functools.partial(described.describe, i))
+
+
+def _static_key(leaf: Any, i: int, args: tuple, kwargs: dict) -> Any:
+  """The exact key of a static value other than a float, int, bool or str (the hot path's)."""
+  if isinstance(leaf, np.generic):
+    transfer.check_numpy_x64(leaf, api=API, where=lambda: _Args(args, kwargs).describe(i))
+    if isinstance(leaf, np.inexact):  # the bits: no -0.0 == 0.0, no nan != nan
+      return leaf.tobytes()
+  elif type(leaf) is complex:
+    return _COMPLEX.pack(leaf.real, leaf.imag)
+  try:
+    hash(leaf)
+  except TypeError:
+    raise BridgeTypeError(
+        f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
+        "is neither a tensor nor an array, so it must be a static argument, and static "
+        "arguments must be hashable. Pass it as a tensor or array, make it hashable "
+        "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
+        f"Got: {leaf!r:.80}") from None
+  return leaf
 
 
 class _HasDataclass(Exception):
@@ -295,7 +321,8 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   leaves are static arguments, and the outputs come back as torch tensors on
   that device in the same pytree. `fn` is jitted and
   cached per function, argument structure and static values; JAX compiles once
-  per input shapes and dtypes.
+  per input shapes and dtypes. Static values are keyed exactly (`0.0` and `-0.0`,
+  `1` and `True` are different keys; a NaN is the same key again).
 
   When grad mode is on and an input requires grad, the result joins torch's
   autograd graph: `backward()` runs JAX's pullback (`jax.vjp` of the same
@@ -304,10 +331,10 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   still runs forward; the error comes only if a gradient is asked for. Under
   `torch.no_grad()` or `torch.inference_mode()` no VJP is built.
 
-  64-bit tensors (int64, float64, ...) are passed exactly and need JAX's 64-bit
-  types enabled (`jax.config.update('jax_enable_x64', True)` or a surrounding
-  `with jax.enable_x64(True):`); otherwise `BridgeTypeError`, never a silent
-  narrowing to 32 bits.
+  64-bit tensors, NumPy arrays and NumPy scalars (int64, float64, ...) are passed
+  exactly and need JAX's 64-bit types enabled (`jax.config.update('jax_enable_x64',
+  True)` or a surrounding `with jax.enable_x64(True):`); otherwise
+  `BridgeTypeError`, never a silent narrowing to 32 bits.
 
   Outputs share JAX's buffers (zero-copy): writing into one in place is fine, as
   nothing else holds it.
@@ -322,7 +349,8 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
 
   Raises:
     BridgeTypeError: an unhashable non-array argument, an unsupported tensor or
-      dtype, or an output leaf that is not an array.
+      dtype, a 64-bit tensor or NumPy value while JAX's 64-bit types are off, or
+      an output leaf that is not an array.
     TransferError: tensors on different devices (plain and `jax` tensors mixed).
 
   Example:

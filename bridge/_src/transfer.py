@@ -21,6 +21,7 @@ import functools
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import torch
 from jax._src import config as _jax_config
 
@@ -85,6 +86,31 @@ def check_tensor(t: torch.Tensor, *, api: str, where: Where) -> None:
     raise BridgeTypeError(f"`{api}`: {where()} is {kind}; JAX has only dense arrays. {fix}")
   dtypes.jax_dtype(t.dtype, api=api, where=where())
   dtypes.check_x64(t.dtype, api=api, where=f"{where()} ({_describe(t)})")
+
+
+# NumPy's 64-bit dtypes, and the 32-bit ones JAX silently narrows them to while its 64-bit
+# types are disabled (as `dtypes.TORCH_X64` and `dtypes.NARROWED` for torch).
+_NUMPY_NARROWED = {dtypes.TORCH_TO_JAX[wide]: dtypes.TORCH_TO_JAX[narrow]
+                   for wide, narrow in dtypes.NARROWED.items()}
+
+
+def check_numpy_x64(x: np.ndarray | np.generic, *, api: str, where: Where) -> None:
+  """Refuse a 64-bit NumPy array or scalar while JAX would silently narrow it to 32 bits.
+
+  The rule `check_tensor` applies to a 64-bit tensor, for NumPy inputs: exact, or an error.
+  """
+  dtype = x.dtype
+  if dtype in _NUMPY_NARROWED and not dtypes.x64_enabled():
+    narrow = _NUMPY_NARROWED[dtype].name
+    if isinstance(x, np.ndarray):
+      what, fix = f"a NumPy array of shape {x.shape}", f"`x.astype(np.{narrow})`"
+    else:
+      what, fix = f"a NumPy scalar, {x!r:.40}", f"`np.{narrow}(x)`"
+    raise BridgeTypeError(
+        f"`{api}`: {where()} ({what}) is {dtype.name}, but JAX's 64-bit types are disabled, "
+        f"so JAX would silently turn it into {narrow}. Either enable them, globally with "
+        "`jax.config.update('jax_enable_x64', True)` or for this call with "
+        f"`with jax.enable_x64(True): ...`, or narrow it yourself, e.g. {fix}.")
 
 
 def is_dense(t: torch.Tensor) -> bool:
