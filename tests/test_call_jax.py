@@ -136,8 +136,11 @@ def test_compiled_once_per_signature():
 
 def test_cache_is_bounded(monkeypatch):
   monkeypatch.setattr(interop._cache, "size", 4)
+
+  def f(x, k):
+    return x + k
   for k in range(10):
-    bridge.call_jax(lambda x, k: x + k, torch.ones(1), k)
+    bridge.call_jax(f, torch.ones(1), k)
   assert len(interop._cache) == 4
 
 

@@ -6,8 +6,11 @@ structure, static values), JAX caches the compilation per shapes and dtypes, and
 the per-call path is kept lean: a repeated call costs the JAX call plus a few
 microseconds. Gradients are the business of `bridge._src.vjp`.
 
-Static values are keyed exactly: `0.0` and `-0.0`, or `1` and `True`, get entries
-of their own, and a NaN finds its entry again.
+The cache holds a function only weakly where it can (functions, jitted functions,
+partials, bound methods through their object): when the function dies, its entries
+and their compiled programs go too, so a fresh `lambda` per call costs what it costs
+in `jax.jit` and no more. Static values are keyed exactly: `0.0` and `-0.0`, or
+`1` and `True`, get entries of their own, and a NaN finds its entry again.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import collections
 import functools
 import struct
 import threading
+import types
+import weakref
 from typing import Any, Callable, TypeVar
 
 import jax
@@ -27,13 +32,15 @@ from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
-from bridge._src.errors import BridgeTypeError, TransferError
+from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
 
 API = "bridge.call_jax"
 _DYN = object()  # stands for an array leaf in a call's list of static leaves
 _CACHE_SIZE = 4096
 _OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _tree_flatten = jax.tree_util.tree_flatten
+_FunctionType = types.FunctionType
+_ref = weakref.ref
 _DOUBLE = struct.Struct("<d")
 _COMPLEX = struct.Struct("<dd")
 
@@ -41,27 +48,135 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Entry:
-  """A function with one argument structure and static values, and its jitted forms."""
+  """A function with one argument structure and static values, and its jitted forms.
+
+  The entry holds `fn` weakly when the cache does (`weak`): a strong reference here
+  would keep `fn`, and so the entry, alive for as long as the cache holds the entry.
+  A call's autograd graph holds `fn` itself (`_keeping`), for derivatives that trace it
+  again after the caller dropped it.
+  """
 
   def __init__(self, fn: Callable, spec: Any, statics: tuple):
-    self.fn = fn
     self.name = _name(fn)
     self.spec = spec  # a PyTreeDef, or a tree_lib.Spec when dataclasses are involved
     self.statics = statics  # the leaves, with _DYN at the array positions
+    self.fn_ref = _fn_ref(fn)  # () -> fn, or None once fn is dead
+    self.weak = not isinstance(self.fn_ref, _Strong)
+    self.watch: weakref.ref | None = None  # set by the cache: its death drops this entry
+    self.apply = _make_apply(self.fn_ref, spec, statics, self.name)
     self.forward = jax.jit(self.apply)
     self.vjp = vjp.VjpCache(self.apply)
 
-  def apply(self, *arrays: Any) -> Any:
-    """Calls `fn` with `arrays` put back into the argument structure."""
+  @property
+  def fn(self) -> Callable | None:
+    """The function, or None once it has been garbage-collected."""
+    return self.fn_ref()
+
+
+class _Strong:
+  """A strong reference with `weakref.ref`'s interface, for functions held strongly."""
+
+  __slots__ = ("fn",)
+
+  def __init__(self, fn: Callable):
+    self.fn = fn
+
+  def __call__(self) -> Callable:
+    return self.fn
+
+
+def _fn_ref(fn: Callable) -> Callable[[], Callable | None]:
+  kind = _fn_kind(type(fn))
+  if kind is _WEAK:
+    return _ref(fn)
+  if kind is _METHOD and _weak_method(fn):
+    return weakref.WeakMethod(fn)
+  return _Strong(fn)
+
+
+def _weak_method(method: types.MethodType) -> bool:
+  return bool(type(method.__self__).__weakrefoffset__ and type(method.__func__).__weakrefoffset__)
+
+
+def _make_apply(fn_ref: Callable[[], Callable | None], spec: Any, statics: tuple,
+                name: str) -> Callable[..., Any]:
+  """`apply(*arrays)`: calls the function with `arrays` put back into the argument structure.
+
+  A closure over `fn_ref` only (not over the entry, nor over the function itself).
+  """
+  unflatten = (functools.partial(tree_lib.unflatten, spec) if isinstance(spec, tree_lib.Spec)
+               else spec.unflatten)
+
+  def apply(*arrays: Any) -> Any:
     it = iter(arrays)
-    leaves = [next(it) if s is _DYN else s for s in self.statics]
-    if isinstance(self.spec, tree_lib.Spec):
-      args, kwargs = tree_lib.unflatten(self.spec, leaves)
-    else:
-      args, kwargs = self.spec.unflatten(leaves)
-    out = self.fn(*args, **kwargs)
-    _check_outputs(self.name, out)
+    args, kwargs = unflatten([next(it) if s is _DYN else s for s in statics])
+    fn = fn_ref()
+    if fn is None:
+      raise BridgeError(
+          f"`{API}`: {name} was garbage-collected, but JAX needs to trace it again (a new "
+          "input shape, or a derivative of higher order than the graph recorded). Keep a "
+          "reference to the function for as long as its results are differentiated.")
+    out = fn(*args, **kwargs)
+    _check_outputs(name, out)
     return out
+  return apply
+
+
+def _keeping(fn: Callable, to_torch: Callable, entry: Any, out: Any) -> Any:
+  """`to_torch(entry, out)`; as `functools.partial(_keeping, fn, to_torch)`, it holds `fn`.
+
+  The converter a differentiable call hands to `vjp.call_with_grad`: the autograd graph keeps
+  it, and hands it on to the calls that higher-order backwards make, so the graph holds the
+  function that the cache holds only weakly. A backward with `create_graph=True` traces the
+  function again, possibly after the caller dropped it.
+  """
+  del fn
+  return to_torch(entry, out)
+
+
+# How the cache keys and holds a callable of each type: _WEAK, by a weak reference (a
+# function, a jitted function, a partial: anything compared by identity); _METHOD, a bound
+# method, by its object (weakly) and its function; _STRONG, by the callable itself (one
+# that compares by value, e.g. a `jnp.ufunc`, is a value like a static argument; one that
+# cannot be weakly referenced has no other way).
+_WEAK, _METHOD, _STRONG = "weak", "method", "strong"
+_KINDS: dict[type, str] = {}
+
+
+def _fn_kind(tp: type) -> str:
+  kind = _KINDS.get(tp)
+  if kind is None:
+    if tp is types.MethodType:
+      kind = _METHOD
+    elif tp.__eq__ is object.__eq__ and tp.__weakrefoffset__:
+      kind = _WEAK
+    else:
+      kind = _STRONG
+    if len(_KINDS) < 1024:
+      _KINDS[tp] = kind
+  return kind
+
+
+def _fn_key(fn: Callable) -> Any:
+  """The function's part of a cache key (plain functions take a shortcut in `call_jax`)."""
+  kind = _fn_kind(type(fn))
+  if kind is _WEAK:
+    return _ref(fn)
+  if kind is _METHOD and _weak_method(fn):
+    # by the object's identity, as bound methods compare: an id is safe in a key because
+    # the entry goes (`_Cache.purge`, before any lookup) as soon as the object dies
+    return (_METHOD, id(fn.__self__), _ref(fn.__func__))
+  return fn
+
+
+def _anchor(fn: Callable) -> Any:
+  """The object whose death ends the cache entries of `fn`, or None if they never end."""
+  kind = _fn_kind(type(fn))
+  if kind is _WEAK:
+    return fn
+  if kind is _METHOD and _weak_method(fn):
+    return fn.__self__
+  return None
 
 
 def _check_outputs(name: str, out: Any) -> None:
@@ -79,11 +194,25 @@ def _name(fn: Callable) -> str:
   return f"`{name}`" if name else f"`{type(fn).__name__}` object"
 
 
+class _Watch(weakref.ref):
+  """A weak reference to what a cache entry's life hangs on; knows the entry's key."""
+
+  __slots__ = ("key",)
+
+
+# The watches whose object died. The callback only appends (it may run at any allocation,
+# in any thread, even while the cache's lock is held); `_Cache.purge` drops their entries,
+# and `call_jax` calls it before its lookup whenever this list is not empty.
+_dead: list[_Watch] = []
+_on_death = _dead.append
+
+
 class _Cache:
   """A thread-safe, bounded cache of `Entry`s keyed by (function, structure, static values).
 
   When full it drops the oldest entry (a hit does not refresh an entry: that would
   cost the hot path a lock); a dropped function is simply jitted again on next use.
+  An entry whose function (or a bound method's object) dies is dropped too.
   """
 
   def __init__(self, size: int):
@@ -91,17 +220,35 @@ class _Cache:
     self._entries: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
 
-  def get(self, key: tuple, make: Callable[[], Entry]) -> Entry:
+  def get(self, key: tuple, make: Callable[[], Entry], anchor: Any = None) -> Entry:
+    """The entry for `key`, made by `make()` if missing; `anchor`'s death drops it."""
     entry = self._entries.get(key)
     if entry is not None:
       return entry
     with self._lock:
+      self._purge()
       entry = self._entries.get(key)
       if entry is None:
-        entry = self._entries[key] = make()
+        entry = make()
+        if anchor is not None:
+          entry.watch = _Watch(anchor, _on_death)
+          entry.watch.key = key
+        self._entries[key] = entry
         while len(self._entries) > self.size:
           self._entries.popitem(last=False)
       return entry
+
+  def purge(self) -> None:
+    """Drop the entries whose function died."""
+    with self._lock:
+      self._purge()
+
+  def _purge(self) -> None:
+    while _dead:
+      watch = _dead.pop()
+      entry = self._entries.get(watch.key)
+      if entry is not None and entry.watch is watch:
+        del self._entries[watch.key]
 
   def __len__(self) -> int:
     return len(self._entries)
@@ -109,6 +256,7 @@ class _Cache:
   def clear(self) -> None:
     with self._lock:
       self._entries.clear()
+      _dead.clear()
 
 
 _cache = _Cache(_CACHE_SIZE)
@@ -322,7 +470,9 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   that device in the same pytree. `fn` is jitted and
   cached per function, argument structure and static values; JAX compiles once
   per input shapes and dtypes. Static values are keyed exactly (`0.0` and `-0.0`,
-  `1` and `True` are different keys; a NaN is the same key again).
+  `1` and `True` are different keys; a NaN is the same key again). The cache
+  holds `fn` weakly where Python allows (functions, jitted functions, partials,
+  bound methods through their object): when `fn` dies its compiled programs go.
 
   When grad mode is on and an input requires grad, the result joins torch's
   autograd graph: `backward()` runs JAX's pullback (`jax.vjp` of the same
@@ -364,15 +514,20 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     split = _leaves(args, kwargs)
   except _HasFake:
     return _call_jax_fake(fn, args, kwargs)
-  key = (fn, split.spec, tuple(split.key_statics))
+  key = (_ref(fn) if type(fn) is _FunctionType else _fn_key(fn), split.spec,
+         tuple(split.key_statics))
+  if _dead:  # a function died: drop its entries (before a lookup, see `_fn_key`)
+    _cache.purge()
   entry = _cache_entries.get(key)
   if entry is None:
-    entry = _cache.get(key, lambda: Entry(fn, split.spec, split.statics()))
+    entry = _cache.get(key, lambda: Entry(fn, split.spec, split.statics()), _anchor(fn))
   if split.slow:
     split.convert_slow(args, kwargs)
   to_torch = (outputs_to_torch if split.device is None
               else functools.partial(_outputs_on_device, split.device))
   if split.needs_grad and torch.is_grad_enabled():
+    if entry.weak:  # the graph holds the function (see `_keeping`)
+      to_torch = functools.partial(_keeping, fn, to_torch)
     outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch,
                                        split.device)
   else:

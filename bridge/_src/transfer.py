@@ -281,18 +281,25 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
 # --- JAX -> torch ------------------------------------------------------------
 
 
-# Shardings known to be one CPU device, by id (the value keeps the object alive, so
-# an id is not reused while it is in here). The outputs of jitted calls share a few.
-_CPU_SHARDINGS: dict[int, Any] = {}
+# CPU devices, by id (a device lives as long as its client, so an id is not reused). Keyed
+# by device, not by sharding: each compiled program's outputs have sharding objects of
+# their own, and holding those kept the program's compilation alive.
+_CPU_DEVICES: dict[int, Any] = {}
+_SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 
 
 def is_one_cpu_device(sharding: Any) -> bool:
-  if _CPU_SHARDINGS.get(id(sharding)) is sharding:
+  if type(sharding) is not _SingleDeviceSharding:
+    if not isinstance(sharding, _SingleDeviceSharding):
+      return False
+  try:
+    device = sharding._device
+  except AttributeError:  # pragma: no cover - other jaxlib versions
+    device = next(iter(sharding.device_set))
+  if _CPU_DEVICES.get(id(device)) is device:
     return True
-  if (isinstance(sharding, jax.sharding.SingleDeviceSharding)
-      and next(iter(sharding.device_set)).platform == "cpu"):
-    if len(_CPU_SHARDINGS) < 1024:
-      _CPU_SHARDINGS[id(sharding)] = sharding
+  if device.platform == "cpu":
+    _CPU_DEVICES[id(device)] = device
     return True
   return False
 
