@@ -11,6 +11,9 @@ whose backward is the compiled JAX VJP (`bridge._src.vjp`).
 
 The program is traced and lowered with JAX's 64-bit types on, so torch's dtypes
 hold exactly inside it.
+
+A module's programs are guarded (`modules.Guard`): a change to what a trace read (the
+module tree, hooks, plain attributes) drops them, and they are traced again.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.config import get_config
-from bridge._src.errors import BridgeTypeError, TransferError
+from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
 
 API = "bridge.compile"
 _DYN = object()
@@ -214,6 +217,7 @@ class _Program:
       leaves.append(call_torch_lib.array_to_tensor(a, lambda: "an argument", API))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
+    self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
     amp = (torch.autocast("jax", dtype=self.amp) if self.amp is not None
            else contextlib.nullcontext())
     with rng.rng_key(key) as box, amp:
@@ -237,12 +241,11 @@ class _Program:
     return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
 
 
-def _recorded_flags(compiled: "Compiled", program: "_Program") -> tuple[tuple, bool]:
-  """((submodule, its train flag now) pairs, whether the output is one bare tensor with no
-  updates or key) for a shortcut being recorded."""
+def _single(program: "_Program") -> bool:
+  """Whether the output is one bare tensor with no updates or key (for a shortcut being
+  recorded)."""
   info = program.info
-  return (tuple([(m, m.training) for m in compiled._submodules]),
-          info.out_plain and info.out_single and not info.mutated and not info.draws)
+  return info.out_plain and info.out_single and not info.mutated and not info.draws
 
 
 def _locked(compiled: "Compiled", program: "_Program", call: Callable[..., Any]
@@ -275,11 +278,13 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   microsecond in a call of about ten, so the checks are written out: the same parameter
   tensors holding the same storages (whose arrays are current: in-place updates replace
   `storage.array`; `.data =` and resizes replace the storage), the arguments' array
-  shapes/dtypes/device, the train flags, autocast off, nothing that requires grad. Anything
+  shapes/dtypes/device, nothing the trace read changed (the module's guard, train flags
+  included: `modules.Guard.holds`), autocast off, nothing that requires grad. Anything
   else goes to the general path (`Compiled._call`), which records again."""
   entries = tuple([(table, attr, table[attr], table[attr]._storage)
                    for table, attr in compiled._slots or ()])
-  flags, single = _recorded_flags(compiled, program)
+  single = _single(program)
+  snap, live = compiled._guarded()
   n_args, n_state = len(sig), len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor, make_result = torch.Tensor._make_wrapper_subclass, tensor_lib.make_result
@@ -296,7 +301,11 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   strided = torch.strided
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
-    if kwargs or len(args) != n_args or self is not compiled or autocast_on("jax"):
+    try:
+      stale = snap != live
+    except Exception:  # noqa: BLE001 - see `Guard.holds`
+      stale = True
+    if stale or kwargs or len(args) != n_args or self is not compiled or autocast_on("jax"):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
@@ -324,9 +333,6 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
             or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
           return general(self, args, kwargs)
         arrays.append(array)
-    for m, flag in flags:
-      if m.training is not flag:
-        return general(self, args, kwargs)
     if lean is not None:  # (then the output is single)
       try:
         o = lean_call(*arrays)
@@ -360,7 +366,8 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   slots = tuple(compiled._slots or ())
   entries = tuple([(table, attr, t, version, a)
                    for (table, attr), (t, version, a) in zip(slots, imported)])
-  flags, single = _recorded_flags(compiled, program)
+  single = _single(program)
+  snap, live = compiled._guarded()
   n_args, n_state = len(sig), len(slots)
   plain = torch.Tensor
   autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
@@ -380,7 +387,11 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   from_dlpack = torch._C._from_dlpack
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
-    if (kwargs or len(args) != n_args or self is not compiled or autocast_on("cpu")
+    try:
+      stale = snap != live
+    except Exception:  # noqa: BLE001 - see `Guard.holds`
+      stale = True
+    if (stale or kwargs or len(args) != n_args or self is not compiled or autocast_on("cpu")
         or not on_cpu()):
       return general(self, args, kwargs)
     grad = grad_on()
@@ -391,9 +402,6 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
         return general(self, args, kwargs)
       arrays.append(a)
     if to_dlpack is not None:  # lean: it checks the arguments' shapes and dtypes itself
-      for m, flag in flags:
-        if m.training is not flag:
-          return general(self, args, kwargs)
       prev = swap(True)  # int64/float64 arguments stay 64-bit
       try:
         for a in args:
@@ -421,9 +429,6 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
     for a, (shape, dtype) in zip(args, sig):
       if (type(a) is not plain or a.dtype is not dtype or a.shape != shape or not a.is_cpu
           or (grad and a.requires_grad)):
-        return general(self, args, kwargs)
-    for m, flag in flags:
-      if m.training is not flag:
         return general(self, args, kwargs)
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
     try:
@@ -485,6 +490,8 @@ class Compiled:
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
     self._fast: Callable[..., Any] | None = None  # the recorded call, see `_record`
+    self._guard: modules_lib.Guard | None = None  # what the traces read (`_reguard`)
+    self._traces = 0  # how many times a program traced the forward
     self._lock = threading.RLock()  # see `_locked`
     if self.module is not None:
       self._submodules = list(self.module.modules())
@@ -514,6 +521,28 @@ class Compiled:
 
   # --- module state ---------------------------------------------------------------------
 
+  def _guarded(self) -> tuple[Any, Any]:
+    """The guard's snapshot and live dicts, for a shortcut to compare (`Guard.holds`)."""
+    guard = self._guard
+    return (guard.snap, guard.live) if guard is not None else ((), ())
+
+  def _reguard(self) -> None:
+    """The guard's quick test failed: compare what the traces read exactly, and drop every
+    program if the module changed in it (each is traced again when next called)."""
+    old = self._guard
+    new = modules_lib.Guard(self.module, old.volatile if old is not None else frozenset())
+    if old is not None and not new.same_trace(old):
+      self._programs = {}
+      self._record(None)
+      self._slots = None
+    self._guard = new
+    self._submodules = new.modules
+
+  def _retake(self) -> None:
+    """A call traced the forward: the guard takes in what the forward itself wrote."""
+    if self._guard is not None:
+      self._guard = self._guard.after_trace()
+
   def _build_slots(self) -> None:
     state = modules_lib.module_state(self.module)
     slots = []
@@ -523,6 +552,9 @@ class Compiled:
       params = modules_lib.own_table(owner, "_parameters")
       slots.append((params if attr in params else modules_lib.own_table(owner, "_buffers"),
                     attr))
+    if self._slots is not None and tuple(state) != self._names:
+      self._programs = {}  # traced with other state names
+      self._record(None)
     self._slots, self._names = slots, tuple(state)
     self._submodules = list(self.module.modules())
 
@@ -613,6 +645,10 @@ class Compiled:
 
   def _call(self, args: tuple, kwargs: dict) -> Any:
     """The general path of a call; it records a plain call for the shortcuts (`_record`)."""
+    if self.module is not None:
+      guard = self._guard
+      if guard is None or not guard.holds():
+        self._reguard()
     state = self._state()
     fast = not kwargs
     if fast:  # the common case, tensors only, skips the pytree machinery
@@ -642,6 +678,7 @@ class Compiled:
            amp: torch.dtype | None) -> Any:
     """Runs `program` on the module's state and the call's tensors `dyn` (a plain call's
     `args`, when `fast`), and writes back what it updated."""
+    traces = self._traces
     prev = _x64_state.swap_local(True)
     try:
       arrays, device = self._state_arrays(state)
@@ -660,13 +697,19 @@ class Compiled:
       try:
         if torch.is_grad_enabled() and (any([t.requires_grad for t in state])
                                         or any([t.requires_grad for t in dyn])):
+          if self._guard is not None and self._guard.backward_hooks:
+            raise self._backward_hooks_error()
           outs, updates, new_key = self._call_with_grad(program, arrays, state + list(dyn),
                                                         len(state), device)
+          if self._traces != traces:
+            self._retake()
         else:
           try:
             outs, updates, new_key = program.forward(*arrays)
           except (TypeError, ValueError) as e:
             outs, updates, new_key = self._retry(program, arrays, len(state), e)
+          if self._traces != traces:  # before a shortcut records the guard
+            self._retake()
           if type(device) is torch.device and device.type == "jax":
             outs = [tensor_lib.make_result(o, device) for o in outs]
             if fast and amp is None:
@@ -746,6 +789,16 @@ class Compiled:
     if isinstance(error, ValueError) and "incompatible devices" in str(error):
       raise self._placement_error(arrays, n) from error
     raise error
+
+  def _backward_hooks_error(self) -> BridgeError:
+    return BridgeError(
+        f"`{API}({self.name})`: {', '.join(self._guard.backward_hooks[:3])} has a module "
+        "backward hook (`register_full_backward_hook`, `register_full_backward_pre_hook` or "
+        "a global one). A compiled call's backward is JAX's derivative of the traced forward, "
+        "which cannot run torch's module backward hooks, so its gradients would skip them. "
+        "Remove the hook (`handle.remove()`), or hook tensors instead (`out.register_hook(...)` "
+        "on the call's output, `param.register_hook(...)` on a parameter), or call it under "
+        "`torch.no_grad()` where no backward is needed.")
 
   def _placement_error(self, arrays: list, n: int) -> Exception:
     """The module's state and the arguments are on different sets of devices (meshes)."""
@@ -840,6 +893,33 @@ def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (), 
 
   A function (rather than a module) has no state threaded: tensors it closes over
   are constants of the program as of its first call.
+
+  As with `torch.compile`'s guards, each call checks that the module still computes
+  what was traced, and traces again where it changed: its tree of submodules (one
+  replaced, added, removed or set to None; a parametrization registered), the
+  names of its parameters and buffers (one registered, deleted or set to None),
+  forward and forward-pre hooks on any submodule and torch's global module hooks,
+  and the plain attributes of every submodule (`Dropout.p`, `LayerNorm.eps`, your
+  own `self.scale = 2.0`): numbers, strings, dtypes and tuples of them by value,
+  other objects by identity. Every attribute counts, read by the forward or not, so
+  a value kept on the module and changed between calls (a step counter) makes each
+  next call trace again: pass it as an argument instead (`dynamic_argnums` for a
+  number that changes). Train/eval modes are part of the cache key; parameters
+  and buffers are inputs of the program, so a new tensor, shape, dtype or device is
+  seen without a new trace. Attributes the forward itself sets while it is traced
+  (a call counter) are its own business, not guarded. Hooks and other Python side
+  effects of the forward run when it is traced, not on every call. Module backward
+  hooks cannot run in the compiled backward (JAX's derivative of the trace): a call
+  that torch autograd records raises instead of skipping them.
+
+  The guards cannot see: what the forward reads outside the module (globals,
+  closures, attributes of other objects); changes inside a container or object
+  kept as an attribute (`self.cfg["k"] = v`, a list appended to, `self.cfg.k = v`);
+  in-place changes to a tensor kept as a plain attribute rather than a registered
+  buffer (a constant of the program); a number replaced by an equal one of another
+  type (2 by 2.0, 1 by True) when nothing else changed; an assignment to a
+  submodule's `__class__` or `__dict__`. After such a change, compile the module
+  again.
 
   Threads: a trace swaps the module's parameters for traced tensors in the tracing
   thread only, so other threads may meanwhile run the module eagerly or call the

@@ -9,6 +9,10 @@ in place (BatchNorm running statistics, counters) are seen after the call:
 written back to the module when the values are concrete, returned as new state
 by `extract_jax(..., return_state=True)`, and otherwise reported, never silently
 dropped.
+
+`Guard` records what a trace of a module depends on besides its inputs (the
+module tree, hooks, plain attributes), so `bridge.compile` can tell when a
+program no longer matches its module.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
 import torch
+from torch.nn.modules import module as torch_module
 
 from bridge._src import call_torch as call_torch_lib
 from bridge._src import dtypes
@@ -320,6 +326,173 @@ def check_no_leak(module: torch.nn.Module, api: str) -> None:
               "it from `forward`, or register it as a buffer (`self.register_buffer(...)`) "
               "and update it in place: buffers are threaded through (`extract_jax(..., "
               "return_state=True)`, `bridge.compile`).")
+
+
+# --- what a trace of a module depends on ---------------------------------------------------
+
+_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+          "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
+          "_backward_hooks")
+# those `holds` compares (the other three change only with `_forward[_pre]_hooks`)
+_QUICK_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_backward_pre_hooks",
+                 "_global_backward_hooks", "_global_forward_hooks",
+                 "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
+# a module's own bookkeeping: the tables are compared by content, the rest does not change
+# what its forward computes (`training` is part of `bridge.compile`'s cache key instead)
+_INTERNAL = frozenset(_HOOKS + _TABLES + (
+    "_modules", "_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "training"))
+_SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
+            torch.layout, torch.memory_format)
+
+
+class _Same:
+  """Equal to `obj` itself only (a snapshot's stand-in for a value compared by identity)."""
+
+  __slots__ = ("obj",)
+
+  def __init__(self, obj: Any):
+    self.obj = obj
+
+  def __eq__(self, other: Any) -> bool:
+    return other is self.obj or (type(other) is _Same and other.obj is self.obj)
+
+  def __hash__(self) -> int:
+    return id(self.obj)
+
+
+def _scalar(v: Any) -> bool:
+  """A value whose equality is its meaning (numbers, strings, dtypes, tuples of them)."""
+  if type(v) in _SCALARS:
+    return True
+  return type(v) in (tuple, frozenset, torch.Size) and all(_scalar(e) for e in v)
+
+
+def _value(v: Any) -> Any:
+  """An attribute's value as a fingerprint compares it: scalars by type and value (2 is not
+  2.0), anything else by identity."""
+  if type(v) in (tuple, frozenset, torch.Size) and _scalar(v):
+    return type(v), tuple(_value(e) for e in v)
+  return (type(v), v) if type(v) in _SCALARS else _Same(v)
+
+
+def _module_print(m: torch.nn.Module) -> tuple:
+  """What of `m` a trace depends on: class, children, state names, hooks; its plain
+  attributes last, as a dict."""
+  d = m.__dict__
+  hooks = tuple(tuple((k, _Same(h)) for k, h in d[key].items()) if key in d else None
+                for key in _HOOKS)
+  tables = tuple(tuple((k, v is None) for k, v in own_table(m, key).items()) if key in d
+                 else None for key in _TABLES)
+  children = tuple((k, _Same(c)) for k, c in d.get("_modules", {}).items())
+  attrs = {k: _value(v) for k, v in d.items() if k not in _INTERNAL}
+  return _Same(m), type(m), children, tables, hooks, attrs
+
+
+_NO_HOOKS: dict = {}  # a global hook dict this torch does not have
+
+
+def _global_hook_dicts() -> list[dict]:
+  """torch's dicts of global module hooks (`register_module_forward_hook`...), as named in
+  `_GLOBAL_HOOKS`."""
+  return [getattr(torch_module, name, _NO_HOOKS) for name in _GLOBAL_HOOKS]
+
+
+class Guard:
+  """What a trace of `module`'s forward read besides its inputs, to tell when it is stale.
+
+  Two levels. `holds()` is the check made on every call, a fraction of a microsecond per
+  submodule: a list of live dicts (each submodule's `__dict__`, `_modules`, hook dicts and
+  the keys of its parameter and buffer tables; torch's global hook dicts) compared in C
+  with a snapshot of them that shares their unchanged values, so most comparisons are
+  identity tests (values whose `==` could mean something else, tensors and containers,
+  are held by `_Same`). It fails on any change there (a hook's `with_kwargs` and
+  `always_call` entries come and go with the hook), including ones that leave the trace
+  valid (`.eval()`, a counter the forward bumps, an attribute set to an equal value).
+  `same_trace(other)` then compares two `fingerprint`s exactly (scalars by type and value,
+  the rest by identity), leaving out `training` and the attributes in `volatile`: those a
+  traced forward wrote itself (`after_trace`). Parameter and buffer objects are not part
+  of it: they are inputs of the program.
+  """
+
+  def __init__(self, module: torch.nn.Module, volatile: frozenset = frozenset()):
+    self.module = module
+    named = list(module.named_modules())
+    self.modules = [m for _, m in named]
+    self.volatile = volatile  # (id(submodule), attribute name) pairs
+    hook_dicts = _global_hook_dicts()
+    self.fingerprint = (tuple([_Same(d) for d in hook_dicts]),
+                        tuple([tuple(_Same(h) for h in d.values()) for d in hook_dicts]),
+                        [_module_print(m) for m in self.modules])
+    # where torch would run backward hooks (which a JAX derivative of the trace skips)
+    self.backward_hooks = [f"`{name or type(module).__name__}`" for name, m in named
+                           if m.__dict__.get("_backward_hooks")
+                           or m.__dict__.get("_backward_pre_hooks")]
+    if any(d for d, name in zip(hook_dicts, _GLOBAL_HOOKS) if "backward" in name):
+      self.backward_hooks.append("every module (a global hook)")
+    live: list[Any] = hook_dicts[:4]  # (`_GLOBAL_HOOKS`: the other two come with the third)
+    for m in self.modules:
+      d = m.__dict__
+      live.append(d)
+      live += [d[key] for key in _QUICK_HOOKS + ("_modules",) if key in d]
+      for key in _TABLES:  # their keys (an empty one: itself, quicker to compare)
+        if key in d:
+          table = own_table(m, key)
+          live.append(table.keys() if table else table)
+    self.live = live
+    self.snap = [_snapshot(x) for x in live]
+
+  def holds(self) -> bool:
+    """Nothing the trace read has changed (a cheap test: False may still be the same trace)."""
+    try:
+      return self.snap == self.live
+    except Exception:  # noqa: BLE001 - a value's own `==` failed: take it as changed
+      return False
+
+  def same_trace(self, other: "Guard") -> bool:
+    """Whether a trace made under `other` still holds for the module as this guard saw it."""
+    a, b = self.fingerprint, other.fingerprint
+    if a[:2] != b[:2] or len(a[2]) != len(b[2]):
+      return False
+    volatile = self.volatile | other.volatile
+    for pa, pb in zip(a[2], b[2]):
+      if pa[:-1] != pb[:-1]:
+        return False
+      if pa[-1] != pb[-1]:
+        key = id(pa[0].obj)
+        if any((key, k) not in volatile for k in pa[-1].keys() ^ pb[-1].keys()):
+          return False
+        if any((key, k) not in volatile and v != pb[-1][k] for k, v in pa[-1].items()
+               if k in pb[-1]):
+          return False
+    return True
+
+  def after_trace(self) -> "Guard":
+    """A guard for the module now that a trace ran: attributes the forward itself changed
+    (a call counter, a cache it filled) join `volatile`, so an eager call that changes them
+    again does not count as a change of the module."""
+    new = Guard(self.module, self.volatile)
+    changed = set()
+    for pa, pb in zip(self.fingerprint[2], new.fingerprint[2]):
+      if pa[0] == pb[0] and pa[-1] != pb[-1]:
+        key = id(pa[0].obj)
+        changed.update((key, k) for k in pa[-1].keys() ^ pb[-1].keys())
+        changed.update((key, k) for k, v in pa[-1].items() if k in pb[-1] and v != pb[-1][k])
+    if changed:
+      new.volatile = self.volatile | changed
+    return new
+
+
+def _snapshot(x: Any) -> Any:
+  """A copy of a live dict (or a table's keys) for `Guard.holds`."""
+  if not isinstance(x, dict):  # a keys view
+    return frozenset(x)
+  copy = type(x)()  # an OrderedDict stays one: its `==` also compares the order
+  for k, v in x.items():
+    copy[k] = v if (k in _INTERNAL or _scalar(v) or type(v).__eq__ is object.__eq__
+                    or isinstance(v, (torch.nn.Module, types.MethodType))) else _Same(v)
+  return copy
 
 
 _warned: set[tuple[type, str]] = set()
