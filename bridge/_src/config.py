@@ -38,10 +38,10 @@ class Config:
       False compiles once, fully, on the first call. Read at each program's first call.
     check_indices: check indices inside JAX programs too. In eager mode the `jax` device
       always raises torch's error for an index out of range (`x[i]`, `gather`,
-      `index_select`, `scatter`, `embedding`...). Inside `jax.jit`, `bridge.compile` or
-      `call_torch` under a JAX transformation the values are unknown while the program is
-      built, and by default unchecked: JAX clamps an out-of-range read into range and drops
-      an out-of-range write. True adds a host call after each such op that fails the
+      `index_select`, `scatter`, `embedding`...), as under `jax.grad` without `jax.jit`.
+      Inside `jax.jit`, `bridge.compile`, `lax.scan`... (and `jax.vmap`) the values are
+      unknown while the program is built, and by default unchecked: JAX clamps an
+      out-of-range read into range and drops an out-of-range write. True adds a host call after each such op that fails the
       program's run with an error naming the op and the first bad index (a
       `jax.errors.JaxRuntimeError`, raised when the result is waited for). It costs a
       host round trip per op, and needs a platform whose programs can call back into Python

@@ -351,7 +351,7 @@ def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) ->
         "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
         "the indices before the program.")
   if not _host_key:
-    _host_key.append(ffi.register(_raise_staged_check, "`bridge.config(check_indices=True)`"))
+    _host_key.append(ffi.register(_raise_staged_check, "an index check"))
   ident = next(_STAGED_IDS)
   _STAGED[ident] = (op, error, message)
   flat = jnp.ravel(bad)
