@@ -147,3 +147,24 @@ def test_extract_jax_under_jit_while_the_module_runs_eagerly():
       done.set()
 
   assert _run(_eager_until(model, done), trace_new_shapes) == []
+
+
+def test_callback_mode_shape_run_while_the_module_runs_eagerly():
+  """Callback mode finds a module's output shapes by running it on fake tensors, with fake
+  copies of its state: swapped in for that thread only (an eager forward elsewhere saw fake
+  parameters: "Please convert all Tensors to FakeTensors first")."""
+  model = _mlp()
+  done = threading.Event()
+
+  def shape_runs():
+    try:
+      for batch in range(1, 13):  # a new input shape: a new fake run each time
+        x = jnp.ones((batch, 8))
+        with torch.no_grad():
+          want = model(torch.ones(batch, 8))
+        got = bridge.call_torch(model, x, mode="callback")
+        torch.testing.assert_close(bridge.to_torch(got), want)
+    finally:
+      done.set()
+
+  assert _run(_eager_until(model, done), shape_runs) == []

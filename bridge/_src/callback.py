@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.nn.utils.stateless import _reparametrize_module
 
 from bridge._src import dtypes
 from bridge._src import ffi
@@ -139,9 +138,9 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
   state: Any = contextlib.nullcontext()
   fake_state: dict[str, torch.Tensor] = {}
   if module is not None:
-    from bridge._src.modules import module_state
+    from bridge._src.modules import module_state, reparametrized
     fake_state = {n: mode.from_tensor(t) for n, t in module_state(module).items()}
-    state = _reparametrize_module(module, fake_state, tie_weights=True)
+    state = reparametrized(module, fake_state)  # for this thread only
   state_versions = {n: t._version for n, t in fake_state.items()}
   with mode, state:
     fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in in_specs]
