@@ -168,3 +168,29 @@ def test_callback_mode_shape_run_while_the_module_runs_eagerly():
       done.set()
 
   assert _run(_eager_until(model, done), shape_runs) == []
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_concurrent_dropout_calls_draw_distinct_masks(device):
+  """Each compiled call that draws reads the generator's key and writes its successor as one
+  step: 4 threads x 10 calls draw exactly the 40 masks of 40 calls in a row (before, two
+  threads could read the same key and draw the same mask)."""
+  model = nn.Dropout(0.5).to(device)
+  compiled = bridge.compile(model)
+  x = torch.ones(64, device=device)
+
+  def masks(n):
+    return [bytes((compiled(x) != 0).cpu().numpy()) for _ in range(n)]
+
+  torch.manual_seed(0)
+  compiled(x)  # traced (and its first key consumed) before the threads start
+  serial = masks(40)
+  torch.manual_seed(0)
+  compiled(x)
+  got: list[bytes] = []
+
+  def calls():
+    got.extend(masks(10))
+
+  assert _run(*[calls for _ in range(4)]) == []
+  assert len(set(got)) == 40 and sorted(got) == sorted(serial)

@@ -252,10 +252,19 @@ def _locked(compiled: "Compiled", program: "_Program", call: Callable[..., Any]
             ) -> Callable[..., Any]:
   """`call`, holding the compiled module's lock if the program updates the module's buffers:
   reading the state, running the program and writing the updates back are then one step
-  for other threads' calls (BatchNorm's counter counts each call)."""
-  if not program.info.mutated:
+  for other threads' calls (BatchNorm's counter counts each call); and the generator's lock
+  too if it draws, so that no two calls draw from the same key."""
+  info = program.info
+  if not (info.mutated or info.draws):
     return call
   lock = compiled._lock
+  if info.draws:  # and the generator's, from reading its key to writing the next one
+    generator = rng.generator_lock()
+
+    def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
+      with lock, generator:
+        return call(self, *args, **kwargs)
+    return locked
 
   def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     with lock:
@@ -669,7 +678,10 @@ class Compiled:
     if program is None:
       program = self._programs[key] = _Program(self, spec, statics, self._names, amp)
     info = program.info
-    if info is None or info.mutated:  # (`_locked`; not yet traced: it may update buffers)
+    if info is None or info.draws:  # (`_locked`; not yet traced: it may draw and update)
+      with self._lock, rng.generator_lock():
+        return self._run(program, state, args, dyn, fast, amp)
+    if info.mutated:
       with self._lock:
         return self._run(program, state, args, dyn, fast, amp)
     return self._run(program, state, args, dyn, fast, amp)

@@ -25,7 +25,13 @@ import torch
 from bridge._src import scope
 from bridge._src.errors import BridgeError
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # also held by a compiled call that draws (`generator_lock`)
+
+
+def generator_lock() -> Any:
+  """The generator's lock, reentrant: a compiled program that draws holds it from reading the
+  key to setting its successor, so two threads' calls never draw from the same key."""
+  return _lock
 _key: Any = None
 _seed: int | None = None
 
