@@ -26,18 +26,21 @@ from bridge._src import scope
 from bridge._src.errors import BridgeError
 
 _lock = threading.RLock()  # also held by a compiled call that draws (`generator_lock`)
+_key: Any = None
+_seed: int | None = None
 
 
 def generator_lock() -> Any:
   """The generator's lock, reentrant: a compiled program that draws holds it from reading the
   key to setting its successor, so two threads' calls never draw from the same key."""
   return _lock
-_key: Any = None
-_seed: int | None = None
 
 
 def _make_key(seed: int) -> Any:
-  with jax.enable_x64(True):
+  # The generator's key is a concrete array even when torch code being traced reseeds it
+  # (`torch.manual_seed` inside `jax.jit`): built in the trace, it would be a tracer that
+  # outlives the trace and breaks every later draw.
+  with jax.enable_x64(True), jax.ensure_compile_time_eval():
     return jax.random.PRNGKey(np.uint64(seed % 2**64).astype(np.int64))
 
 
@@ -141,7 +144,7 @@ def _key_locked() -> Any:
 
 def _next_global_key() -> Any:
   global _key
-  with _lock:
+  with _lock, jax.ensure_compile_time_eval():  # concrete, as in `_make_key`
     _key, sub = _split(_key_locked())
     return sub
 
@@ -167,5 +170,5 @@ def get_state() -> bytes:
 
 def set_state(state: bytes) -> None:
   global _key
-  with _lock:
+  with _lock, jax.ensure_compile_time_eval():  # concrete, as in `_make_key`
     _key = jax.numpy.asarray(np.frombuffer(state, dtype=np.uint32).copy())

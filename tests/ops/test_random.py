@@ -10,10 +10,12 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+import bridge
 from tests.ops.harness import _to_jax, check, device_available, lowering_of, run_direct
 
 aten = torch.ops.aten
@@ -294,3 +296,22 @@ def test_rrelu_training_slopes_and_noise():
   assert bool(((slopes >= 0.1) & (slopes <= 0.3)).all())
   assert abs(slopes.mean().item() - 0.2) < 0.01
   torch.testing.assert_close(out[neg], x[neg] * slopes)
+
+
+def test_reseeding_inside_a_traced_call_leaves_a_concrete_generator():
+  """`torch.manual_seed` / `set_rng_state` in torch code traced under `jax.jit` (OpInfo's
+  `freeze_rng_state` does both) set the generator to a concrete key: built in the trace, it
+  was a tracer that broke every later draw (`UnexpectedTracerError`)."""
+  def reseeds(t):
+    torch.manual_seed(3)
+    torch.jax.set_rng_state(torch.jax.get_rng_state())
+    return t * 2
+
+  torch.testing.assert_close(
+      bridge.to_torch(jax.jit(lambda a: bridge.call_torch(reseeds, a))(jnp.ones(3))),
+      torch.full((3,), 2.0))
+  torch.manual_seed(3)
+  expected = torch.rand(4, device="jax").cpu()
+  torch.manual_seed(3)
+  jax.jit(lambda a: bridge.call_torch(reseeds, a))(jnp.ones(4))  # another trace reseeds to 3
+  torch.testing.assert_close(torch.rand(4, device="jax").cpu(), expected)
