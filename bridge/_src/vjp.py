@@ -59,16 +59,12 @@ class VjpCache:
     self._pullbacks: dict[tuple, _Pullback] = {}
     self._lock = threading.Lock()
 
-  def _merge(self, mask: tuple[bool, ...], diff: tuple, rest: tuple) -> list:
-    d, r = iter(diff), iter(rest)
-    return [next(d) if m else next(r) for m in mask]
-
   def forward(self, mask: tuple[bool, ...]) -> Callable:
     """The jitted `(diff, rest) -> (out, residuals)`; `mask` marks the differentiated inputs."""
     fwd = self._forwards.get(mask)
     if fwd is None:
       def fwd_impl(diff: tuple, rest: tuple) -> Any:
-        out, pullback = jax.vjp(lambda *d: self.apply(*self._merge(mask, d, rest)), *diff)
+        out, pullback = jax.vjp(lambda *d: self.apply(*_merge(mask, d, rest)), *diff)
         residuals, res_def = jax.tree_util.tree_flatten(pullback)
         self._residual_defs[(mask, _abstract_signature(diff + rest))] = res_def
         return out, residuals
@@ -108,6 +104,18 @@ class VjpCache:
     return pb
 
 
+def _split(mask: tuple[bool, ...], arrays: Any) -> tuple[tuple, tuple]:
+  """(the arrays `mask` marks, the others), each in order."""
+  return (tuple(a for a, m in zip(arrays, mask) if m),
+          tuple(a for a, m in zip(arrays, mask) if not m))
+
+
+def _merge(mask: tuple[bool, ...], diff: Any, rest: Any) -> list:
+  """The inverse of `_split`."""
+  d, r = iter(diff), iter(rest)
+  return [next(d) if m else next(r) for m in mask]
+
+
 def _inexact(dtype: Any) -> bool:
   return jnp.issubdtype(dtype, jnp.inexact)
 
@@ -126,16 +134,10 @@ class _Pullback:
     self.vjp = VjpCache(self.apply)
 
   def apply(self, *arrays: Any) -> tuple:
-    n = len(self.mask)
-    primals, given = arrays[:n], iter(arrays[n:])
-    diff = [a for a, m in zip(primals, self.mask) if m]
-    rest = [a for a, m in zip(primals, self.mask) if not m]
-
-    def f(*d: Any) -> Any:
-      r, dd = iter(rest), iter(d)
-      return self.fn_apply(*[next(dd) if m else next(r) for m in self.mask])
-
-    out, pullback = jax.vjp(f, *diff)
+    mask = self.mask
+    given = iter(arrays[len(mask):])
+    diff, rest = _split(mask, arrays[:len(mask)])
+    out, pullback = jax.vjp(lambda *d: self.fn_apply(*_merge(mask, d, rest)), *diff)
     cts = []
     for o in jax.tree_util.tree_leaves(out):
       if _inexact(o.dtype):
@@ -153,8 +155,7 @@ class _Call:
   def __init__(self, entry: Any, mask: tuple[bool, ...], arrays: list,
                outputs_to_torch: Callable):
     self.entry, self.mask = entry, mask
-    self.diff = tuple(a for a, m in zip(arrays, mask) if m)
-    self.rest = tuple(a for a, m in zip(arrays, mask) if not m)
+    self.diff, self.rest = _split(mask, arrays)
     self.outputs_to_torch = outputs_to_torch
     self.x64 = dtypes.x64_enabled()
     self.residuals: Any = None
@@ -183,7 +184,7 @@ class _Call:
         # If fn itself is broken, the plain forward below raises that error instead.
         error = e
     if error is not None:
-      out = self.entry.forward(*cache._merge(self.mask, self.diff, self.rest))
+      out = self.entry.forward(*_merge(self.mask, self.diff, self.rest))
       cache.errors[self.mask] = self.residuals = error
     outs, self.out_def = self.outputs_to_torch(self.entry, out)
     self.out_avals = [(tuple(o.shape), o.dtype) for o in outs]
@@ -192,14 +193,12 @@ class _Call:
   def backward(self, grads: tuple[torch.Tensor | None, ...], keep: bool) -> list[torch.Tensor]:
     """The input gradients from the saved residuals; `keep`: the graph is retained (else the
     residuals are released: torch refuses a second backward through this node)."""
-    if isinstance(self.residuals, Exception):
-      raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
-    self._check_not_released()
+    self._check_usable()
     try:
       return self._backward(grads)
     finally:
       if not keep:
-        self.residuals = self.diff = self.rest = None
+        self._release()
 
   def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
     with _x64_scope(self.x64):
@@ -217,12 +216,10 @@ class _Call:
                               grads: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """The input gradients as a differentiable call of the `_Pullback` on the saved input
     tensors and the output gradients (`create_graph=True`)."""
-    if isinstance(self.residuals, Exception):
-      raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
-    self._check_not_released()
+    self._check_usable()
     with _x64_scope(self.x64):
       pullback = self.entry.vjp.pullback(self.mask, self.out_def, self.entry.name)
-      arrays = self._merge_primals()
+      arrays = _merge(self.mask, self.diff, self.rest)
       tensors = [(pos, pos, t) for pos, t in zip(self.positions, saved)]
       for g, (shape, dtype) in zip(grads, self.out_avals):
         if not (dtype.is_floating_point or dtype.is_complex):
@@ -238,10 +235,16 @@ class _Call:
       else:
         outs, _ = self.outputs_to_torch(pullback, pullback.forward(*arrays))
     if not _keep_graph():  # `create_graph=True, retain_graph=False`
-      self.residuals = self.diff = self.rest = None
+      self._release()
     return outs
 
-  def _check_not_released(self) -> None:
+  def _release(self) -> None:
+    self.residuals = self.diff = self.rest = None
+
+  def _check_usable(self) -> None:
+    """Raises if the forward could not be differentiated, or a backward released it."""
+    if isinstance(self.residuals, Exception):
+      raise _differentiation_error(self.entry.name, self.residuals) from self.residuals
     # torch raises this itself from `ctx.saved_tensors`; this covers a node that saved none
     if self.diff is None:
       raise RuntimeError(
@@ -254,10 +257,6 @@ class _Call:
     """Positions of inputs the entry's caller overwrites after the forward (compiled state)."""
     written = getattr(self.entry, "written_back", None)
     return written() if written is not None else frozenset()
-
-  def _merge_primals(self) -> list:
-    d, r = iter(self.diff), iter(self.rest)
-    return [next(d) if m else next(r) for m in self.mask]
 
 
 def _full_array(g: torch.Tensor) -> Any:
