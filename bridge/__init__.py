@@ -11,6 +11,7 @@ from bridge._src.dispatch import DeviceMismatchError as DeviceMismatchError
 from bridge._src.dispatch import OperatorNotFound as OperatorNotFound
 from bridge._src.errors import BridgeError as BridgeError
 from bridge._src.errors import BridgeTypeError as BridgeTypeError
+from bridge._src.errors import NarrowingError as NarrowingError
 from bridge._src.errors import PluginError as PluginError
 from bridge._src.errors import TransferError as TransferError
 from bridge._src.call_torch import call_torch as call_torch
@@ -48,6 +49,7 @@ __all__ = [
     "FallbackWarning",
     "LeakedTracerError",
     "OperatorNotFound",
+    "NarrowingError",
     "PluginError",
     "RegistrationError",
     "ShardingError",

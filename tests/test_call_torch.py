@@ -361,12 +361,13 @@ def test_dtypes_are_kept_with_x64():
   assert [str(o.dtype) for o in outs] == ["float64", "int64", "float32", "bfloat16"]
 
 
-def test_32_bit_programs_narrow_with_a_warning():
-  # JAX's x64 is off here: a jitted program cannot hold 64-bit values; the bridge says so.
+def test_32_bit_programs_hold_int64_as_proven_int32():
+  # JAX's x64 is off here: a jitted program cannot hold 64-bit values. torch's int64 values
+  # are held as int32 where the bridge proves they fit (with a warning), else refused.
   from bridge._src import scope
   scope._warned_narrow[0] = False
   f = lambda x: x + torch.arange(3)
-  with pytest.warns(UserWarning, match="computed in 32 bits"):
+  with pytest.warns(UserWarning, match="held as int32: exact"):
     out = jax.jit(bridge.jax_view(f))(jnp.ones(3, jnp.float32))
   np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
   # Outside `jax.jit`, 64-bit values stay 64-bit even with x64 off.

@@ -19,6 +19,7 @@ PUBLIC = [
     "DeviceMismatchError",
     "FallbackWarning",
     "LeakedTracerError",
+    "NarrowingError",
     "OperatorNotFound",
     "PluginError",
     "RegistrationError",
@@ -63,10 +64,11 @@ def test_public_functions_have_type_hints_and_docstrings():
 def test_errors_form_one_hierarchy():
   for name in ("BridgeTypeError", "TransferError", "PluginError", "OperatorNotFound",
                "DeviceMismatchError", "RegistrationError", "TracedValueError",
-               "LeakedTracerError", "ShardingError"):
+               "LeakedTracerError", "ShardingError", "NarrowingError"):
     assert issubclass(getattr(bridge, name), bridge.BridgeError)
   assert issubclass(bridge.BridgeTypeError, TypeError)
   assert issubclass(bridge.TransferError, ValueError)
+  assert issubclass(bridge.NarrowingError, RuntimeError)  # (torch swallows a TypeError)
 
 
 def test_package_ships_py_typed():

@@ -20,6 +20,7 @@ import torch
 
 from bridge._src import device as device_lib
 from bridge._src import dtypes
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
@@ -35,6 +36,8 @@ def array_to_tensor(a: Any, where: Callable[[], str], api: str = "bridge.torch_v
                     ) -> tensor_lib.Tensor:
   """A `bridge.Tensor` holding the JAX array or tracer `a` (no copy)."""
   dtype = dtypes.torch_dtype(a.dtype, api=api, where=where())
+  if dtype in dtypes.NARROWED and scope.is_staged() and not dtypes.x64_enabled():
+    a = narrowing.enter(a, where())  # (a 32-bit program: it must fit, or is refused)
   index = 0
   if not isinstance(a, jax.core.Tracer):
     devices = a.sharding.device_set

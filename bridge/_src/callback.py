@@ -38,7 +38,7 @@ from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src.call_torch import check_mode
 from bridge._src.dispatch import _HashableBox
-from bridge._src.errors import BridgeError
+from bridge._src.errors import BridgeError, NarrowingError
 
 API = "bridge.call_torch"
 
@@ -524,8 +524,16 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
     for i, leaf in enumerate(out_leaves):
       if isinstance(leaf, torch.Tensor):
         dt = leaf.dtype
-        if narrow and dt in dtypes.NARROWED:
-          scope.warn_narrowed(f"the {dt} output {i} of {name}")
+        if narrow and dt in dtypes.NARROWED:  # the edge of a 32-bit program
+          if dt.is_floating_point or dt.is_complex:
+            raise NarrowingError(
+                f"`{API}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
+                "the JAX program it is called from is built with JAX's 64-bit types disabled "
+                "and cannot hold it; rounding it to 32 bits would change it. Return a 32-bit "
+                "tensor from the torch code (`.float()`), or enable 64-bit types "
+                "(`jax.config.update('jax_enable_x64', True)`).")
+          # int64 leaves as int32, checked to fit when it runs (`ffi.check_result`)
+          scope.warn_narrowed(f"the {dt} output leaf {i} of {name}")
           dt = dtypes.NARROWED[dt]
         outs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtypes.jax_dtype(
             dt, api=API, where=f"output leaf {i} of {name}")))

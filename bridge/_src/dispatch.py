@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
 import mmap
 import threading
@@ -39,6 +38,7 @@ from bridge._src import config as config_lib
 from bridge._src import device as device_lib
 from bridge._src import dtypes
 from bridge._src import ffi
+from bridge._src import narrowing
 from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
@@ -161,11 +161,11 @@ def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   from bridge._src import transfer
-  t = t.detach()
-  t = t.to(scope.narrow_dtype(t.dtype, f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})"))
+  t, bound = narrowing.known(t.detach(), f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
   with _x64():
-    return transfer.tensor_to_jax(t.contiguous(), api="the jax device",
-                                  where=lambda: "a CPU tensor")
+    a = transfer.tensor_to_jax(t.contiguous(), api="the jax device",
+                               where=lambda: "a CPU tensor")
+  return a if bound is None else narrowing.track(a, bound)
 
 
 def wrap(out: Any, device: torch.device) -> Any:
@@ -187,7 +187,8 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   REGISTRY.require_plugins()
   dtype = dtype or torch.get_default_dtype()
   index = device_lib.device_index(device)
-  dtype = scope.narrow_dtype(dtype, f"a new {dtype} tensor")
+  wide = dtype
+  dtype = narrowing.narrow_dtype(dtype, f"a new {dtype} tensor")
   jdtype = dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype")
   target = device_lib.jax_devices()[index]
   with _x64():
@@ -200,6 +201,8 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
     else:
       array = jnp.zeros(size, jdtype)
       array = jax.device_put(array, target) if index else array
+  if dtype is not wide:  # an int64 tensor in a 32-bit program: its zeros fit (`narrowing`)
+    narrowing.track(array, 0)
   return make(array, tensor_lib.jax_device(index), dtype)
 
 
@@ -268,8 +271,11 @@ def _conform(func: Any, out: Any, expected: Any) -> Any:
   if want is not None and np.dtype(out.dtype) != want:
     if want.itemsize == 8 or want == np.complex128:
       narrowed = jax.dtypes.canonicalize_dtype(want)
-      if narrowed != want:  # a 32-bit program (see `scope.narrow`)
+      if narrowed != want:  # a 32-bit program (see `scope.narrow`; proven by `narrowing`)
+        if want.kind not in "iu":
+          raise narrowing.refuse_float(f"the result of {func}", expected.dtype)
         scope.warn_narrowed(f"the {expected.dtype} result of {func}")
+        out = narrowing.track(out.astype(narrowed), None)  # proven in `narrowing.after_call`
         want = narrowed
     if np.dtype(out.dtype) != want:
       out = out.astype(want)
@@ -336,11 +342,6 @@ def _report_check(bad: Any, values: Any, error: type[Exception], message: Any,
     _stage_check(bad, values, error, message)
 
 
-_STAGED: dict[int, tuple] = {}  # a staged check's id -> (op, error, message)
-_STAGED_IDS = itertools.count()
-_host_key: list[int] = []
-
-
 def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) -> None:
   """A host call in the program being staged that raises torch's error if `bad` holds."""
   op = getattr(_checks, "op", None)
@@ -350,27 +351,10 @@ def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) ->
         f"program needs a host call, which programs on {ffi.platform()} cannot make. Leave "
         "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
         "the indices before the program.")
-  if not _host_key:
-    _host_key.append(ffi.register(_raise_staged_check, "an index check"))
-  ident = next(_STAGED_IDS)
-  _STAGED[ident] = (op, error, message)
-  flat = jnp.ravel(bad)
-  position = jnp.argmax(flat)
-  value = position if values is None else jnp.ravel(jnp.broadcast_to(values, bad.shape))[position]
-  ffi.emit(_host_key[0], [jnp.any(flat), value, position, np.int32(ident)], [],
-           vmap_method="broadcast_all", side_effect=True)
-
-
-def _raise_staged_check(tensors: list) -> list:
-  """The host side of `_stage_check` (under `jax.vmap`, every input has the batch dims)."""
-  flags, values, positions, idents = (t.reshape(-1) for t in tensors)
-  hits = torch.nonzero(flags)
-  if len(hits):
-    i = int(hits[0, 0])
-    op, error, message = _STAGED[int(idents[i])]
-    text = _check_message(message, values[i].item(), int(positions[i]))
-    raise _TORCH_ERRORS.get(error, error)(f"`bridge.config(check_indices=True)`: {op}: {text}")
-  return []
+  kind = _TORCH_ERRORS.get(error, error)
+  ffi.stage_check(bad, values, lambda value, position: kind(
+      f"`bridge.config(check_indices=True)`: {op}: "
+      + _check_message(message, value, position)))
 
 
 _installed_checks: list[bool] = []
@@ -669,9 +653,9 @@ def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
     if isinstance(o, torch.Tensor):
       if o.numel() > _FOLD_MAX or o.device.type != "cpu":
         raise _NotFoldable
-      if narrow and o.dtype in dtypes.NARROWED:  # a 32-bit program (`scope.narrow`)
-        o = o.to(scope.narrow_dtype(o.dtype, f"the {o.dtype} result of {func}"))
-      return transfer.tensor_to_jax(o.detach().contiguous(), copy=True)
+      o, bound = narrowing.known(o.detach(), f"the {o.dtype} result of {func}", narrow)
+      a = transfer.tensor_to_jax(o.contiguous(), copy=True)
+      return a if bound is None else narrowing.track(a, bound)
     if isinstance(o, (tuple, list)):  # (torch's named tuples become plain ones, as in `wrap`)
       return (list if isinstance(o, list) else tuple)(to_jax(x) for x in o)
     return o
@@ -799,6 +783,8 @@ class _FunctionalPlan:
       if where.staged:
         folded = _fold(self.func, args, kwargs, where.narrow)
         if folded is not _UNKNOWN:
+          if where.narrow:  # a 32-bit program: int64 results proven exact, or refused
+            narrowing.after_call(self.func, args, kwargs, folded)
           return folded
     dyn, statics, treedef, device = self.split(args, kwargs)
     try:
@@ -840,6 +826,11 @@ class _FunctionalPlan:
             exe.check(flag, dyn)
     except jax.errors.UnexpectedTracerError as e:
       raise scope.leaked_tracer_error(e) from e
+    except OverflowError as e:  # a Python int past int32, in a 32-bit program
+      if where.narrow:
+        raise narrowing.refuse_int(f"the result of {self.func}", narrowing.INF,
+                                   f"it needs a 64-bit integer: {e}") from e
+      raise
     except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
       ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
       if "incompatible devices" in str(e):
@@ -855,7 +846,10 @@ class _FunctionalPlan:
       out = _stop_gradient(out)
     if self.python_result:
       return _python_value(self.func, out)
-    return wrap(out, device)
+    result = wrap(out, device)
+    if where.narrow:  # a 32-bit program: int64 results proven exact, or refused
+      narrowing.after_call(self.func, args, kwargs, result)
+    return result
 
 
 def _stop_gradient(out: Any) -> Any:
@@ -980,6 +974,8 @@ def get_plan(func: Any) -> Callable:
     from bridge._src import mutation, special_ops  # they build on this module
     if func in special_ops.SPECIAL:
       plan = special_ops.SPECIAL[func]
+      if func in special_ops.NEW_VALUES:
+        plan = _proven(func, plan)
     elif _is_view(func):
       plan = _ViewPlan(func)
     elif _mutated(func):
@@ -990,6 +986,17 @@ def get_plan(func: Any) -> Callable:
     with _plans_lock:
       plan = _PLANS.setdefault(func, plan)
   return plan
+
+
+def _proven(func: Any, plan: Callable) -> Callable:
+  """`plan` (a special op's that makes new tensors), whose int64 results in a 32-bit program
+  are proven exact or refused (`narrowing`; the other plans do it themselves)."""
+  def proven(args: tuple, kwargs: dict) -> Any:
+    out = plan(args, kwargs)
+    if _scope_var.get().narrow:
+      narrowing.after_call(func, args, kwargs, out)
+    return out
+  return proven
 
 
 # `bridge.Tensor.__torch_dispatch__` looks plans up in `_PLANS` and builds missing ones here.

@@ -31,6 +31,17 @@ class TransferError(BridgeError, ValueError):
   """
 
 
+class NarrowingError(BridgeError, RuntimeError):
+  """A 64-bit value that a JAX program built with 64-bit types off cannot hold exactly.
+
+  Torch code staged into such a program holds its int64 values as int32 only where the
+  bridge shows they fit (while tracing, or with a check when the program runs); a float64
+  value, or an int64 one that may not fit, raises this. (A `RuntimeError`, not a
+  `TypeError`: torch turns a `TypeError` raised inside an operator into `NotImplemented`
+  and then into its own unrelated "unsupported operand" error.)
+  """
+
+
 class PluginError(BridgeError, RuntimeError):
   """A lowering plugin that cannot be loaded (incompatible registry API, bad entry point)."""
 

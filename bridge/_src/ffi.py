@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
-from bridge._src.errors import BridgeError
+from bridge._src.errors import BridgeError, NarrowingError
 
 TARGET = "bridge_torch_host_call"
 
@@ -170,6 +170,19 @@ def check_result(result: Any, shape: Sequence[int], dtype: torch.dtype, i: int,
         "running it (from fake tensors, or `result_shape_dtypes`). In callback mode an "
         "output's shape and dtype must follow from the inputs' shapes and dtypes alone; "
         "pass the true ones with `result_shape_dtypes=` if they are static.")
+  if result.dtype != dtype and not (dtype.is_floating_point or dtype.is_complex) and result.numel():
+    # an int64 result leaving as int32 (the edge of a 32-bit program): only if it fits
+    limits = torch.iinfo(dtype)
+    bad = (result < limits.min) | (result > limits.max)
+    if bool(bad.any()):
+      position = int(torch.nonzero(bad.reshape(-1))[0, 0])
+      raise NarrowingError(
+          f"{name}: output {i} is {str(result.dtype).removeprefix('torch.')}, and the JAX "
+          "program it is called from is built with JAX's 64-bit types disabled, so it leaves "
+          f"as {str(dtype).removeprefix('torch.')}; but it holds "
+          f"{result.reshape(-1)[position].item()} (at flat position {position}), which "
+          f"{str(dtype).removeprefix('torch.')} cannot hold. Enable 64-bit types "
+          "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly.")
   return result
 
 
@@ -223,6 +236,40 @@ def _register_target(platform: str) -> None:
 
 
 # --- emitting a call ---------------------------------------------------------------------------
+
+
+# A staged check's id -> the function that makes its exception from the offending value and
+# its flat position (`stage_check`).
+_CHECKS: dict[int, Callable[[Any, int], BaseException]] = {}
+_CHECK_IDS = itertools.count()
+_check_key: list[int] = []
+
+
+def stage_check(bad: Any, values: Any, error: Callable[[Any, int], BaseException]) -> None:
+  """A host call in the program being staged that fails its run with `error(value, position)`
+  for the first True element of bool array `bad` (`values`: what to report there, broadcast
+  to `bad`'s shape; None reports the position). The caller checks `supported()` first."""
+  import jax.numpy as jnp
+  if not _check_key:
+    _check_key.append(register(_raise_check, "a value check"))
+  ident = next(_CHECK_IDS)
+  _CHECKS[ident] = error
+  flat = jnp.ravel(bad)
+  position = jnp.argmax(flat)
+  value = position if values is None else jnp.ravel(jnp.broadcast_to(values, bad.shape))[position]
+  emit(_check_key[0], [jnp.any(flat), value, position, np.int32(ident)], [],
+       vmap_method="broadcast_all", side_effect=True)
+
+
+def _raise_check(tensors: list) -> list:
+  """The host side of `stage_check` (under `jax.vmap`, every input has the batch dims)."""
+  flags, values, positions, idents = (t.reshape(-1) for t in tensors)
+  hits = torch.nonzero(flags)
+  if len(hits):
+    i = int(hits[0, 0])
+    raise _CHECKS[int(idents[i])](values[i].item(), int(positions[i]))
+  return []
+
 
 
 def platform() -> str:

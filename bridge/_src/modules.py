@@ -31,6 +31,7 @@ from torch.nn.modules import module as torch_module
 
 from bridge._src import call_torch as call_torch_lib
 from bridge._src import dtypes
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
@@ -287,12 +288,13 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
              for name, a in params.items()}
   missing = {name: t for name, t in module_state(module).items() if name not in tensors}
   if missing:  # the module's own values, as copies: an in-place update must not reach them
-    if not dtypes.x64_enabled() and scope.is_staged():  # a 32-bit program (`scope.narrow`)
-      wide = [n for n, t in missing.items() if t.dtype in dtypes.NARROWED]
-      if wide:
-        scope.warn_narrowed(f"the module's {wide[0]!r}")
-      missing = {n: t.to(dtypes.NARROWED.get(t.dtype, t.dtype)) for n, t in missing.items()}
-    for name, a in state_to_jax(missing, copy=True, api=api).items():
+    # (inside a 32-bit program a 64-bit one must fit; its bound is kept for the call's scope)
+    narrow = scope.is_staged() and not dtypes.x64_enabled()
+    known = {n: narrowing.known(t, f"the module's {n!r}", narrow) for n, t in missing.items()}
+    arrays = state_to_jax({n: t for n, (t, _) in known.items()}, copy=True, api=api)
+    for name, a in arrays.items():
+      if known[name][1] is not None:
+        narrowing.track(a, known[name][1])
       tensors[name] = call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
   arrays = {name: t._storage.array for name, t in tensors.items()}
   with reparametrized(module, tensors) as after:
@@ -578,9 +580,10 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: st
   with respect to `params` runs torch autograd. Random ops then draw from torch's
   own generator (a seed per call, replayed by the backward pass).
 
-  64-bit state (float64 parameters, int64 counters) is extracted exactly; note that
-  with JAX's 64-bit types disabled, `jax.jit` itself narrows 64-bit inputs to 32 bits
-  (a warning says so here); enable them with `jax.config.update('jax_enable_x64', True)`.
+  64-bit state (float64 parameters, int64 counters) is extracted exactly; note that a
+  program built with JAX's 64-bit types disabled cannot hold it (a warning says so here):
+  there `fn` checks that int64 state fits in int32 and refuses float64 state
+  (`bridge.NarrowingError`); enable them with `jax.config.update('jax_enable_x64', True)`.
 
   Args:
     module: any `torch.nn.Module`, on the CPU or the `jax` device.
@@ -609,8 +612,9 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: st
   if wide and not dtypes.x64_enabled():
     warnings.warn(
         f"`{API}`: {type(module).__name__} has 64-bit state ({', '.join(wide[:4])}"
-        f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but with JAX's 64-bit "
-        "types disabled `jax.jit` narrows 64-bit inputs to 32 bits. Enable them "
+        f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but a program built "
+        "with JAX's 64-bit types disabled cannot hold them: `fn` checks there that int64 state "
+        "fits in int32 and refuses float64 state. Enable them "
         "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
         stacklevel=2)
 

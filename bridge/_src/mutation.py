@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope,
                                   _decomposition, _mutated, _raise_not_found, _x64, aten,
@@ -185,7 +186,9 @@ def _store(target: Any, new: Any, resize: bool = False) -> None:
   v = value(new) if isinstance(new, Tensor) else new
   if tuple(v.shape) != tuple(target.shape):
     if resize and target._whole:
-      _resize(target, v)
+      _resize(target, v)  # (a new storage: its bound is the written values')
+      if scope.narrow():
+        narrowing.stored(target, new)
       return
     with _x64():
       v = jnp.broadcast_to(v, tuple(target.shape))
@@ -203,6 +206,8 @@ def _store(target: Any, new: Any, resize: bool = False) -> None:
     old = value(target, recorded=True)
     if isinstance(old, jax.core.Tracer) or isinstance(v, jax.core.Tracer):
       v = _unrecorded_update(old, v)
+  if scope.narrow():  # a 32-bit program: the tensor's bound takes the written values'
+    narrowing.stored(target, new)
   write(target, v)
 
 

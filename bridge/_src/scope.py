@@ -18,6 +18,7 @@ import functools
 import linecache
 import os
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -30,16 +31,25 @@ from bridge._src.errors import BridgeError
 class _Scope:
   """What the current trace scope is: for which API, and how values are staged."""
 
-  __slots__ = ("api", "narrow", "staged", "grad")
+  __slots__ = ("api", "narrow", "staged", "grad", "bounds")
 
   def __init__(self, api: str, narrow: bool, staged: bool, grad: bool = False):
     self.api, self.narrow, self.staged = api, narrow, staged
+    # in a 32-bit program: id(int32 array holding an int64 tensor) -> (array, bound on its
+    # absolute values), what `narrowing` proves exactness with
+    self.bounds: dict | None = {} if narrow else None
+    pending = getattr(_pending, "bounds", None)
+    if pending:  # recorded for this call's inputs before its scope began (`narrowing.track`)
+      if self.bounds is not None:
+        self.bounds.update(pending)
+      _pending.bounds = None
     # torch's grad mode when the scope was entered: a `torch.no_grad()` block inside the
     # traced code (grad mode off while this is True) makes its results constants for JAX's
     # derivatives, as for torch's
     self.grad = grad
 
 
+_pending = threading.local()  # .bounds: a `_Scope.bounds` table for the next scope, or None
 _NONE = _Scope("", False, False)
 _ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
                                                                  default=_NONE)
@@ -73,8 +83,9 @@ def narrow() -> bool:
   """Whether torch code is being staged into a JAX program built with 64-bit types off.
 
   Such a program is lowered with JAX's 64-bit types disabled, so it cannot hold
-  int64/float64 values: torch's 64-bit tensors are computed as 32-bit ones (with a
-  warning, once). Everywhere else the bridge keeps 64-bit types exact.
+  int64/float64 values: torch's int64 tensors are held as int32 arrays, each op proven
+  exact (every value fits) or refused (`narrowing`); float64 values are refused. Everywhere
+  else the bridge keeps 64-bit types exact.
   """
   return _ACTIVE.get().narrow
 
@@ -102,26 +113,18 @@ _warned_narrow = [False]
 
 
 def warn_narrowed(what: str) -> None:
-  """Say once per process that a 64-bit value was computed in 32 bits (see `narrow`)."""
+  """Say once per process that int64 values are held as int32 (see `narrow`)."""
   if _warned_narrow[0]:
     return
   _warned_narrow[0] = True
   warnings.warn(
       f"bridge: torch code is being traced into a JAX program built with JAX's 64-bit types "
-      f"disabled, which cannot hold 64-bit values, so {what} (and every other int64/float64 "
-      f"value in it) is computed in 32 bits. First at\n  {user_line()}\nEnable 64-bit types "
-      "(`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes exactly; "
-      "`bridge.compile` always does.", stacklevel=3)
-
-
-def narrow_dtype(dtype: torch.dtype, what: str) -> torch.dtype:
-  """`dtype`, or its 32-bit counterpart (with the warning) inside a 32-bit program."""
-  from bridge._src import dtypes
-  narrowed = dtypes.NARROWED.get(dtype)
-  if narrowed is None or not narrow():
-    return dtype
-  warn_narrowed(what)
-  return narrowed
+      f"disabled, which cannot hold 64-bit values, so {what} (and every other int64 value in "
+      "it) is held as int32: exact, since the bridge shows while tracing that each value "
+      "fits (a sum it cannot bound is checked each time the program runs), and refuses an op "
+      f"where it cannot. First at\n  {user_line()}\nEnable "
+      "64-bit types (`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes "
+      "exactly; `bridge.compile` always does.", stacklevel=3)
 
 
 class trace_scope:  # noqa: N801

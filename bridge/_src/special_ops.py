@@ -14,6 +14,7 @@ from jax._src import core as _jax_core
 
 from bridge._src import device as device_lib
 from bridge._src import dtypes
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import _x64, aten, get_plan
@@ -43,7 +44,7 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
     return out.to(dtype=dtype, device=device)
   target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
                    else src.device)
-  dtype = scope.narrow_dtype(dtype, f"a conversion to {dtype}")
+  dtype = narrowing.narrow_dtype(dtype, f"a conversion to {dtype}")
   with _x64():
     want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
     # Same dtype: the copy shares the immutable array in a storage box of its own, so an
@@ -69,16 +70,16 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
         dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
     return dst
   from bridge._src import transfer
-  src_t = src.detach()
-  # inside a 32-bit program a 64-bit CPU source is narrowed, with the warning, as CPU tensors
-  # beside jax tensors are (`dispatch._scalar_from_cpu`); the destination was made narrowed
-  src_t = src_t.to(scope.narrow_dtype(src_t.dtype, f"a {src_t.dtype} CPU tensor (shape "
-                                      f"{tuple(src_t.shape)}) copied to the jax device"))
+  # (inside a 32-bit program a 64-bit source must fit, as CPU tensors beside jax tensors)
+  src_t, bound = narrowing.known(src.detach(), f"a {src.dtype} CPU tensor (shape "
+                                 f"{tuple(src.shape)}) copied to the jax device")
   with _x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
     index = dst.device.index or 0
     if index:
       v = jax.device_put(v, device_lib.jax_devices()[index])
+    if bound is not None:
+      narrowing.track(v, bound)
   _store(dst, v)
   return dst
 
@@ -212,6 +213,12 @@ def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
   _store(bound["running_var"], new_var)
   return out, mean, rstd
 
+
+# The special ops above that make tensors with new values or dtypes (their int64 results in a
+# 32-bit program are proven exact by `narrowing`); the others return their input or write
+# through `_store`, which does it.
+NEW_VALUES = frozenset({aten._to_copy.default, aten.lift_fresh_copy.default, aten.view.dtype,
+                        aten.as_strided_scatter.default, aten._pack_padded_sequence.default})
 
 SPECIAL: dict[Any, Callable] = {
     aten.native_batch_norm.default: _native_batch_norm,
