@@ -13,7 +13,13 @@ Every OpInfo entry of `torch.testing._internal.common_methods_invocations.op_db`
 and compared with the same op in torch on CPU. Each (op, dtype, mode) gets one
 `Outcome`: "pass" (values within tolerance and the exact dtype), "dtype" (right
 values, wrong dtype), "wrong" (wrong values: a silent wrong number), or "error"
-(the bridge raised; `detail` says what). Ops run with `bridge.config(fallback=
+(the bridge raised; `detail` says what).
+
+A fourth mode, `X64_OFF` ("jit32"), runs the `jit` way with JAX's 64-bit types off (JAX's
+default) for `X64_OFF_DTYPES`: the sample's 64-bit tensors enter as the 32-bit arrays such a
+program holds (torch's result is computed from the same narrowed sample), an int64 result
+may come back as int32 with exact values ("pass"), and the bridge's refusal of a 64-bit
+value it cannot hold exactly (`bridge.NarrowingError`) is "refused". It is not in the table. Ops run with `bridge.config(fallback=
 "error")`, so an op that only works through the callback fallback counts as missing.
 
 Random ops (`RANDOM`) and uninitialized memory (`UNINITIALIZED`) compare shapes and
@@ -41,7 +47,9 @@ DTYPES: dict[torch.dtype, str] = {
     torch.int64: "i64", torch.int32: "i32", torch.bool: "bool", torch.complex64: "c64",
 }
 MODES = ("eager", "jit", "grad")
-SAMPLES = {"eager": 2, "jit": 1, "grad": 2}  # bounded so the test fits in CI
+X64_OFF = "jit32"
+X64_OFF_DTYPES = (torch.float32, torch.int64, torch.bool)
+SAMPLES = {"eager": 2, "jit": 1, "grad": 2, X64_OFF: 1}  # bounded so the test fits in CI
 
 # Ops whose values are random: compared by shape and dtype only.
 RANDOM = frozenset({
@@ -160,7 +168,8 @@ def _numeric_vjp(loss: Callable[[list], torch.Tensor], ins: list, wrt: list,
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-  """The result of one (op, dtype, mode): `status` in pass/dtype/wrong/error/skip."""
+  """The result of one (op, dtype, mode): `status` in pass/dtype/wrong/error/skip (and
+  refused, in the `X64_OFF` mode)."""
   op: str
   dtype: str
   mode: str
@@ -249,8 +258,10 @@ class _TorchRefused(Exception):
   """Torch itself raises on this sample: there is nothing to compare with."""
 
 
-def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: bool) -> str:
-  """"pass" or "dtype" (right values, another dtype); raises `_Mismatch` for wrong values."""
+def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: bool,
+             narrowed: bool = False) -> str:
+  """"pass" or "dtype" (right values, another dtype); raises `_Mismatch` for wrong values.
+  `narrowed`: an int32 result where torch gives int64 (a 32-bit program's) is the dtype."""
   act, exp = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
   if len(act) != len(exp):
     raise _Mismatch(f"{len(act)} outputs where torch gives {len(exp)}")
@@ -269,7 +280,8 @@ def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: 
       continue
     if tuple(a.shape) != tuple(e.shape):
       raise _Mismatch(f"output {i} has shape {tuple(a.shape)}, torch {tuple(e.shape)}")
-    if a.dtype != e.dtype and not aux:
+    if a.dtype != e.dtype and not aux and not (
+        narrowed and (e.dtype, a.dtype) == (torch.int64, torch.int32)):
       status = "dtype"
     if not values or e.numel() == 0:
       continue
@@ -340,13 +352,20 @@ def _substitute(tree: tuple, select: Callable[[torch.Tensor], bool]) -> tuple[li
   return [leaves[i] for i in idx], rebuild
 
 
-def _jit(info: Any, tree: tuple) -> Any:
+def _narrowed(t: torch.Tensor) -> torch.Tensor:
+  """A 64-bit tensor as the 32-bit array a program built with 64-bit types off holds."""
+  return t.to({torch.int64: torch.int32, torch.float64: torch.float32,
+               torch.complex128: torch.complex64}.get(t.dtype, t.dtype))
+
+
+def _jit(info: Any, tree: tuple, x64: bool = True) -> Any:
+  import contextlib
   import jax
   import bridge
   first = tree[0]
   cpu_args = full_name(info) in CPU_ARGS
   tensors, rebuild = _substitute(tree, lambda t: not cpu_args or t is first)
-  with jax.enable_x64(True):
+  with jax.enable_x64(True) if x64 else contextlib.nullcontext():
     arrays = [bridge.to_jax(t.detach().clone(), copy=True) for t in tensors]
     found: dict = {}
 
@@ -357,7 +376,8 @@ def _jit(info: Any, tree: tuple) -> Any:
       found["leaves"] = [None if isinstance(v, jax.Array) else v for v in leaves]
       return [v for v in leaves if isinstance(v, jax.Array)]
     arrays_out = iter(jax.jit(program)(*arrays))
-    leaves = [next(arrays_out) if v is None else v for v in found["leaves"]]
+  leaves = [next(arrays_out) if v is None else v for v in found["leaves"]]
+  with jax.enable_x64(True):
     return bridge.to_torch(jax.tree_util.tree_unflatten(found["spec"], leaves), copy=True)
 
 
@@ -450,12 +470,14 @@ def _run(info: Any, dtype: torch.dtype, mode: str, sample: Any, k: int, values: 
     # the differentiated outputs well defined: e.g. eigenvectors up to their sign.
     pair = _grad(info, tree, k, sample.output_process_fn_grad)
     return None if pair is None else _compare(name, dtype, pair[0], pair[1], values)
+  if mode == X64_OFF:
+    tree = _map(_narrowed, tree)
   expected = _reference(info, tree)
   torch.manual_seed(k)
-  got = _eager(info, tree) if mode == "eager" else _jit(info, tree)
+  got = _eager(info, tree) if mode == "eager" else _jit(info, tree, x64=mode != X64_OFF)
   if name in GAUGE:
     got, expected = GAUGE[name](got), GAUGE[name](expected)
-  return _compare(name, dtype, got, expected, values)
+  return _compare(name, dtype, got, expected, values, narrowed=mode == X64_OFF)
 
 
 def check(info: Any, dtype: torch.dtype, mode: str) -> Outcome:
@@ -476,8 +498,13 @@ def check(info: Any, dtype: torch.dtype, mode: str) -> Outcome:
         continue
       except _Mismatch as err:
         return Outcome(name, short, mode, "wrong", f"sample {k}: {err}")
+      except bridge.NarrowingError as err:  # (the `X64_OFF` mode's refusal, while tracing)
+        return Outcome(name, short, mode, "refused", f"sample {k}: {_first_line(err)}")
       except Exception as err:  # noqa: BLE001 - every failure of the bridge is recorded
-        return Outcome(name, short, mode, "error", f"sample {k}: {_first_line(err)}")
+        # (a run-time check of the `X64_OFF` mode fails the program's run: JAX's error)
+        refused = mode == X64_OFF and "NarrowingError" in str(err)
+        return Outcome(name, short, mode, "refused" if refused else "error",
+                       f"sample {k}: {_first_line(err)}")
       if s is None:
         continue
       ran += 1
@@ -499,7 +526,8 @@ def jobs(infos: Sequence[Any], modes: Iterable[str] = MODES) -> list[tuple[Any, 
         if d is not None:
           out.append((info, d, mode))
         continue
-      out.extend((info, d, mode) for d in DTYPES if d in supported)
+      dtypes = X64_OFF_DTYPES if mode == X64_OFF else DTYPES
+      out.extend((info, d, mode) for d in dtypes if d in supported)
   return out
 
 
