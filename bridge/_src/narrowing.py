@@ -30,6 +30,7 @@ from jax._src import core as _jax_core
 from bridge._src import dtypes
 from bridge._src import ffi
 from bridge._src import scope
+from bridge._src import tensor as tensor_lib
 from bridge._src.errors import NarrowingError
 
 LIMIT = 2**31 - 1
@@ -380,7 +381,6 @@ def _checkable(args: tuple, kwargs: dict, table: dict) -> bool:
 
 def _check_overflow(func: Any, name: str, args: tuple, result: Any) -> None:
   """Stage a check that `result` (int32) is the exact result of this int64 op."""
-  from bridge._src import tensor as tensor_lib
   def int32(x: Any) -> Any:
     v = tensor_lib.value(x) if isinstance(x, tensor_lib.Tensor) else x
     return jnp.asarray(v).astype(np.int32)  # (exact: every input fits, `_checkable`)
