@@ -1,8 +1,16 @@
 """bridge: PyTorch and JAX in one process, each calling the other.
 
 Public API. The implementation lives in `bridge._src`; this module only re-exports.
-Importing it makes `jax` a torch device and changes no other setting.
+Importing it makes `jax` a torch device and sets one default: JAX does not preallocate
+most of a GPU's memory (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, unless the variable is
+already set), so that torch and JAX can share one GPU. It changes no other setting.
 """
+
+import os as _os
+
+# (read when JAX starts its GPU backend: effective if bridge is imported before JAX first
+# touches a device; a user's own value is kept)
+_os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from bridge._src import device as _device
 from bridge._src.config import config as config

@@ -1,5 +1,7 @@
-"""Callback mode's second host-call path: JAX's own Python callbacks, used where no FFI handler is
-registered (GPU for now). Run here on the CPU by making the bridge believe the platform is a GPU."""
+"""Callback mode's host-call paths other than the CPU's FFI handler, run here on the CPU by making
+the bridge believe the platform is a GPU: JAX's buffer callback (a CUDA GPU: torch on XLA's
+device buffers and stream) and JAX's Python callbacks (through host memory: where neither the FFI
+handler nor buffer callbacks serve)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +14,11 @@ from bridge._src import ffi
 from bridge._src import scope
 
 
-@pytest.fixture(autouse=True)
-def through_python_callbacks(monkeypatch):
+@pytest.fixture(autouse=True, params=["buffers", "host"])
+def path(request, monkeypatch):
   monkeypatch.setattr(ffi, "platform", lambda: "gpu")
+  monkeypatch.setattr(ffi, "route", lambda platform_name=None: request.param)
+  return request.param
 
 
 X = np.linspace(-1.5, 2.0, 12, dtype=np.float32).reshape(3, 4)
@@ -72,3 +76,26 @@ def test_torch_exception_is_raised_as_itself_in_an_eager_call():
   with pytest.raises(jax.errors.JaxRuntimeError, match="KeyError: 'no such feature'"):
     jax.jit(lambda a: bridge.call_torch(bad, a, mode="callback", result_shape_dtypes=spec))(
         jnp.asarray(X)).block_until_ready()
+
+
+def test_a_check_without_outputs_fails_the_run():
+  # (a host call with no results and a side effect: `bridge.config(check_indices=True)`)
+  with bridge.config(check_indices=True):
+    pick = jax.jit(lambda a, i: bridge.call_torch(lambda t, j: t[j], a, i))
+    np.testing.assert_array_equal(np.asarray(pick(jnp.asarray(X), jnp.asarray([2, 0]))),
+                                  X[[2, 0]])
+    with pytest.raises(jax.errors.JaxRuntimeError, match="out of bounds"):
+      pick(jnp.asarray(X), jnp.asarray([0, 7])).block_until_ready()
+
+
+def test_random_function_draws_a_seed_and_replays_it_in_the_backward():
+  def noisy(t):
+    return torch.nn.functional.dropout(t, 0.5, training=True) * t
+  x = jnp.asarray(np.abs(X) + 1)
+  out, grad = jax.jit(jax.value_and_grad(
+      lambda a: bridge.call_torch(noisy, a, mode="callback").sum()))(x)
+  # the kept elements (where the gradient is not zero) are exactly those summed forward
+  g, xs = np.asarray(grad), np.asarray(x)
+  kept = g != 0
+  np.testing.assert_allclose(g[kept], 4 * xs[kept], rtol=1e-6)
+  np.testing.assert_allclose(float(out), float((2 * xs[kept] ** 2).sum()), rtol=1e-5)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import doctest
 import inspect
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -91,3 +94,13 @@ def test_import_changes_no_global_jax_config():
           "print(sorted(changed))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"
+
+
+def test_import_keeps_jax_from_preallocating_the_gpu_unless_the_user_set_it():
+  code = "import os, bridge; print(os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+  for given, want in ((None, "false"), ("true", "true"), ("false", "false")):
+    run_env = dict(env) if given is None else {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": given}
+    out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == want

@@ -143,7 +143,8 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
     state = reparametrized(module, fake_state)  # for this thread only
   state_versions = {n: t._version for n, t in fake_state.items()}
   with mode, state:
-    fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in in_specs]
+    device = ffi.torch_device()  # where the real run's tensors will be
+    fakes = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in in_specs]
     versions = [t._version for t in fakes]
     try:
       with recorder:

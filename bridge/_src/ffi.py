@@ -8,8 +8,16 @@ which are copied into the program's output buffers.
 On the CPU the call is an XLA FFI custom call whose handler is written with
 `ctypes` (no compiled extension): XLA calls it on the thread running the program,
 the input tensors are views of XLA's own buffers (zero-copy) and the results are
-copied straight into XLA's output buffers. Elsewhere (GPU) it is
-`jax.pure_callback`, which moves the data through host memory.
+copied straight into XLA's output buffers.
+
+On a CUDA GPU it is JAX's buffer callback (`jax.experimental.buffer_callback`): the
+function gets CUDA tensors over XLA's device buffers (zero-copy) and runs on XLA's
+own stream (`torch.cuda.ExternalStream`), so torch's kernels are ordered after the
+program's earlier work and before its later work with no synchronization, and the
+results are copied into XLA's output buffers on that stream. Where neither is
+available (another accelerator, a JAX without buffer callbacks, a torch without
+CUDA) it is `jax.pure_callback`, which moves the data through host memory.
+`route()` says which.
 
 An exception in the host function does not cross into XLA: the handler returns
 an XLA error carrying the torch traceback, and keeps the exception so that a
@@ -18,6 +26,7 @@ caller who runs the program eagerly can raise it again as it was (`reraise`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -187,11 +196,9 @@ def check_result(result: Any, shape: Sequence[int], dtype: torch.dtype, i: int,
 
 
 def copy_result(out: torch.Tensor, result: Any, i: int, name: str) -> None:
-  """Copy one result into its output buffer, after checking it is what the program expects."""
-  result = check_result(result, out.shape, out.dtype, i, name)
-  if result.device.type != "cpu":
-    result = result.cpu()
-  out.copy_(result)
+  """Copy one result into its output buffer, after checking it is what the program expects
+  (`copy_` moves it across devices, in the current stream's order)."""
+  out.copy_(check_result(result, out.shape, out.dtype, i, name))
 
 
 def describe_error(e: BaseException, name: str) -> str:
@@ -282,16 +289,89 @@ def supported(platform_name: str | None = None) -> bool:
   return (platform_name or platform()) in ("cpu", "gpu", "cuda", "rocm")
 
 
+def route(platform_name: str | None = None) -> str:
+  """How host calls run on a platform: "ffi" (CPU: the ctypes FFI handler), "buffers" (a CUDA
+  GPU: XLA's device buffers on XLA's stream) or "host" (JAX's Python callbacks, through host
+  memory)."""
+  name = platform_name or platform()
+  if name == "cpu":
+    return "ffi"
+  if (name in ("gpu", "cuda") and _buffer_callback is not None and torch.cuda.is_available()
+      and torch.version.cuda is not None):
+    return "buffers"
+  return "host"
+
+
+def torch_device(platform_name: str | None = None) -> torch.device:
+  """The torch device of the tensors a host function gets (its fake run uses the same)."""
+  device = jax.devices()[0]
+  if route(platform_name) == "buffers" and device.platform in ("gpu", "cuda"):
+    return torch.device("cuda", _cuda_index(device))
+  return torch.device("cpu")
+
+
+def _cuda_index(device: Any) -> int:
+  index = getattr(device, "local_hardware_id", None)
+  return int(index) if index is not None else int(device.id)
+
+
 def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
          vmap_method: str, side_effect: bool = False) -> list[Any]:
   """Stage (or run, for concrete arguments) a call of host function `key`."""
-  if platform() == "cpu":
+  how = route()
+  if how == "ffi":
     _register_target("cpu")
     call = jax.ffi.ffi_call(TARGET, list(results), has_side_effect=side_effect,
                             vmap_method=vmap_method)
     return call(*args, key=np.int64(key))
+  if how == "buffers":
+    return _emit_on_device(key, args, results, vmap_method=vmap_method, side_effect=side_effect)
   return _emit_through_host(key, args, results, vmap_method=vmap_method,
                             side_effect=side_effect)
+
+
+try:
+  from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # pragma: no cover - a JAX before buffer callbacks
+  _buffer_callback = None
+
+_DL_CUDA = 2  # DLDeviceType.kDLCUDA
+
+
+def _buffer_tensor(buffer: Any) -> torch.Tensor:
+  """A torch tensor over one of XLA's buffers in a buffer callback (zero-copy)."""
+  # (the capsule, not the object: torch would ask the producer to order itself after torch's
+  # current stream, which is XLA's own stream here already)
+  return torch.utils.dlpack.from_dlpack(buffer.__dlpack__())
+
+
+def _xla_stream(ctx: Any, bufs: Sequence[Any]) -> Any:
+  """A context running torch on XLA's stream for this call (nothing on the CPU)."""
+  device = next((b.__dlpack_device__() for b in bufs), None)
+  if device is None or device[0] != _DL_CUDA:
+    return contextlib.nullcontext()
+  stream = torch.cuda.ExternalStream(ctx.stream, device=torch.device("cuda", device[1]))
+  return torch.cuda.stream(stream)
+
+
+def _emit_on_device(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
+                    *, vmap_method: str, side_effect: bool) -> list[Any]:
+  """The host call through JAX's buffer callback: torch works on XLA's device buffers, in the
+  order of XLA's stream (see the module docstring)."""
+  fn, name = _HOST[key]
+
+  def callback(ctx: Any, outs: Sequence[Any], *bufs: Any) -> None:
+    try:
+      with _xla_stream(ctx, [*bufs, *outs]):
+        results_ = fn([_buffer_tensor(b) for b in bufs])
+        for i, out in enumerate(outs):
+          copy_result(_buffer_tensor(out), results_[i], i, name)
+    except BaseException as e:  # noqa: BLE001 - kept for `reraise`, described for JAX
+      raise RuntimeError(describe_error(e, name)) from None
+
+  call = _buffer_callback(callback, list(results), has_side_effect=side_effect,
+                          vmap_method=vmap_method)
+  return list(call(*args))
 
 
 def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:

@@ -1,0 +1,120 @@
+"""The GPU figures that `python -m benchmarks` has no rows for, side by side with their baselines
+from the same process: transfers up to 1 GiB (zero-copy: flat in size), a Pallas softmax called
+from torch against plain JAX and `torch.softmax`, and callback mode on the GPU (torch on XLA's
+buffers and stream) against the host path and against calling torch directly.
+
+    python tests/gpu/measure.py OUT.md
+
+Prints a Markdown table and writes it to OUT.md; without a CUDA GPU it says why and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+
+def _median_us(fn, *, reps: int = 50, warmup: int = 5) -> float:
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times) * 1e6
+
+
+def main(out_path: str) -> int:
+  if not torch.cuda.is_available():
+    print("measure.py: no CUDA GPU in torch (torch.cuda.is_available() is False); nothing timed")
+    return 0
+  import jax
+  import jax.numpy as jnp
+
+  import bridge
+  from bridge._src import ffi
+  if jax.devices()[0].platform != "gpu":
+    print(f"measure.py: JAX's default device is {jax.devices()[0]}, not a GPU; nothing timed")
+    return 0
+  sync = torch.cuda.synchronize
+  rows: list[tuple[str, str, str]] = []  # (what, figure, baseline / note)
+
+  # transfers: one conversion; zero-copy when the pointers agree
+  for label, nbytes in (("1 MiB", 1 << 20), ("64 MiB", 64 << 20), ("1 GiB", 1 << 30)):
+    t = torch.ones(nbytes // 4, device="cuda")
+    a = bridge.to_jax(t)
+    same = a.unsafe_buffer_pointer() == t.data_ptr()
+    us = _median_us(lambda: bridge.to_jax(t))
+    rows.append((f"to_jax {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED"))
+    b = jnp.ones(nbytes // 4, jnp.float32)
+    back = bridge.to_torch(b)
+    same = back.data_ptr() == b.unsafe_buffer_pointer()
+    us = _median_us(lambda: bridge.to_torch(b))
+    rows.append((f"to_torch {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED"))
+    del t, a, b, back
+    sync()
+
+  # a Pallas softmax (Triton), from torch and from JAX; torch.softmax
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+  from benchmarks.gpu import pallas_softmax
+  x_t = torch.randn(4096, 1024, device="cuda")
+  x_j = bridge.to_jax(x_t.clone())
+  jitted = jax.jit(pallas_softmax)
+  torch.testing.assert_close(bridge.call_jax(pallas_softmax, x_t), torch.softmax(x_t, -1),
+                             rtol=1e-4, atol=1e-5)
+  plain = _median_us(lambda: jitted(x_j).block_until_ready())
+  from_torch = _median_us(lambda: (bridge.call_jax(pallas_softmax, x_t), sync()))
+  eager = _median_us(lambda: (torch.softmax(x_t, -1), sync()))
+  rows.append(("Pallas softmax (4096x1024) via call_jax", f"{from_torch:.1f} us",
+               f"plain JAX {plain:.1f} us ({from_torch / plain:.2f}x); torch.softmax "
+               f"{eager:.1f} us"))
+
+  # callback mode on the GPU: buffers (XLA's stream) vs host memory vs torch directly
+  for n in (256, 2048):
+    w = torch.randn(n, n, device="cuda") / n ** 0.5
+
+    def f(x, w=w):
+      return torch.nn.functional.gelu(x @ w)
+
+    def f_host(x, w=w):  # the host path hands over CPU tensors: to the GPU and back
+      return torch.nn.functional.gelu(x.cuda() @ w).cpu()
+
+    x_t = torch.randn(n, n, device="cuda")
+    x_j = bridge.to_jax(x_t.clone())
+    on_device = jax.jit(lambda a: bridge.call_torch(f, a, mode="callback"))
+    torch.testing.assert_close(bridge.to_torch(on_device(x_j)), f(x_t), rtol=2e-3, atol=2e-3)
+    direct = _median_us(lambda: (f(x_t), sync()))
+    device_us = _median_us(lambda: on_device(x_j).block_until_ready())
+    route = ffi.route
+    ffi.route = lambda platform_name=None: "host"
+    try:
+      through_host = jax.jit(lambda a: bridge.call_torch(f_host, a, mode="callback"))
+      through_host(x_j).block_until_ready()
+      host_us = _median_us(lambda: through_host(x_j).block_until_ready(), reps=20)
+    finally:
+      ffi.route = route
+    rows.append((f"callback mode gelu(x @ w), {n}x{n}", f"{device_us:.1f} us",
+                 f"torch directly {direct:.1f} us ({device_us / direct:.2f}x); host path "
+                 f"{host_us:.1f} us ({host_us / direct:.2f}x)"))
+
+  gpu = torch.cuda.get_device_name(0)
+  lines = [f"GPU figures on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}; JAX "
+           f"{jax.__version__}); medians of 50 calls (host path: 20) after warm-up.", "",
+           "| what | bridge | baseline (same run) |", "|---|---|---|"]
+  lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+  text = "\n".join(lines) + "\n"
+  print(text)
+  with open(out_path, "w") as fh:
+    fh.write(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu_figures.md"))

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The whole GPU check, in one run on a machine with a CUDA GPU, torch and JAX for CUDA already
+# installed and no package registry (tests/gpu/README.md). From the repository root:
+#
+#     tests/gpu/run_on_gpu.sh            # logs and figures under $OUT (default: ./gpu-out)
+#
+# Installs the project without touching torch or JAX, prints the versions and the GPU, runs
+# `pytest -m gpu` (tests/gpu), the figures of tests/gpu/measure.py and the CUDA rows of
+# `python -m benchmarks --workloads gpu`, each under its own time limit so that the whole run
+# stays under 8 minutes. On a CPU machine it runs the same steps: the tests skip and the
+# benchmark says why.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export OMP_WAIT_POLICY=PASSIVE
+export BRIDGE_TEST_XLA_DEFAULTS=1  # XLA's own flags: the suite's CPU flag is not for this XLA
+PYTEST_ARGS=${GPU_PYTEST_ARGS:--x}
+T0=$(date +%s)
+elapsed() { echo "[run_on_gpu] $1 after $(( $(date +%s) - T0 )) s"; }
+
+# 1. install: editable, no dependencies, no build isolation (no registry); if setuptools is
+#    missing, the source trees on PYTHONPATH and the plugin's entry point written by hand
+if ! pip install --no-deps --no-build-isolation -e . -e ./bridge_ops > "$OUT/install.log" 2>&1; then
+  echo "[run_on_gpu] pip install failed (see install.log); using PYTHONPATH" | tee -a "$OUT/install.log"
+  META=$(mktemp -d)
+  mkdir -p "$META/bridge_ops-0.0.2.dist-info" "$META/bridge-0.1.0.dist-info"
+  printf 'Metadata-Version: 2.1\nName: bridge-ops\nVersion: 0.0.2\n' > "$META/bridge_ops-0.0.2.dist-info/METADATA"
+  printf '[bridge.lowerings]\naten = bridge_ops.plugin\n' > "$META/bridge_ops-0.0.2.dist-info/entry_points.txt"
+  printf 'Metadata-Version: 2.1\nName: bridge\nVersion: 0.1.0\n' > "$META/bridge-0.1.0.dist-info/METADATA"
+  export PYTHONPATH="$PWD:$PWD/bridge_ops/src:$META${PYTHONPATH:+:$PYTHONPATH}"
+fi
+elapsed "installed"
+
+# 2. versions and the GPU
+python - > "$OUT/versions.txt" 2>&1 <<'PY'
+import platform, torch, jax, jaxlib
+print("python", platform.python_version())
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "devices", jax.devices())
+import bridge, bridge_ops
+from bridge._src import ffi
+print("bridge", bridge.__version__, "bridge_ops", bridge_ops.__version__ if hasattr(bridge_ops, "__version__") else "?")
+print("host calls route", ffi.route())
+PY
+cat "$OUT/versions.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.txt" 2>&1 || true
+elapsed "versions"
+
+# 3. the GPU tests
+timeout "${PYTEST_S:-240}" python -m pytest tests/gpu -m gpu $PYTEST_ARGS -q -p no:cacheprovider \
+  -o addopts="" -rfEs --timeout 150 > "$OUT/pytest.log" 2>&1
+echo "[run_on_gpu] pytest rc=$?"
+tail -n 40 "$OUT/pytest.log"
+elapsed "tests"
+
+# 4. the figures benchmarks/ has no rows for
+timeout "${MEASURE_S:-90}" python tests/gpu/measure.py "$OUT/gpu_figures.md" > "$OUT/measure.log" 2>&1
+echo "[run_on_gpu] measure rc=$?"
+tail -n 25 "$OUT/measure.log"
+elapsed "figures"
+
+# 5. the CUDA rows of the benchmarks (the peers are not installed here: their rows say so)
+timeout "${BENCH_S:-150}" python -m benchmarks --workloads gpu --quick \
+  --only bridge,bridge_jax,dlpack_manual,plain_jax,torch_eager,torch_compile \
+  --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+echo "[run_on_gpu] benchmarks rc=$?"
+tail -n 15 "$OUT/bench.log"
+[ -f "$OUT/bench/RESULTS.md" ] && sed -n '/## CUDA GPU/,/^## [^C]/p' "$OUT/bench/RESULTS.md" | head -n 40
+elapsed "done"
