@@ -1,7 +1,8 @@
 """bridge: PyTorch and JAX in one process, each calling the other.
 
 Public API. The implementation lives in `bridge._src`; this module only re-exports.
-Importing it makes `jax` a torch device and sets one default: JAX does not preallocate
+Importing it makes `jax` a torch device (where torch can use a CUDA GPU, only after
+`bridge.register_jax_device()`: see its docstring) and sets one default: JAX does not preallocate
 most of a GPU's memory (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, unless the variable is
 already set), so that torch and JAX can share one GPU. It changes no other setting.
 """
@@ -25,6 +26,8 @@ from bridge._src.errors import TransferError as TransferError
 from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.compile import Compiled as Compiled
 from bridge._src.compile import compile as compile  # noqa: A004
+from bridge._src.device import CudaAutogradWarning as CudaAutogradWarning
+from bridge._src.device import register_jax_device as register_jax_device
 from bridge._src.fallback import FallbackWarning as FallbackWarning
 from bridge._src.fallback import fallback_ops as fallback_ops
 from bridge._src.interop import call_jax as call_jax
@@ -52,6 +55,7 @@ __all__ = [
     "BridgeError",
     "BridgeTypeError",
     "Compiled",
+    "CudaAutogradWarning",
     "DeviceLoader",
     "DeviceMismatchError",
     "FallbackWarning",
@@ -74,6 +78,7 @@ __all__ = [
     "fallback_ops",
     "get_config",
     "jax_view",
+    "register_jax_device",
     "register_lowering",
     "rng_key",
     "shard",

@@ -359,3 +359,65 @@ def test_ops_returning_python_values_return_them():
   a = torch.arange(4.0, device="jax")
   assert torch.equal(a, a) is True and torch.equal(a, a + 1) is False
   assert torch.allclose(a, a + 1e-9) is True and torch.allclose(a, a + 1) is False
+
+
+# What `import bridge` does in a process where torch can use a CUDA GPU (simulated: the CPU
+# build cannot): torch's PrivateUse1 backend stays unnamed, so that torch keeps CUDA for its
+# accelerator and CUDA backward passes work (pytorch/pytorch#161129); everything bridge builds
+# on the backend still works; `bridge.register_jax_device()` names it, with a warning.
+_CUDA_PROCESS = """
+import warnings
+import torch
+torch.cuda.is_available = lambda: True  # as on a CUDA machine (the CPU build cannot use it)
+import jax, jax.numpy as jnp, numpy as np
+import bridge
+assert torch.accelerator.current_accelerator() is None, torch.accelerator.current_accelerator()
+
+def f(x, w):
+  return torch.tanh(x @ w).sum()
+x, w = np.ones((3, 4), np.float32), np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+val, grads = jax.jit(jax.value_and_grad(lambda a, b: bridge.call_torch(f, a, b), argnums=(0, 1)))(x, w)
+tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+want = f(tx, tw); want.backward()
+np.testing.assert_allclose(float(val), float(want), rtol=1e-6)
+np.testing.assert_allclose(np.asarray(grads[1]), tw.grad.numpy(), rtol=1e-5)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.0), torch.nn.GELU(), torch.nn.Linear(8, 2))
+compiled = bridge.compile(model)
+xi = torch.randn(5, 4, requires_grad=True)
+out = compiled(xi)
+torch.testing.assert_close(out, model(xi))
+out.sum().backward()
+g = xi.grad.clone(); xi.grad = None
+model(xi).sum().backward()
+torch.testing.assert_close(g, xi.grad)
+
+params, fn = bridge.extract_jax(model)
+np.testing.assert_allclose(np.asarray(fn(params, jnp.asarray(xi.detach().numpy()))), model(xi).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+t = bridge.torch_view(jnp.arange(3.0))
+assert t.device.type == "privateuseone", t.device
+assert (t * 2).device == t.device
+assert torch.accelerator.current_accelerator() is None
+try:
+  torch.ones(2, device="jax")
+except RuntimeError as e:
+  assert "jax" in str(e)
+else:
+  raise AssertionError("the jax device string worked unnamed")
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  bridge.register_jax_device()
+assert [type(c.message) for c in caught] == [bridge.CudaAutogradWarning], caught
+assert torch.accelerator.current_accelerator().type == "jax"
+assert t.device.type == "jax" and torch.ones(2, device="jax").device == t.device
+print("ok")
+"""
+
+
+def test_where_torch_can_use_cuda_the_backend_stays_unnamed_until_asked():
+  env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+  out = subprocess.run([sys.executable, "-W", "ignore::UserWarning", "-c", _CUDA_PROCESS],
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from bridge._src import scope
+from bridge._src import tensor as tensor_lib
 
 _LOWER = frozenset({
     "_addmm_activation", "_convolution.deprecated", "_native_multi_head_attention", "addbmm",
@@ -40,7 +41,8 @@ _library: Any = None
 def _eligible(t: Any) -> bool:
   # In a trace scope CPU tensors are constants of the program, on the jax device in effect.
   return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
-          and (t.device.type == "jax" or (t.device.type == "cpu" and scope.active() is not None)))
+          and (t.device.type == tensor_lib.device_type()
+               or (t.device.type == "cpu" and scope.active() is not None)))
 
 
 def _cast(tree: Any, dtype: torch.dtype) -> Any:
@@ -58,7 +60,7 @@ def _widest(args: tuple) -> torch.dtype | None:
 
 def _kernel(policy: str, op: Any, *args: Any, **kwargs: Any) -> Any:
   if policy == "lower":
-    dtype = torch.get_autocast_dtype("jax")
+    dtype = torch.get_autocast_dtype(tensor_lib.device_type())
   elif policy == "promote":
     dtype = _widest(args)
   else:

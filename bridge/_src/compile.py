@@ -218,7 +218,7 @@ class _Program:
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
-    amp = (torch.autocast("jax", dtype=self.amp) if self.amp is not None
+    amp = (torch.autocast(tensor_lib.device_type(), dtype=self.amp) if self.amp is not None
            else contextlib.nullcontext())
     with rng.rng_key(key) as box, amp:
       if module is not None:
@@ -314,7 +314,7 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
       stale = snap != live
     except Exception:  # noqa: BLE001 - see `Guard.holds`
       stale = True
-    if stale or kwargs or len(args) != n_args or self is not compiled or autocast_on("jax"):
+    if stale or kwargs or len(args) != n_args or self is not compiled or autocast_on(tensor_lib.device_type()):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
@@ -671,7 +671,7 @@ class Compiled:
     else:
       spec, statics, dyn, sig = self._split(args, kwargs)
     first = dyn[0] if dyn else state[0] if state else None
-    amp_device = "jax" if type(first) is tensor_lib.Tensor else "cpu"
+    amp_device = tensor_lib.device_type() if type(first) is tensor_lib.Tensor else "cpu"
     amp = torch.get_autocast_dtype(amp_device) if torch.is_autocast_enabled(amp_device) else None
     key = (spec, statics, tuple([m.training for m in self._submodules]), sig, amp)
     program = self._programs.get(key)
@@ -722,7 +722,7 @@ class Compiled:
             outs, updates, new_key = self._retry(program, arrays, len(state), e)
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
-          if type(device) is torch.device and device.type == "jax":
+          if type(device) is torch.device and device.type == tensor_lib.device_type():
             outs = [tensor_lib.make_result(o, device) for o in outs]
             if fast and amp is None:
               self._record_fast(program, state, args, device, outs, arrays)
@@ -829,7 +829,7 @@ class Compiled:
                       device: torch.device | None) -> tuple:
     positions = [i if i < n else i + 1 for i in range(len(tensors))]  # the key sits at n
     entries = [(pos, pos, t) for pos, t in zip(positions, tensors)]
-    if not (type(device) is torch.device and device.type == "jax"):
+    if not (type(device) is torch.device and device.type == tensor_lib.device_type()):
       device = None  # the CPU (or a CUDA device): outputs cross by transfer
     to_torch = functools.partial(_outputs_to_torch, device)
     flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)

@@ -1,12 +1,22 @@
 """The `jax` torch device: torch's PrivateUse1 backend, renamed, with its `torch.jax` module.
 
 `register()` (run by `import bridge`, and by torch's backend autoload entry point)
-renames PrivateUse1 to `jax`, installs the `torch.jax` device module, generates
-the usual tensor/module methods (`t.jax()`, `t.is_jax`, `model.jax()`), and
-registers the two factory kernels that create `bridge.Tensor`s; every other op
-reaches `bridge.Tensor.__torch_dispatch__`. It changes no JAX setting and no
-other torch backend. One torch quirk to know: torch treats a renamed
-PrivateUse1 backend as its accelerator, so `torch.accelerator` reports `jax`.
+installs torch's PrivateUse1 backend: the factory kernels that create
+`bridge.Tensor`s (every other op reaches `bridge.Tensor.__torch_dispatch__`), its
+device guard and hooks, and its device module. Then, unless torch in this process
+can use a CUDA GPU, `name()` renames PrivateUse1 to `jax`, installs the module as
+`torch.jax` and generates the usual methods (`t.jax()`, `t.is_jax`, `model.jax()`).
+
+Why not on a CUDA machine: torch (2.8 and later) takes a *named* PrivateUse1 backend
+for the process's accelerator (`torch.accelerator` then reports `jax`), and its
+autograd engine then finds no stream for CUDA tensors: every backward over CUDA
+tensors fails with "opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED"
+(pytorch/pytorch#161129), and a rename cannot be undone. So there the backend stays
+unnamed (`privateuseone:0`): everything bridge builds on it (`call_torch`,
+`bridge.compile`, `extract_jax`, `torch_view`) works and CUDA training is untouched;
+the device strings `"jax"`/`"jax:0"` need `bridge.register_jax_device()`, which
+names it, at that cost (and says so in a warning). It changes no JAX setting and no
+other torch backend.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from typing import Any
 
 import jax
@@ -22,7 +33,7 @@ import torch
 
 from bridge._src.errors import BridgeError, TransferError
 
-NAME = "jax"
+NAME = "jax"  # the device's name once registered by name (`name()`)
 _lock = threading.Lock()
 _registered = False
 _library: Any = None  # keeps the torch.library registrations alive
@@ -72,7 +83,7 @@ def current_device() -> int:
 
 def set_device(device: Any) -> None:
   """Make `device` (an index or `jax:i`) the current `jax` device of this thread."""
-  _state.index = device_index(device if not isinstance(device, int) else torch.device(NAME, device))
+  _state.index = device_index(device if not isinstance(device, int) else torch.device(name(), device))
 
 
 def synchronize(device: Any = None) -> None:
@@ -130,7 +141,7 @@ class device:  # noqa: N801 - torch's device modules spell it this way (`torch.c
   """Context manager that makes `jax:i` the current `jax` device of this thread."""
 
   def __init__(self, device: Any):
-    self.index = device_index(torch.device(NAME, device) if isinstance(device, int) else device)
+    self.index = device_index(torch.device(name(), device) if isinstance(device, int) else device)
 
   def __enter__(self) -> None:
     self.prev = current_device()
@@ -235,7 +246,7 @@ def _never_tag(obj: Any) -> None:
 
 
 def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
-  if location == NAME or location.startswith(NAME + ":"):
+  if location == name() or location.startswith(name() + ":"):
     return storage
   return None
 
@@ -269,42 +280,109 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   return op.decompose(*args, **kwargs)
 
 
-def register() -> None:
-  """Make `jax` a torch device (idempotent; safe to call from several threads)."""
+def name() -> str:
+  """The device's type string: `jax`, or `privateuseone` where it is left unnamed (see the
+  module docstring)."""
+  return torch._C._get_privateuse1_backend_name()
+
+
+def cuda_usable() -> bool:
+  """Whether torch in this process can use a CUDA GPU (then the device stays unnamed)."""
+  try:
+    return torch.cuda.is_available()
+  except Exception:  # noqa: BLE001 - a broken driver: torch cannot use CUDA either
+    return False
+
+
+class CudaAutogradWarning(UserWarning):
+  """`bridge.register_jax_device()` named the device where torch can use a CUDA GPU."""
+
+
+def register(named: bool | None = None) -> None:
+  """Install the device (idempotent; safe from several threads); `named` also names it `jax`
+  (default: unless torch can use a CUDA GPU)."""
   global _registered, _library
   with _lock:
-    if _registered:
-      return
+    if not _registered:
+      _install()
+      _registered = True
+  if named if named is not None else not cuda_usable():
+    _name()
+
+
+def register_jax_device() -> None:
+  """Makes `"jax"` a torch device string on a machine where torch can use a CUDA GPU.
+
+  `import bridge` names the device `jax` unless torch in this process can use a CUDA
+  GPU: there torch (2.8 and later) would then take it for the process's accelerator,
+  and every backward over CUDA tensors would fail inside torch's autograd engine
+  (pytorch/pytorch#161129). Without the name everything else works (`call_jax`,
+  `call_torch`, `bridge.compile`, `extract_jax`, `torch_view`, transfers); its tensors
+  show as `privateuseone:0`. Call this to use `torch.ones(2, device="jax")`,
+  `t.to("jax")`, `model.jax()` there anyway: it warns (`CudaAutogradWarning`) that
+  from now on this process cannot run torch's backward over CUDA tensors. Idempotent;
+  on other machines the device is already named and this does nothing.
+  """
+  register(named=True)
+
+
+def _name() -> None:
+  with _lock:
     current = torch._C._get_privateuse1_backend_name()
-    if current not in ("privateuseone", NAME):
+    if current == NAME:
+      return
+    if current != "privateuseone":
       raise BridgeError(
           f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
           "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
-    if current != NAME:
-      torch.utils.rename_privateuse1_backend(NAME)
-      torch._register_device_module(NAME, _DeviceModule())
-      torch.utils.generate_methods_for_privateuse1_backend(
-          for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
-      torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
-      torch._C._acc.register_python_privateuseone_hook(_Hooks())
-    _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
-    _library.impl("empty.memory_format", _empty)
-    _library.impl("empty_strided", _empty_strided)
-    _library.impl("_copy_from", _copy_from)
-    _library.impl("_copy_from_and_resize", _copy_from)
-    for name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
-      _library.impl(name, functools.partial(_factory, name))
-    # torch.load(..., map_location="jax"): keep the CPU storages as they are; our tensors
-    # pickle as CPU tensors whose rebuild function then moves them to the jax device.
-    torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
-    _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
-    _quantized_library.impl("empty_quantized", _no_quantized)
-    _autograd_library = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
-    for name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
-      _autograd_library.impl(name, functools.partial(_composite, getattr(torch.ops.aten, name)))
-    _library = (_library, _quantized_library, _autograd_library)
-    from bridge._src import autocast
-    autocast.register()
-    _registered = True
+    if cuda_usable():
+      warnings.warn(
+          "bridge: the `jax` torch device is now registered by name in a process where torch "
+          "can use a CUDA GPU. torch now takes `jax` for its accelerator, and its autograd "
+          "engine cannot run a backward over CUDA tensors any more in this process (\"INTERNAL "
+          "ASSERT FAILED ... opt_ready_stream && opt_parent_stream\", pytorch/pytorch#161129). "
+          "Train CUDA models in another process, or use bridge without the device name "
+          "(everything but the `\"jax\"` device strings works without it).",
+          CudaAutogradWarning, stacklevel=3)
+    torch.utils.rename_privateuse1_backend(NAME)
+    if not hasattr(torch, NAME):
+      torch._register_device_module(NAME, _MODULE)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+
+
+_MODULE = _DeviceModule()
+
+
+def _install() -> None:
+  """Torch's PrivateUse1 backend for `bridge.Tensor` (unnamed)."""
+  global _library
+  current = torch._C._get_privateuse1_backend_name()
+  if current not in ("privateuseone", NAME):
+    raise BridgeError(
+        f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
+        "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
+  if not hasattr(torch, current):
+    torch._register_device_module(current, _MODULE)
+  torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+  torch._C._acc.register_python_privateuseone_hook(_Hooks())
+  _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
+  _library.impl("empty.memory_format", _empty)
+  _library.impl("empty_strided", _empty_strided)
+  _library.impl("_copy_from", _copy_from)
+  _library.impl("_copy_from_and_resize", _copy_from)
+  for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
+    _library.impl(op_name, functools.partial(_factory, op_name))
+  # torch.load(..., map_location="jax"): keep the CPU storages as they are; our tensors
+  # pickle as CPU tensors whose rebuild function then moves them to the jax device.
+  torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
+  _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
+  _quantized_library.impl("empty_quantized", _no_quantized)
+  _autograd_library = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+  for op_name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
+    _autograd_library.impl(op_name, functools.partial(_composite, getattr(torch.ops.aten, op_name)))
+  _library = (_library, _quantized_library, _autograd_library)
+  from bridge._src import autocast
+  autocast.register()
 
 

@@ -165,6 +165,10 @@ def _scalar_from_cpu(t: torch.Tensor) -> Any:
   with _x64():
     a = transfer.tensor_to_jax(t.contiguous(), api="the jax device",
                                where=lambda: "a CPU tensor")
+    if device_lib.jax_devices()[0].platform != "cpu":
+      # (on JAX's CPU device, committed there: beside GPU arrays, an uncommitted copy that
+      # JAX places with the op's other arguments)
+      a = jax.device_put(np.asarray(a))
   return a if bound is None else narrowing.track(a, bound)
 
 

@@ -37,7 +37,7 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
   dtype = kwargs.get("dtype") or src.dtype
   device = kwargs.get("device")
   v = value(src)
-  if device is not None and torch.device(device).type != device_lib.NAME:
+  if device is not None and torch.device(device).type != tensor_lib.device_type():
     v = concrete(v, f"a copy to {device}: `.cpu()`, `.tolist()`, `.numpy()`, `.to('{device}')`")
     from bridge._src import transfer
     out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
@@ -75,9 +75,10 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
                                  f"{tuple(src.shape)}) copied to the jax device")
   with _x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
-    index = dst.device.index or 0
-    if index:
-      v = jax.device_put(v, device_lib.jax_devices()[index])
+    # (a CPU tensor arrives on JAX's CPU device: on to the tensor's own, a GPU or jax:1)
+    target = device_lib.jax_devices()[dst.device.index or 0]
+    if next(iter(v.sharding.device_set)) != target:
+      v = jax.device_put(v, target)
     if bound is not None:
       narrowing.track(v, bound)
   _store(dst, v)

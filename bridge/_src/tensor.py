@@ -38,9 +38,16 @@ class Storage:
     self.device = device  # a cached `jax_device(i)`, so devices compare by identity
 
 
+def device_type() -> str:
+  """The `jax` device's type string: `"jax"`, or `"privateuseone"` where bridge leaves torch's
+  PrivateUse1 backend unnamed (`bridge._src.device`)."""
+  return torch._C._get_privateuse1_backend_name()
+
+
 @functools.cache
 def jax_device(index: int) -> torch.device:
-  return torch.device("jax", index)
+  # (a PrivateUse1 device: equal to itself, and so cached, whether or not it is named `jax`)
+  return torch.device(device_type(), index)
 
 
 class Tensor(torch.Tensor):
@@ -211,7 +218,7 @@ def make_result(array: Any, device: torch.device, dtype: torch.dtype | None = No
 
 def make(array: Any, device: Any, dtype: torch.dtype | None = None) -> Tensor:
   """`make_result` for any spelling of a jax device (`"jax:1"`, `torch.device("jax", 1)`)."""
-  if type(device) is not torch.device or device.type != "jax" or device.index is None:
+  if type(device) is not torch.device or device.type != device_type() or device.index is None:
     device = jax_device(torch.device(device).index or 0)
   else:
     device = jax_device(device.index)

@@ -170,6 +170,10 @@ def _accelerator_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str,
         raise TransferError(f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a "
                             f"copy: {_not_zero_copy_reason(t)}. {_STRICT}.")
       t = t.contiguous()
+    elif copy:
+      # a copy made by torch, on its current stream, then shared: JAX's own copying import
+      # is not supported by every GPU plugin (PJRT's C API rejects its host buffer semantics)
+      t, copy = t.clone(memory_format=torch.contiguous_format), False
     return jax.dlpack.from_dlpack(t, copy=copy)
   if copy is False:
     raise TransferError(
