@@ -6,6 +6,7 @@ import types
 from importlib import metadata
 
 import pytest
+import torch
 
 import bridge
 import bridge_ops
@@ -119,3 +120,26 @@ def test_user_lowerings_trace_with_jit_on():
   registry._loaded = True  # no plugins: only this registration
   registry.register(torch.ops.aten.relu.default, lambda x: x)
   assert registry.lookup(torch.ops.aten.relu.default).jit_free is False
+
+
+def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
+  # bridge-ops supports torch 2.5 and later: a lowering of an op from a later torch (or of a
+  # torch module that an older torch lacks) must not keep the rest of its family from loading
+  # (on torch 2.11 the whole plugin failed to load over one such op)
+  from bridge_ops import _lowering
+  ops = _lowering.Ops(torch.ops.aten, "aten")
+  assert ops.add is torch.ops.aten.add and ops.__lshift__ is torch.ops.aten.__lshift__
+  missing = ops.an_op_of_a_later_torch
+  assert isinstance(missing, _lowering.Missing) and missing.default is missing
+  with pytest.raises(NotImplementedError, match="aten::an_op_of_a_later_torch does not exist"):
+    missing.default(1)
+  with pytest.raises(AttributeError):
+    ops.__wrapped__  # noqa: B018 - Python's own questions about the object are not ops
+  before = len(_lowering.RECORDS)
+  try:
+    @_lowering.lowering(missing.default, ops.add.Tensor)
+    def lowered(a, b):
+      return a + b
+    assert [r.op for r in _lowering.RECORDS[before:]] == [torch.ops.aten.add.Tensor]
+  finally:
+    del _lowering.RECORDS[before:]

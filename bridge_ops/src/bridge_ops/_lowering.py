@@ -20,7 +20,45 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-aten = torch.ops.aten
+class Missing:
+  """An op that this torch does not have (it came in a later torch): `lowering` skips it, and
+  calling it raises."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __getattr__(self, attr: str) -> "Missing":
+    if attr.startswith("__"):
+      raise AttributeError(attr)
+    return self  # every overload of a missing op is missing
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(f"{self.name} does not exist in torch {torch.__version__}.")
+
+  def __repr__(self) -> str:
+    return f"<missing op {self.name}>"
+
+
+class Ops:
+  """A `torch.ops` namespace in which an op this torch lacks is a `Missing` rather than an
+  AttributeError: the plugin supports torch 2.5 and later, and one op that a torch does not
+  have yet must not keep all the others of its module from registering."""
+
+  def __init__(self, namespace: Any, name: str):
+    self._namespace, self._name = namespace, name
+
+  def __getattr__(self, name: str) -> Any:
+    try:
+      op = getattr(self._namespace, name)  # (ops may be dunders: `aten.__lshift__`)
+    except (AttributeError, RuntimeError):
+      if name.startswith("__"):  # Python asking about the object itself
+        raise AttributeError(name) from None
+      op = Missing(f"{self._name}::{name}")
+    setattr(self, name, op)  # (later lookups are plain attribute reads)
+    return op
+
+
+aten = Ops(torch.ops.aten, "aten")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +86,8 @@ def lowering(*ops: Any, override: bool = False, random: bool = False,
   """Records the decorated function as the lowering of aten `ops` (overloads or packets)."""
   def decorate(fn: Callable) -> Callable:
     for op in ops:
+      if isinstance(op, Missing):
+        continue  # an op of a later torch
       RECORDS.append(Record(op, fn, dict(override=override, random=random,
                                          static_argnames=static_argnames,
                                          dynamic_shape=dynamic_shape)))

@@ -28,14 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-# Defines the `torch_nn` library ops of the chunked `F.linear_cross_entropy` (torch imports it
-# lazily, on the first chunked call).
-import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
-from bridge_ops._lowering import (aten, check, lowering, p_norm, promote, result_dtypes,
+from bridge_ops._lowering import (Ops, aten, check, lowering, p_norm, promote, result_dtypes,
                                   scan, with_derivative)
 
-torch_nn = torch.ops.torch_nn
+try:
+  # Defines the `torch_nn` library ops of the chunked `F.linear_cross_entropy` (torch imports
+  # it lazily, on the first chunked call); a torch without it has no chunked path to lower.
+  import torch.nn.modules.linear_cross_entropy  # noqa: F401
+except ImportError:
+  pass
+
+torch_nn = Ops(torch.ops.torch_nn, "torch_nn")
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 

@@ -27,11 +27,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (lowering, promote, result_dtypes, torch_sign, while_loop,
-                                  with_derivative, x_times_log)
+from bridge_ops._lowering import (Ops, aten, lowering, promote, result_dtypes, torch_sign,
+                                  while_loop, with_derivative, x_times_log)
 
-aten = torch.ops.aten
-prims = torch.ops.prims
+prims = Ops(torch.ops.prims, "prims")
 
 __all__: list[str] = []
 
