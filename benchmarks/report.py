@@ -389,6 +389,8 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
             lines += [f"### {w}", ""] + _workload_table(reports, w, REFERENCES.get(title, ())) + [""]
         if title == SHARDED_TITLE:
             lines += _sharded_tables(reports)
+        if title == GPU_TITLE and meta.get("gpu_figures"):
+            lines += meta["gpu_figures"] + [""]  # tests/gpu/measure.py's table (merge_gpu.py)
     if GPU_TITLE not in groups and _present(reports, GPU_WORKLOADS):
         why = next((r["skipped"][w] for r in reports for w in GPU_WORKLOADS if w in r["skipped"]), "")
         lines += [f"## {GPU_TITLE}", "", f"Not measured in this run: {why}.", ""]

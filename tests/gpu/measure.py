@@ -16,6 +16,7 @@ import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import torch  # noqa: E402
 
@@ -62,7 +63,6 @@ def main(out_path: str) -> int:
     sync()
 
   # a Pallas softmax (Triton), from torch and from JAX; torch.softmax
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
   from benchmarks.gpu import pallas_softmax
   x_t = torch.randn(4096, 1024, device="cuda")
   x_j = bridge.to_jax(x_t.clone())

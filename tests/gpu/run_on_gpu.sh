@@ -19,16 +19,22 @@ PYTEST_ARGS=${GPU_PYTEST_ARGS:--x}
 T0=$(date +%s)
 elapsed() { echo "[run_on_gpu] $1 after $(( $(date +%s) - T0 )) s"; }
 
-# 1. install: editable, no dependencies, no build isolation (no registry); if setuptools is
-#    missing, the source trees on PYTHONPATH and the plugin's entry point written by hand
-if ! pip install --no-deps --no-build-isolation -e . -e ./bridge_ops > "$OUT/install.log" 2>&1; then
-  echo "[run_on_gpu] pip install failed (see install.log); using PYTHONPATH" | tee -a "$OUT/install.log"
+# 1. install: editable, no dependencies, no build isolation (no registry), with the pip of the
+#    python that runs everything (a bare `pip` may belong to another environment); the source
+#    trees go first on PYTHONPATH (the folder ./bridge_ops would otherwise shadow the plugin
+#    package as a namespace package); if the plugin's entry point is still not visible, it is
+#    written by hand
+python -m pip install --no-deps --no-build-isolation -e . -e ./bridge_ops > "$OUT/install.log" 2>&1 \
+  || echo "[run_on_gpu] pip install failed (see install.log)"
+export PYTHONPATH="$PWD:$PWD/bridge_ops/src${PYTHONPATH:+:$PYTHONPATH}"
+ENTRY_CHECK='from importlib import metadata; assert any(e.name == "aten" for e in metadata.entry_points(group="bridge.lowerings"))'
+if ! python -c "$ENTRY_CHECK" 2>/dev/null; then
+  echo "[run_on_gpu] the plugin's entry point is not visible; writing it by hand"
   META=$(mktemp -d)
-  mkdir -p "$META/bridge_ops-0.0.2.dist-info" "$META/bridge-0.1.0.dist-info"
+  mkdir -p "$META/bridge_ops-0.0.2.dist-info"
   printf 'Metadata-Version: 2.1\nName: bridge-ops\nVersion: 0.0.2\n' > "$META/bridge_ops-0.0.2.dist-info/METADATA"
   printf '[bridge.lowerings]\naten = bridge_ops.plugin\n' > "$META/bridge_ops-0.0.2.dist-info/entry_points.txt"
-  printf 'Metadata-Version: 2.1\nName: bridge\nVersion: 0.1.0\n' > "$META/bridge-0.1.0.dist-info/METADATA"
-  export PYTHONPATH="$PWD:$PWD/bridge_ops/src:$META${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$PYTHONPATH:$META"
 fi
 elapsed "installed"
 
@@ -42,8 +48,9 @@ if torch.cuda.is_available():
 print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "devices", jax.devices())
 import bridge, bridge_ops
 from bridge._src import ffi
-print("bridge", bridge.__version__, "bridge_ops", bridge_ops.__version__ if hasattr(bridge_ops, "__version__") else "?")
-print("host calls route", ffi.route())
+print("bridge", bridge.__version__, bridge.__file__, "bridge_ops", bridge_ops.__version__, bridge_ops.__file__)
+from bridge._src import registry
+print("host calls route", ffi.route(), "| torch accelerator", torch.accelerator.current_accelerator())
 PY
 cat "$OUT/versions.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.txt" 2>&1 || true
@@ -56,17 +63,22 @@ echo "[run_on_gpu] pytest rc=$?"
 tail -n 40 "$OUT/pytest.log"
 elapsed "tests"
 
-# 4. the figures benchmarks/ has no rows for
-timeout "${MEASURE_S:-90}" python tests/gpu/measure.py "$OUT/gpu_figures.md" > "$OUT/measure.log" 2>&1
-echo "[run_on_gpu] measure rc=$?"
-tail -n 25 "$OUT/measure.log"
-elapsed "figures"
+# 4. the figures benchmarks/ has no rows for (MEASURE_S=0 skips them)
+if [ "${MEASURE_S:-90}" != 0 ]; then
+  timeout "${MEASURE_S:-90}" python tests/gpu/measure.py "$OUT/gpu_figures.md" > "$OUT/measure.log" 2>&1
+  echo "[run_on_gpu] measure rc=$?"
+  tail -n 25 "$OUT/measure.log"
+  elapsed "figures"
+fi
 
-# 5. the CUDA rows of the benchmarks (the peers are not installed here: their rows say so)
-timeout "${BENCH_S:-150}" python -m benchmarks --workloads gpu --quick \
-  --only bridge,bridge_jax,dlpack_manual,plain_jax,torch_eager,torch_compile \
-  --out "$OUT/bench" > "$OUT/bench.log" 2>&1
-echo "[run_on_gpu] benchmarks rc=$?"
-tail -n 15 "$OUT/bench.log"
-[ -f "$OUT/bench/RESULTS.md" ] && sed -n '/## CUDA GPU/,/^## [^C]/p' "$OUT/bench/RESULTS.md" | head -n 40
+# 5. the CUDA rows of the benchmarks (the peers are not installed here: their rows say so;
+#    BENCH_S=0 skips them)
+if [ "${BENCH_S:-150}" != 0 ]; then
+  timeout "${BENCH_S:-150}" python -m benchmarks --workloads gpu --quick \
+    --only "${BENCH_SYSTEMS:-bridge,dlpack_manual,plain_jax,torch_eager,torch_compile}" \
+    --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  echo "[run_on_gpu] benchmarks rc=$?"
+  tail -n 15 "$OUT/bench.log"
+  [ -f "$OUT/bench/RESULTS.md" ] && sed -n '/## CUDA GPU/,/^## [^C]/p' "$OUT/bench/RESULTS.md" | head -n 40
+fi
 elapsed "done"

@@ -34,6 +34,20 @@ def _spin(ms: float = 50.0) -> None:
   torch.cuda._sleep(int(ms * 1e-3 * 1.5e9))  # (cycles; ~1.5 GHz)
 
 
+def _cuda_backward() -> None:
+  w = torch.randn(16, 16, device=CUDA, requires_grad=True)
+  (torch.tanh(w @ w) * 2).sum().backward()
+  assert w.grad is not None and w.grad.device.type == "cuda"
+
+
+def test_importing_bridge_leaves_cuda_torchs_accelerator():
+  # a named PrivateUse1 backend would take its place, and break every CUDA backward
+  # (pytorch/pytorch#161129): bridge leaves its backend unnamed here (bridge._src.device)
+  assert torch.accelerator.current_accelerator().type == "cuda"
+  assert not hasattr(torch, "jax")
+  _cuda_backward()
+
+
 # --- transfers -----------------------------------------------------------------------------------
 
 
@@ -57,6 +71,19 @@ def test_jax_gpu_to_torch_is_zero_copy_and_aliased(n):
   assert t.device.type == "cuda" and t.dtype == torch.float32 and t.shape == (n,)
   assert t.data_ptr() == a.unsafe_buffer_pointer()
   torch.testing.assert_close(t, torch.arange(n, device=t.device, dtype=torch.float32))
+
+
+def test_copies_both_ways_are_copies():
+  t = torch.arange(1000, device=CUDA, dtype=torch.float32)
+  a = bridge.to_jax(t, copy=True)
+  assert _on_gpu(a) and a.unsafe_buffer_pointer() != t.data_ptr()
+  t.zero_()
+  torch.cuda.synchronize()
+  np.testing.assert_array_equal(np.asarray(a), np.arange(1000, dtype=np.float32))
+  b = jnp.arange(1000, dtype=jnp.float32)
+  back = bridge.to_torch(b, copy=True)
+  assert back.device.type == "cuda" and back.data_ptr() != b.unsafe_buffer_pointer()
+  torch.testing.assert_close(back, torch.arange(1000, device=CUDA, dtype=torch.float32))
 
 
 def test_bfloat16_and_int8_cross_both_ways():
@@ -244,27 +271,61 @@ def test_callback_mode_torch_exception_is_reraised():
         jnp.ones(3)).block_until_ready()
 
 
+def test_extract_jax_of_a_cuda_module_trains_in_jax_on_the_gpu():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+  model = model.to(CUDA)
+  params, fn = bridge.extract_jax(model)
+  assert all(_on_gpu(p) for p in params.values())
+  x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+  loss = lambda p, a: jnp.mean(fn(p, a) ** 2)  # noqa: E731
+  grads = jax.jit(jax.grad(loss))(params, jnp.asarray(x))
+  tx = torch.tensor(x, device=CUDA)
+  (model(tx) ** 2).mean().backward()
+  for name, p in model.named_parameters():
+    np.testing.assert_allclose(np.asarray(grads[name]), p.grad.cpu().numpy(), **TOL)
+
+
 # --- the jax device and bridge.compile on a GPU-backed JAX ------------------------------------------
 
 
+_JAX_DEVICE_LOOP = """
+import warnings
+import torch
+import bridge
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  bridge.register_jax_device()  # named on a CUDA machine only when asked, with a warning
+assert [type(w.message) for w in caught] == [bridge.CudaAutogradWarning], caught
+assert torch.accelerator.current_accelerator().type == "jax"
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+ref.load_state_dict(model.state_dict())
+model = model.to("jax")
+assert all(d.platform == "gpu" for p in model.parameters() for d in bridge.jax_view(p).devices())
+x, y = torch.randn(32, 8), torch.randn(32, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
+for _ in range(5):
+  for m, o, xx, yy in ((model, opt, x.to("jax"), y.to("jax")), (ref, opt_ref, x, y)):
+    o.zero_grad()
+    loss = ((m(xx) - yy) ** 2).mean()
+    loss.backward()
+    o.step()
+for p, q in zip(model.parameters(), ref.parameters()):
+  torch.testing.assert_close(p.cpu(), q, rtol=2e-3, atol=2e-3)
+# a 0-dim CPU tensor beside jax tensors (torch allows it): placed with them
+torch.testing.assert_close((x.to("jax") * torch.tensor(2.0)).cpu(), x * 2)
+print("ok")
+"""
+
+
 def test_jax_device_optimizer_loop_on_the_gpu():
-  torch.manual_seed(0)
-  model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-  ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-  ref.load_state_dict(model.state_dict())
-  model = model.to("jax")
-  assert all(_on_gpu(bridge.jax_view(p)) for p in model.parameters())
-  x, y = torch.randn(32, 8), torch.randn(32, 1)
-  opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-  opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
-  for _ in range(5):
-    for m, o, xx, yy in ((model, opt, x.to("jax"), y.to("jax")), (ref, opt_ref, x, y)):
-      o.zero_grad()
-      loss = ((m(xx) - yy) ** 2).mean()
-      loss.backward()
-      o.step()
-  for p, q in zip(model.parameters(), ref.parameters()):
-    torch.testing.assert_close(p.cpu(), q, **TOL)
+  # (in a process of its own: naming the device there breaks CUDA backward passes)
+  out = subprocess.run([sys.executable, "-c", _JAX_DEVICE_LOOP], capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-4000:]
 
 
 def test_bridge_compile_with_cuda_tensors_in_and_out():
@@ -325,3 +386,8 @@ def test_jax_does_not_take_most_of_the_gpu_unless_the_user_asks():
   setting, free = _probe(XLA_PYTHON_CLIENT_PREALLOCATE="true")  # the user's choice is kept
   assert setting == "true"
   assert free < 0.5, f"{free:.0%} free: the user's preallocation was not kept"
+
+
+def test_zz_cuda_backward_still_works_after_everything_above():
+  assert torch.accelerator.current_accelerator().type == "cuda"
+  _cuda_backward()
