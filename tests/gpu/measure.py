@@ -32,6 +32,22 @@ def _median_us(fn, *, reps: int = 50, warmup: int = 5) -> float:
   return statistics.median(times) * 1e6
 
 
+def _profile(fn, path: str, calls: int = 200) -> None:
+  """Where a call's host time goes (cProfile, cumulative), written to `path`."""
+  import cProfile
+  import io
+  import pstats
+  profiler = cProfile.Profile()
+  profiler.enable()
+  for _ in range(calls):
+    fn()
+  profiler.disable()
+  text = io.StringIO()
+  pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+  with open(path, "w") as fh:
+    fh.write(f"{calls} calls\n" + text.getvalue())
+
+
 def main(out_path: str) -> int:
   if not torch.cuda.is_available():
     print("measure.py: no CUDA GPU in torch (torch.cuda.is_available() is False); nothing timed")
@@ -75,6 +91,8 @@ def main(out_path: str) -> int:
   rows.append(("Pallas softmax (4096x1024) via call_jax", f"{from_torch:.1f} us",
                f"plain JAX {plain:.1f} us ({from_torch / plain:.2f}x); torch.softmax "
                f"{eager:.1f} us"))
+  _profile(lambda: (bridge.call_jax(pallas_softmax, x_t), sync()),
+           out_path.replace(".md", "") + "_call_jax_profile.txt")
 
   # callback mode on the GPU: buffers (XLA's stream) vs host memory vs torch directly
   for n in (256, 2048):
