@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from bridge._src import device as device_lib
+from bridge._src import devices as device_lib
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope

@@ -40,7 +40,9 @@ from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.config import get_config
+from bridge._src.dispatch import DeviceMismatchError
 from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
+from bridge._src.sharding import placement_lines
 
 API = "bridge.compile"
 _DYN = object()
@@ -814,8 +816,6 @@ class Compiled:
 
   def _placement_error(self, arrays: list, n: int) -> Exception:
     """The module's state and the arguments are on different sets of devices (meshes)."""
-    from bridge._src.dispatch import DeviceMismatchError
-    from bridge._src.sharding import placement_lines
     names = [f"parameter/buffer {name}" for name in self._names] + ["the random key"] + [
         f"argument {i}" for i in range(len(arrays) - n - 1)]
     lines = placement_lines(zip(names, arrays), distinct=True)  # a line per set of devices

@@ -31,7 +31,14 @@ import jax
 import numpy as np
 import torch
 
-from bridge._src.errors import BridgeError, TransferError
+from bridge._src import autocast
+from bridge._src import dispatch
+from bridge._src import rng
+from bridge._src import special_ops
+from bridge._src import tensor
+from bridge._src.devices import (current_device, device, device_count, device_index,
+                                 is_available, jax_devices, set_device)
+from bridge._src.errors import BridgeError, BridgeTypeError
 
 NAME = "jax"  # the device's name once registered by name (`name()`)
 _lock = threading.Lock()
@@ -39,57 +46,11 @@ _registered = False
 _library: Any = None  # keeps the torch.library registrations alive
 
 
-@functools.cache
-def jax_devices() -> tuple[Any, ...]:
-  """The JAX devices behind `jax:0`, `jax:1`, ...: the default backend's local devices."""
-  return tuple(jax.local_devices())
-
-
-def device_index(device: Any) -> int:
-  """The index of a torch `device` of type jax, checked against the JAX devices."""
-  index = 0 if device is None else (device.index if isinstance(device, torch.device)
-                                    else torch.device(device).index)
-  index = current_device() if index is None else index
-  n = len(jax_devices())
-  if not 0 <= index < n:
-    raise TransferError(
-        f"bridge: device jax:{index} does not exist; this process has {n} JAX device(s) "
-        f"(jax:0 to jax:{n - 1}: {list(jax_devices())}). Pick one of those indices.")
-  return index
-
-
 # --- the torch.jax module ---------------------------------------------------------
-
-_state = threading.local()
-
-
-def is_available() -> bool:
-  """Whether the `jax` device can be used (JAX sees at least one device)."""
-  try:
-    return len(jax_devices()) > 0
-  except RuntimeError:
-    return False
-
-
-def device_count() -> int:
-  """The number of `jax` devices (`jax:0` ... `jax:{n-1}`): JAX's local devices."""
-  return len(jax_devices())
-
-
-def current_device() -> int:
-  """The index of the current `jax` device (0 unless `set_device` changed it in this thread)."""
-  return getattr(_state, "index", 0)
-
-
-def set_device(device: Any) -> None:
-  """Make `device` (an index or `jax:i`) the current `jax` device of this thread."""
-  _state.index = device_index(device if not isinstance(device, int) else torch.device(name(), device))
-
 
 def synchronize(device: Any = None) -> None:
   """Wait until every op issued so far on the `jax` device has finished."""
   del device
-  from bridge._src import dispatch
   dispatch.wait_for_last_result()
   jax.effects_barrier()
 
@@ -104,7 +65,6 @@ def _is_in_bad_fork() -> bool:
 
 def manual_seed(seed: int) -> None:
   """Seed the random number generator of the `jax` device (all of them)."""
-  from bridge._src import rng
   rng.manual_seed(int(seed))
 
 
@@ -120,39 +80,21 @@ seed_all = seed
 
 
 def initial_seed() -> int:
-  from bridge._src import rng
   return rng.initial_seed()
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
   """The generator state as a CPU `torch.uint8` tensor (for `torch.random.fork_rng`)."""
   del device
-  from bridge._src import rng
   return torch.from_numpy(np.frombuffer(rng.get_state(), dtype=np.uint8).copy())
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
   del device
-  from bridge._src import rng
   rng.set_state(new_state.cpu().numpy().tobytes())
 
 
-class device:  # noqa: N801 - torch's device modules spell it this way (`torch.cuda.device`)
-  """Context manager that makes `jax:i` the current `jax` device of this thread."""
-
-  def __init__(self, device: Any):
-    self.index = device_index(torch.device(name(), device) if isinstance(device, int) else device)
-
-  def __enter__(self) -> None:
-    self.prev = current_device()
-    _state.index = self.index
-
-  def __exit__(self, *exc: Any) -> None:
-    _state.index = self.prev
-
-
 def _no_quantized(*args: Any, **kwargs: Any) -> Any:
-  from bridge._src.errors import BridgeTypeError
   raise BridgeTypeError(
       "bridge: quantized tensors cannot live on the `jax` device (JAX has no quantized "
       "arrays). Dequantize first: `t.dequantize().to('jax')`, and quantize with JAX code.")
@@ -211,14 +153,12 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 def _empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
            pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
   del layout, pin_memory, memory_format
-  from bridge._src import dispatch
   return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
 def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None,
                    device: Any = None, pin_memory: Any = None) -> torch.Tensor:
   del stride, layout, pin_memory  # jax tensors are created contiguous
-  from bridge._src import dispatch
   return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
@@ -228,7 +168,6 @@ _BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices")
 
 
 def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
-  from bridge._src import dispatch
   op = getattr(torch.ops.aten, name).default
   return dispatch.get_plan(op)(args, kwargs)
 
@@ -236,7 +175,6 @@ def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
   """Copy between a `jax` tensor and another device's (torch routes some copies here)."""
   del non_blocking
-  from bridge._src import special_ops
   return special_ops.copy_into(dst, self)
 
 
@@ -265,7 +203,6 @@ _WHOLE_WHEN_TRACED = ("cov",)
 
 def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   op = packet.default
-  from bridge._src import dispatch, tensor
   tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
   ours = all(type(t) is tensor.Tensor for t in tensors)
   if packet.__name__ in _WHOLE_WHEN_TRACED:
@@ -382,7 +319,6 @@ def _install() -> None:
   for op_name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
     _autograd_library.impl(op_name, functools.partial(_composite, getattr(torch.ops.aten, op_name)))
   _library = (_library, _quantized_library, _autograd_library)
-  from bridge._src import autocast
   autocast.register()
 
 

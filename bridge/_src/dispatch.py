@@ -35,7 +35,7 @@ from jax._src import core as _jax_core
 from torch._decomp import decomposition_table
 
 from bridge._src import config as config_lib
-from bridge._src import device as device_lib
+from bridge._src import devices as device_lib
 from bridge._src import dtypes
 from bridge._src import ffi
 from bridge._src import narrowing
@@ -45,6 +45,7 @@ from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src.errors import BridgeError, TorchIndexError, TorchRuntimeError
 from bridge._src.registry import REGISTRY
+from bridge._src.sharding import placement_lines
 from bridge._src.tensor import Tensor, make, make_view, value
 
 aten = torch.ops.aten
@@ -150,7 +151,6 @@ def _placed_like(out: Any, like: Any) -> Any:
 
 def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
   """Tensors of one op placed on different sets of devices (different meshes)."""
-  from bridge._src.sharding import placement_lines
   placed = placement_lines((f"argument {i}", a) for i, a in enumerate(dyn) if np.ndim(a) > 0)
   return DeviceMismatchError(
       f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
@@ -160,7 +160,6 @@ def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
 
 def _scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
-  from bridge._src import transfer
   t, bound = narrowing.known(t.detach(), f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
   with _x64():
     a = transfer.tensor_to_jax(t.contiguous(), api="the jax device",

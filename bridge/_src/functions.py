@@ -37,6 +37,8 @@ from torch.autograd import function as _function
 
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
+from bridge._src.call_torch import array_to_tensor
 from bridge._src.errors import BridgeError, BridgeTypeError
 
 _Function = _function.Function
@@ -161,7 +163,6 @@ class _FwdGradOff:
 
 
 def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list[int]) -> Any:
-  from bridge._src.call_torch import array_to_tensor
 
   name = cls.__name__
   inputs = [tensor_lib.value(args[i]) for i in positions]
@@ -229,8 +230,6 @@ def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list
 
 def _backward(cls: type, api: str, structure: dict, residuals: list, cotangents: tuple,
               avals: list, positions: list[int], n_args: int) -> tuple:
-  from bridge._src import transfer
-  from bridge._src.call_torch import array_to_tensor
 
   name = cls.__name__
   it = iter(residuals)

@@ -18,7 +18,7 @@ import torch
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
-from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope,
+from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope, _is_view,
                                   _decomposition, _mutated, _raise_not_found, _x64, aten,
                                   get_plan)
 from bridge._src.errors import BridgeTypeError
@@ -158,7 +158,6 @@ _RESIZING = frozenset({"aten::resize_", "aten::resize_as_"})
 
 def restride_twin(func: Any) -> Any:
   """The view op whose metadata an in-place metadata op gives its input, or None."""
-  from bridge._src.dispatch import _is_view
   name = func._schema.name.split("::")[-1]
   if not name.endswith("_") or _mutated(func) != [func._schema.arguments[0].name]:
     return None

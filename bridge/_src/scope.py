@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from jax._src import core as _jax_core
 
+from bridge._src import compat
+from bridge._src import dtypes
 from bridge._src.errors import BridgeError
 
 
@@ -136,7 +138,7 @@ class trace_scope:  # noqa: N801
     self._threads: Any = None
 
   def __enter__(self) -> None:
-    from bridge._src import compat, dtypes, functions
+    from bridge._src import functions  # lazy: it builds on this module (a trace scope)
     compat.tell_libraries()
     functions.install()  # custom autograd.Functions keep their backward (`functions`)
     staged = is_staged()
@@ -147,7 +149,7 @@ class trace_scope:  # noqa: N801
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:
-    from bridge._src import functions
+    from bridge._src import functions  # lazy: as in __enter__
     self._threads.__exit__(*exc)
     _ACTIVE.reset(self._token)
     functions.uninstall()

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 from jax._src import core as _jax_core
 
-from bridge._src import device as device_lib
+from bridge._src import devices as device_lib
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
 from bridge._src.dispatch import _x64, aten, get_plan
 from bridge._src.mutation import _cast, _store
 from bridge._src.tensor import Tensor, make, value
@@ -39,7 +40,6 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
   v = value(src)
   if device is not None and torch.device(device).type != tensor_lib.device_type():
     v = concrete(v, f"a copy to {device}: `.cpu()`, `.tolist()`, `.numpy()`, `.to('{device}')`")
-    from bridge._src import transfer
     out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
     return out.to(dtype=dtype, device=device)
   target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
@@ -69,7 +69,6 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
       with torch.no_grad():
         dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
     return dst
-  from bridge._src import transfer
   # (inside a 32-bit program a 64-bit source must fit, as CPU tensors beside jax tensors)
   src_t, bound = narrowing.known(src.detach(), f"a {src.dtype} CPU tensor (shape "
                                  f"{tuple(src.shape)}) copied to the jax device")
