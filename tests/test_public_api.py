@@ -106,3 +106,20 @@ def test_import_keeps_jax_from_preallocating_the_gpu_unless_the_user_set_it():
     out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.strip() == want
+
+
+def test_every_exported_exception_is_defined_with_the_others():
+  # (discovered, not listed: a new public error or warning must live in bridge/_src/errors.py
+  # and fit the hierarchy)
+  from bridge._src import errors
+  exported = {name: getattr(bridge, name) for name in bridge.__all__
+              if isinstance(getattr(bridge, name), type)
+              and issubclass(getattr(bridge, name), BaseException)}
+  assert len(exported) >= 12
+  for name, cls in exported.items():
+    assert cls.__module__ == errors.__name__, f"{name} is defined in {cls.__module__}"
+    assert getattr(errors, name) is cls
+    if issubclass(cls, Warning):
+      assert issubclass(cls, UserWarning), name
+    else:
+      assert issubclass(cls, bridge.BridgeError), name

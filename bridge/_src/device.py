@@ -38,7 +38,7 @@ from bridge._src import special_ops
 from bridge._src import tensor
 from bridge._src.devices import (current_device, device, device_count, device_index,
                                  is_available, jax_devices, set_device)
-from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.errors import BridgeError, BridgeTypeError, CudaAutogradWarning
 
 NAME = "jax"  # the device's name once registered by name (`name()`)
 _lock = threading.Lock()
@@ -229,10 +229,6 @@ def cuda_usable() -> bool:
     return torch.cuda.is_available()
   except Exception:  # noqa: BLE001 - a broken driver: torch cannot use CUDA either
     return False
-
-
-class CudaAutogradWarning(UserWarning):
-  """`bridge.register_jax_device()` named the device where torch can use a CUDA GPU."""
 
 
 def register(named: bool | None = None) -> None:

@@ -43,7 +43,8 @@ from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.errors import BridgeError, TorchIndexError, TorchRuntimeError
+from bridge._src.errors import (BridgeError, DeviceMismatchError, OperatorNotFound,
+                               TorchIndexError, TorchRuntimeError)
 from bridge._src.registry import REGISTRY
 from bridge._src.sharding import placement_lines
 from bridge._src.tensor import Tensor, make, make_view, value
@@ -61,14 +62,6 @@ _x64_state = _jax_config.enable_x64
 _disable_jit = _jax_config.disable_jit  # a thread-local state, like `_x64_state`
 _DYN = object()
 _last_result: list[Any] = [None]
-
-
-class OperatorNotFound(BridgeError, NotImplementedError):
-  """An aten op reached the `jax` device and there is no lowering or decomposition for it."""
-
-
-class DeviceMismatchError(BridgeError, RuntimeError):
-  """Tensors on different devices in one op (the `jax` device's version of torch's error)."""
 
 
 def wait_for_last_result() -> None:

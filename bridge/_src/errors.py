@@ -1,4 +1,5 @@
-"""The bridge's exception hierarchy.
+"""The bridge's exception hierarchy, and its warnings: every class the bridge raises or warns
+with on purpose is defined here.
 
 Every error the bridge raises on purpose is a `BridgeError`. Each also derives from
 the built-in exception a Python user would expect (`TypeError` for a value of the
@@ -54,3 +55,38 @@ class TorchIndexError(BridgeError, IndexError):
 class TorchRuntimeError(BridgeError, RuntimeError):
   """torch's `RuntimeError` for a value on the `jax` device (an index out of range in
   `gather`/`scatter`, an integer division by zero...), with torch's message."""
+
+
+class OperatorNotFound(BridgeError, NotImplementedError):
+  """An aten op reached the `jax` device and there is no lowering or decomposition for it."""
+
+
+class DeviceMismatchError(BridgeError, RuntimeError):
+  """Tensors on different devices in one op (the `jax` device's version of torch's error)."""
+
+
+class RegistrationError(BridgeError, ValueError):
+  """A lowering registered twice without `override=True`, or for something that is not an op."""
+
+
+class TracedValueError(BridgeError, RuntimeError):
+  """Torch code asked for the value of a tensor that JAX is tracing (`.item()`, `if t:`)."""
+
+
+class LeakedTracerError(BridgeError, RuntimeError):
+  """A tensor traced during one `call_torch`/`compile` call was kept and used after it."""
+
+
+class ShardingError(BridgeError, ValueError):
+  """A placement that cannot be made: a shape the mesh does not divide, a wrong sharding."""
+
+
+# --- warnings ---------------------------------------------------------------------------------
+
+
+class FallbackWarning(UserWarning):
+  """An op ran through the callback fallback (see `bridge.config(fallback=...)`)."""
+
+
+class CudaAutogradWarning(UserWarning):
+  """`bridge.register_jax_device()` named the device where torch can use a CUDA GPU."""

@@ -22,13 +22,10 @@ import jax
 from bridge._src import config as config_lib
 from bridge._src import ffi
 from bridge._src import registry
+from bridge._src.errors import FallbackWarning
 
 POLICIES = ("callback", "error")
 RECIPE = "recipes/torch_code_in_jax_callback_mode.ipynb"
-
-
-class FallbackWarning(UserWarning):
-  """An op ran through the callback fallback (see `bridge.config(fallback=...)`)."""
 
 
 _recording: contextvars.ContextVar[set | None] = contextvars.ContextVar(

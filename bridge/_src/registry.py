@@ -38,13 +38,9 @@ from typing import Any, Callable
 import torch
 
 from bridge._src import plugins
-from bridge._src.errors import BridgeError, PluginError
+from bridge._src.errors import PluginError, RegistrationError
 
 REGISTRY_API_VERSION = 1
-
-
-class RegistrationError(BridgeError, ValueError):
-  """A lowering registered twice without `override=True`, or for something that is not an op."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from jax._src import core as _jax_core
 
 from bridge._src import compat
 from bridge._src import dtypes
-from bridge._src.errors import BridgeError
+from bridge._src.errors import LeakedTracerError, TracedValueError
 
 
 class _Scope:
@@ -66,14 +66,6 @@ def no_grad_inside() -> bool:
   """
   return (_ACTIVE.get().grad and not torch.is_grad_enabled()
           and torch._C._is_fwd_grad_enabled())
-
-
-class TracedValueError(BridgeError, RuntimeError):
-  """Torch code asked for the value of a tensor that JAX is tracing (`.item()`, `if t:`)."""
-
-
-class LeakedTracerError(BridgeError, RuntimeError):
-  """A tensor traced during one `call_torch`/`compile` call was kept and used after it."""
 
 
 def active() -> str | None:

@@ -21,15 +21,11 @@ import torch
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
-from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.errors import BridgeTypeError, ShardingError
 
 API = "bridge.shard"
 
 ShardingSpec = Union[jax.sharding.Sharding, Callable[[str, Any], Any]]
-
-
-class ShardingError(BridgeError, ValueError):
-  """A placement that cannot be made: a shape the mesh does not divide, a wrong sharding."""
 
 
 def describe(sharding: Any) -> str:
