@@ -11,7 +11,7 @@ JAX arrays (`bridge._src.modules`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Literal, TypeVar, get_args
 
 import jax
 import jax.numpy as jnp
@@ -91,12 +91,16 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
           "`masked_select`, `x[mask]`, `unique`", tb=e.__traceback__) from e
 
 
-MODES = ("trace", "callback")
-VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims", "broadcast_all")
+# How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call
+# ("callback"); and how a callback-mode call is batched under `jax.vmap` (as `jax.pure_callback`).
+Mode = Literal["trace", "callback"]
+VmapMethod = Literal["sequential", "sequential_unrolled", "expand_dims", "broadcast_all"]
+MODES: tuple[str, ...] = get_args(Mode)
+VMAP_METHODS: tuple[str, ...] = get_args(VmapMethod)
 
 
-def call_torch(fn: Callable[..., Any], /, *args: Any, mode: str = "trace",
-               vmap_method: str | None = None, result_shape_dtypes: Any = None,
+def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
+               vmap_method: VmapMethod | None = None, result_shape_dtypes: Any = None,
                **kwargs: Any) -> Any:
   """Calls the torch function or module `fn` on JAX arrays; returns JAX arrays.
 
@@ -201,7 +205,7 @@ def _module_of(fn: Any) -> torch.nn.Module | None:
   return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def jax_view(fn: F, *, mode: str = "trace", vmap_method: str | None = None,
+def jax_view(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = None,
              result_shape_dtypes: Any = None) -> F:
   """Wraps the torch callable `fn` as a JAX callable: `call_torch(fn, ...)` on each call.
 

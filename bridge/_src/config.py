@@ -11,9 +11,13 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import sys
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 from bridge._src.errors import BridgeTypeError
+
+
+# What an op with neither a lowering nor a decomposition does (`Config.fallback`).
+Fallback = Literal["callback", "error"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Config:
   debug_print_each_op: bool = False
   debug_file: TextIO | None = None
   decompose_missing_ops: bool = True
-  fallback: str = "callback"
+  fallback: Fallback = "callback"
   tiered_compile: bool = True
   check_indices: bool = False
 
@@ -81,7 +85,7 @@ class config:  # noqa: N801 - used like a function: `with bridge.config(...):`
       raise BridgeTypeError(
           f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
           f"{', '.join(sorted(names))}.")
-    if "fallback" in changes and changes["fallback"] not in ("callback", "error"):
+    if "fallback" in changes and changes["fallback"] not in get_args(Fallback):
       raise BridgeTypeError(
           f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', "
           "'error'.")

@@ -548,8 +548,9 @@ def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
           and np.dtype(a.dtype).kind in "iuf" or np.dtype(a.dtype) == np.complex128]
 
 
-def extract_jax(module: torch.nn.Module, *, return_state: bool = False, mode: str = "trace",
-                vmap_method: str | None = None
+def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
+                mode: call_torch_lib.Mode = "trace",
+                vmap_method: call_torch_lib.VmapMethod | None = None
                 ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
   """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
 

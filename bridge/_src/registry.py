@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -43,6 +43,11 @@ from bridge._src.errors import PluginError, RegistrationError
 REGISTRY_API_VERSION = 1
 
 
+# Whether a lowering's output shape depends on values: never (False), always (True), or only
+# when a bool (or uint8) tensor is among its inputs ("bool_inputs"); see the module docstring.
+DynamicShape = bool | Literal["bool_inputs"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowering:
   """One registered lowering and how to call it."""
@@ -50,7 +55,7 @@ class Lowering:
   fn: Callable[..., Any]
   random: bool = False
   static_argnames: frozenset[str] = frozenset()
-  dynamic_shape: bool | str = False
+  dynamic_shape: DynamicShape = False
   source: str = ""  # who registered it (plugin name or "user")
   # Traced with `jax.disable_jit()` on (its plugin declares `TRACE_JIT_FREE`; see
   # `dispatch._Executable`): jnp's jitted helpers trace inline instead of as nested programs.
@@ -81,7 +86,7 @@ class Registry:
 
   def register(self, op: Any, fn: Callable[..., Any], *, override: bool = False,
                random: bool = False, static_argnames: tuple[str, ...] = (),
-               dynamic_shape: bool | str = False) -> None:
+               dynamic_shape: DynamicShape = False) -> None:
     """Registers `fn` as the lowering of `op` (an overload, or every functional overload of a packet)."""
     with self._lock:
       for overload in _overloads(op):
@@ -138,7 +143,7 @@ REGISTRY = Registry()
 
 def register_lowering(*ops: Any, override: bool = False, random: bool = False,
                       static_argnames: tuple[str, ...] = (),
-                      dynamic_shape: bool | str = False) -> Callable[[Callable], Callable]:
+                      dynamic_shape: DynamicShape = False) -> Callable[[Callable], Callable]:
   """Registers the decorated JAX function as the lowering of aten `ops` on the `jax` device.
 
   Example:
