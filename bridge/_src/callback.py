@@ -42,7 +42,7 @@ from bridge._src.errors import BridgeError, NarrowingError
 
 API = "bridge.call_torch"
 
-_DYN = object()  # marks where a dynamic (array) leaf goes among the static leaves
+_DYN = tree_lib.DYN
 
 
 def _hashable(x: Any) -> Any:
@@ -474,7 +474,7 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
       dyn.insert(0, _seed())
     outs = run_eagerly_or_stage(program.apply, dyn)
   it = iter(outs)
-  result = tree_lib.unflatten(out_spec, [next(it) if s is _DYN else s for s in out_statics])
+  result = tree_lib.unflatten(out_spec, tree_lib.merge(out_statics, it))
   if not return_mutated:
     return result
   leaf_of_dyn = [i for i, s in enumerate(statics) if s is _DYN]
@@ -506,8 +506,7 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
         out = fn(*inputs)
       else:
         it = iter(inputs)
-        args, kwargs = tree_lib.unflatten(spec, [next(it) if s is _DYN else _unbox(s)
-                                                 for s in statics])
+        args, kwargs = tree_lib.unflatten(spec, tree_lib.merge(statics, it, _unbox))
         out = fn(*args, **kwargs)
       if type(out) is not torch.Tensor and type(out).__module__ == "torch.return_types":
         out = tuple(out)

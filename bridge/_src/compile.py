@@ -45,7 +45,7 @@ from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
 from bridge._src.sharding import placement_lines
 
 API = "bridge.compile"
-_DYN = object()
+_DYN = tree_lib.DYN
 _x64_state = _jax_config.enable_x64
 _SCALARS = (bool, int, float)
 
@@ -789,7 +789,7 @@ class Compiled:
     if info.out_plain:
       return outs[0] if info.out_single else info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
-    leaves = [next(it) if s is _DYN else s for s in info.out_statics]
+    leaves = tree_lib.merge(info.out_statics, it)
     return tree_lib.unflatten(info.out_spec, leaves)
 
   def _retry(self, program: _Program, arrays: list, n: int, error: Exception) -> tuple:

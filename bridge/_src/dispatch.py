@@ -43,6 +43,7 @@ from bridge._src import rng
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
+from bridge._src import tree as tree_lib
 from bridge._src.errors import (BridgeError, DeviceMismatchError, OperatorNotFound,
                                TorchIndexError, TorchRuntimeError)
 from bridge._src.registry import REGISTRY
@@ -60,7 +61,7 @@ except ImportError:  # pragma: no cover
   _ArrayImpl = None
 _x64_state = _jax_config.enable_x64
 _disable_jit = _jax_config.disable_jit  # a thread-local state, like `_x64_state`
-_DYN = object()
+_DYN = tree_lib.DYN
 _last_result: list[Any] = [None]
 
 
@@ -567,7 +568,7 @@ class _Executable:
 
   def _apply(self, dyn: tuple, key: Any) -> Any:
     it = iter(dyn)
-    args, kwargs = self.treedef.unflatten([next(it) if s is _DYN else s for s in self.statics])
+    args, kwargs = self.treedef.unflatten(tree_lib.merge(self.statics, it))
     jit_off = self.jit_free and any(isinstance(d, jax.core.Tracer) for d in dyn)
     prev = _disable_jit.swap_local(True) if jit_off else None
     op, _checks.op = getattr(_checks, "op", None), self.func  # (named by staged checks)

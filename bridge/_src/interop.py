@@ -35,7 +35,7 @@ from bridge._src import vjp
 from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
 
 API = "bridge.call_jax"
-_DYN = object()  # stands for an array leaf in a call's list of static leaves
+_DYN = tree_lib.DYN
 _CACHE_SIZE = 4096
 _OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _tree_flatten = jax.tree_util.tree_flatten
@@ -109,7 +109,7 @@ def _make_apply(fn_ref: Callable[[], Callable | None], spec: Any, statics: tuple
 
   def apply(*arrays: Any) -> Any:
     it = iter(arrays)
-    args, kwargs = unflatten([next(it) if s is _DYN else s for s in statics])
+    args, kwargs = unflatten(tree_lib.merge(statics, it))
     fn = fn_ref()
     if fn is None:
       raise BridgeError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 
@@ -115,3 +115,24 @@ def tree_map(fn: Callable[[Any, Callable[[], str]], Any], tree: Any) -> Any:
     return thunk
 
   return unflatten(spec, [fn(leaf, path_of(i)) for i, leaf in enumerate(leaves)])
+
+
+class _ArrayLeaf:
+  __slots__ = ()
+
+  def __repr__(self) -> str:
+    return "<array leaf>"
+
+
+# Stands for an array leaf in a call's list of static leaves (its arguments' or outputs'
+# structure, a cache key); `merge` puts the arrays back in its place.
+DYN = _ArrayLeaf()
+
+
+def merge(statics: Iterable[Any], arrays: Iterator[Any],
+          static: Callable[[Any], Any] | None = None) -> list:
+  """`statics` with each `DYN` replaced by the next item of `arrays` (an iterator, which the
+  caller may go on reading); `static`, if given, maps the other leaves."""
+  if static is None:
+    return [next(arrays) if s is DYN else s for s in statics]
+  return [next(arrays) if s is DYN else static(s) for s in statics]
