@@ -21,7 +21,6 @@ LAZY = frozenset({
     ("fallback", "call_torch"), ("fallback", "callback"), ("fallback", "dispatch"),
     ("modules", "callback"), ("modules", "special_ops"),
     ("scope", "functions"),
-    ("sharding", "modules"),
 })
 
 

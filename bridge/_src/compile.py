@@ -42,7 +42,7 @@ from bridge._src import vjp
 from bridge._src.config import get_config
 from bridge._src.dispatch import DeviceMismatchError
 from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
-from bridge._src.sharding import placement_lines
+from bridge._src.placement import placement_lines
 
 API = "bridge.compile"
 _DYN = tree_lib.DYN

@@ -47,7 +47,7 @@ from bridge._src import tree as tree_lib
 from bridge._src.errors import (BridgeError, DeviceMismatchError, OperatorNotFound,
                                TorchIndexError, TorchRuntimeError)
 from bridge._src.registry import REGISTRY
-from bridge._src.sharding import placement_lines
+from bridge._src.placement import placement_lines
 from bridge._src.tensor import Tensor, make, make_view, value
 
 aten = torch.ops.aten
