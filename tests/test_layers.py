@@ -20,7 +20,6 @@ LAZY = frozenset({
     ("dispatch", "fallback"), ("dispatch", "mutation"), ("dispatch", "special_ops"),
     ("fallback", "call_torch"), ("fallback", "callback"), ("fallback", "dispatch"),
     ("modules", "callback"), ("modules", "special_ops"),
-    ("scope", "functions"),
 })
 
 

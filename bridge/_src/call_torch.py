@@ -18,34 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from bridge._src import devices as device_lib
-from bridge._src import dtypes
-from bridge._src import narrowing
+from bridge._src import functions  # noqa: F401 - its hook on the trace scope (`scope.on_trace`)
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
+from bridge._src.arrays import array_to_tensor
 from bridge._src.errors import BridgeTypeError
 
 API = "bridge.call_torch"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def array_to_tensor(a: Any, where: Callable[[], str], api: str = "bridge.torch_view"
-                    ) -> tensor_lib.Tensor:
-  """A `bridge.Tensor` holding the JAX array or tracer `a` (no copy)."""
-  dtype = dtypes.torch_dtype(a.dtype, api=api, where=where())
-  if dtype in dtypes.NARROWED and scope.is_staged() and not dtypes.x64_enabled():
-    a = narrowing.enter(a, where())  # (a 32-bit program: it must fit, or is refused)
-  index = 0
-  if not isinstance(a, jax.core.Tracer):
-    devices = a.sharding.device_set
-    if len(devices) == 1:
-      (dev,) = devices
-      jax_devices = device_lib.jax_devices()
-      index = jax_devices.index(dev) if dev in jax_devices else 0
-  return tensor_lib.make(a, tensor_lib.jax_device(index), dtype)
 
 
 def inputs_to_torch(tree: Any, api: str = API) -> Any:

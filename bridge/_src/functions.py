@@ -36,9 +36,9 @@ import torch.utils._pytree as torch_pytree
 from torch.autograd import function as _function
 
 from bridge._src import scope
+from bridge._src.arrays import array_to_tensor
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.call_torch import array_to_tensor
 from bridge._src.errors import BridgeError, BridgeTypeError
 
 _Function = _function.Function
@@ -293,3 +293,6 @@ def _sum_to(v: Any, shape: tuple, name: str, i: int, api: str) -> Any:
   axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape)
                                     if n == 1 and v.shape[lead + k] != 1)
   return jnp.sum(v, axis=axes, keepdims=False).reshape(shape) if axes else v.reshape(shape)
+
+
+scope.on_trace(install, uninstall)  # custom Functions keep their backward in every trace scope

@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from jax._src import core as _jax_core
@@ -121,6 +121,16 @@ def warn_narrowed(what: str) -> None:
       "exactly; `bridge.compile` always does.", stacklevel=3)
 
 
+# (enter, exit) pairs run as each trace scope opens and closes, registered by the layers above
+# (`functions`: torch's autograd.Function routed through `jax.custom_vjp`)
+_TRACE_HOOKS: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+
+def on_trace(enter: Callable[[], None], leave: Callable[[], None]) -> None:
+  """Run `enter()` as each trace scope opens and `leave()` as it closes."""
+  _TRACE_HOOKS.append((enter, leave))
+
+
 class trace_scope:  # noqa: N801
   """Enter the trace scope for `api` (see the module docstring)."""
 
@@ -130,9 +140,9 @@ class trace_scope:  # noqa: N801
     self._threads: Any = None
 
   def __enter__(self) -> None:
-    from bridge._src import functions  # lazy: it builds on this module (a trace scope)
     compat.tell_libraries()
-    functions.install()  # custom autograd.Functions keep their backward (`functions`)
+    for enter, _ in _TRACE_HOOKS:  # (custom autograd.Functions keep their backward: `functions`)
+      enter()
     staged = is_staged()
     self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged,
                                      torch.is_grad_enabled()))
@@ -141,10 +151,10 @@ class trace_scope:  # noqa: N801
     self._threads.__enter__()
 
   def __exit__(self, *exc: Any) -> None:
-    from bridge._src import functions  # lazy: as in __enter__
     self._threads.__exit__(*exc)
     _ACTIVE.reset(self._token)
-    functions.uninstall()
+    for _, leave in reversed(_TRACE_HOOKS):
+      leave()
 
 
 @functools.cache
