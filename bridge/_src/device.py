@@ -4,7 +4,7 @@
 installs torch's PrivateUse1 backend: the factory kernels that create
 `bridge.Tensor`s (every other op reaches `bridge.Tensor.__torch_dispatch__`), its
 device guard and hooks, and its device module. Then, unless torch in this process
-can use a CUDA GPU, `name()` renames PrivateUse1 to `jax`, installs the module as
+can use a CUDA GPU, `_name()` renames PrivateUse1 to `jax`, installs the module as
 `torch.jax` and generates the usual methods (`t.jax()`, `t.is_jax`, `model.jax()`).
 
 Why not on a CUDA machine: torch (2.8 and later) takes a *named* PrivateUse1 backend
@@ -40,7 +40,7 @@ from bridge._src.devices import (current_device, device, device_count, device_in
                                  is_available, jax_devices, set_device)
 from bridge._src.errors import BridgeError, BridgeTypeError, CudaAutogradWarning
 
-NAME = "jax"  # the device's name once registered by name (`name()`)
+NAME = "jax"  # the device's name once named (`tensor.device_type()` says which it has)
 _lock = threading.Lock()
 _registered = False
 _library: Any = None  # keeps the torch.library registrations alive
@@ -184,7 +184,8 @@ def _never_tag(obj: Any) -> None:
 
 
 def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
-  if location == name() or location.startswith(name() + ":"):
+  name = tensor.device_type()
+  if location == name or location.startswith(name + ":"):
     return storage
   return None
 
@@ -215,12 +216,6 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
     with torch._C._AutoDispatchBelowAutograd():
       return dispatch.get_plan(op)(args, kwargs)
   return op.decompose(*args, **kwargs)
-
-
-def name() -> str:
-  """The device's type string: `jax`, or `privateuseone` where it is left unnamed (see the
-  module docstring)."""
-  return torch._C._get_privateuse1_backend_name()
 
 
 def cuda_usable() -> bool:
@@ -261,13 +256,8 @@ def register_jax_device() -> None:
 
 def _name() -> None:
   with _lock:
-    current = torch._C._get_privateuse1_backend_name()
-    if current == NAME:
+    if _backend_name() == NAME:
       return
-    if current != "privateuseone":
-      raise BridgeError(
-          f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
-          "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
     if cuda_usable():
       warnings.warn(
           "bridge: the `jax` torch device is now registered by name in a process where torch "
@@ -287,14 +277,20 @@ def _name() -> None:
 _MODULE = _DeviceModule()
 
 
-def _install() -> None:
-  """Torch's PrivateUse1 backend for `bridge.Tensor` (unnamed)."""
-  global _library
-  current = torch._C._get_privateuse1_backend_name()
+def _backend_name() -> str:
+  """PrivateUse1's current name (`privateuseone` or `jax`), refusing a backend of another."""
+  current = tensor.device_type()
   if current not in ("privateuseone", NAME):
     raise BridgeError(
         f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
         "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
+  return current
+
+
+def _install() -> None:
+  """Torch's PrivateUse1 backend for `bridge.Tensor` (unnamed)."""
+  global _library
+  current = _backend_name()
   if not hasattr(torch, current):
     torch._register_device_module(current, _MODULE)
   torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())

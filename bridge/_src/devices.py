@@ -24,6 +24,12 @@ def jax_devices() -> tuple[Any, ...]:
   return tuple(jax.local_devices())
 
 
+def place(a: jax.Array, index: int) -> jax.Array:
+  """`a` (a concrete array) on the JAX device behind `jax:index`: moved only if it is not there."""
+  target = jax_devices()[index]
+  return a if next(iter(a.sharding.device_set)) == target else jax.device_put(a, target)
+
+
 def device_index(device: Any) -> int:
   """The index of a torch `device` of type jax, checked against the JAX devices."""
   index = 0 if device is None else (device.index if isinstance(device, torch.device)

@@ -667,11 +667,10 @@ def _fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
     if not isinstance(out, (torch.Tensor, tuple, list)):
       return out  # a Python value
     device = device or _factory_device(kwargs)
-    target = device_lib.jax_devices()[device.index or 0]
+    index = device.index or 0
     with jax.ensure_compile_time_eval(), jax.enable_x64(True):
       out = jax.tree_util.tree_map(
-          lambda a: jax.device_put(a, target) if isinstance(a, jax.Array)
-          and next(iter(a.sharding.device_set)) != target else a, to_jax(out))
+          lambda a: device_lib.place(a, index) if isinstance(a, jax.Array) else a, to_jax(out))
   except (_NotFoldable, RuntimeError, TypeError, ValueError, NotImplementedError):
     return _UNKNOWN  # (torch's CPU kernel refused: the lowering decides)
   return wrap(out, device)

@@ -75,9 +75,7 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
   with _x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
     # (a CPU tensor arrives on JAX's CPU device: on to the tensor's own, a GPU or jax:1)
-    target = device_lib.jax_devices()[dst.device.index or 0]
-    if next(iter(v.sharding.device_set)) != target:
-      v = jax.device_put(v, target)
+    v = device_lib.place(v, dst.device.index or 0)
     if bound is not None:
       narrowing.track(v, bound)
   _store(dst, v)
