@@ -15,11 +15,7 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "bridge" / "_src"
 
 # (importer, imported) pairs still imported inside a function
 LAZY = frozenset({
-    ("call_torch", "callback"), ("call_torch", "modules"),
-    ("callback", "modules"),
-    ("dispatch", "fallback"), ("dispatch", "mutation"), ("dispatch", "special_ops"),
-    ("fallback", "call_torch"), ("fallback", "callback"), ("fallback", "dispatch"),
-    ("modules", "callback"), ("modules", "special_ops"),
+    ("dispatch", "mutation"), ("dispatch", "special_ops"),
 })
 
 

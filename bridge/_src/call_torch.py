@@ -11,75 +11,22 @@ JAX arrays (`bridge._src.modules`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, TypeVar, get_args
+from typing import Any, Callable, TypeVar
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
 
-from bridge._src import functions  # noqa: F401 - its hook on the trace scope (`scope.on_trace`)
-from bridge._src import scope
-from bridge._src import tensor as tensor_lib
-from bridge._src import transfer
-from bridge._src import tree as tree_lib
-from bridge._src.arrays import array_to_tensor
+from bridge._src import callback
+from bridge._src import fallback
+from bridge._src import modules
 from bridge._src.errors import BridgeTypeError
+from bridge._src.module_state import module_of
+from bridge._src.tracing import (Mode, VmapMethod, check_mode, inputs_to_torch, outputs_to_jax,
+                                 run_traced)
 
 API = "bridge.call_torch"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def inputs_to_torch(tree: Any, api: str = API) -> Any:
-  """JAX arrays, tracers and NumPy arrays in `tree` -> `bridge.Tensor`s; other leaves kept."""
-  def leaf(x: Any, where: Callable[[], str]) -> Any:
-    if isinstance(x, jax.Array):  # tracers included
-      return array_to_tensor(x, lambda: f"argument {where()}", api)
-    if isinstance(x, np.ndarray):
-      with jax.enable_x64(True):  # exact dtypes: a float64 array stays float64
-        return array_to_tensor(jnp.asarray(x), lambda: f"argument {where()}", api)
-    return x
-  return tree_lib.tree_map(leaf, tree)
-
-
-def _output(x: Any, where: Callable[[], str], api: str) -> Any:
-  if isinstance(x, tensor_lib.Tensor):
-    return tensor_lib.value(x)
-  if isinstance(x, torch.Tensor):  # made on the CPU (a constant of the program)
-    with jax.enable_x64(True):
-      return transfer.tensor_to_jax(x.detach(), copy=True, api=api,
-                                    where=lambda: f"output {where()}")
-  if type(x).__module__ == "torch.return_types":  # torch's named tuples (values, indices)
-    # (their fields may be lists of tensors: histogramdd's bin edges)
-    return tree_lib.tree_map(lambda v, w: _output(v, w, api), tuple(x))
-  return x
-
-
-def outputs_to_jax(tree: Any, api: str = API) -> Any:
-  """Tensors in `tree` -> JAX arrays (`bridge.Tensor`s give their arrays, no copy)."""
-  return tree_lib.tree_map(lambda x, where: _output(x, where, api), tree)
-
-
-def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = API) -> Any:
-  """`call(*args, **kwargs)` in the trace scope, with JAX's tracing errors put in torch terms."""
-  with scope.trace_scope(api):
-    try:
-      return call(*args, **kwargs)
-    except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
-            jax.errors.TracerArrayConversionError) as e:
-      # an op whose output shape depends on values (`nonzero`, boolean indexing...).
-      raise scope.traced_value_error(
-          "an op whose result's shape depends on tensor values, e.g. `nonzero`, "
-          "`masked_select`, `x[mask]`, `unique`", tb=e.__traceback__) from e
-
-
-# How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call
-# ("callback"); and how a callback-mode call is batched under `jax.vmap` (as `jax.pure_callback`).
-Mode = Literal["trace", "callback"]
-VmapMethod = Literal["sequential", "sequential_unrolled", "expand_dims", "broadcast_all"]
-MODES: tuple[str, ...] = get_args(Mode)
-VMAP_METHODS: tuple[str, ...] = get_args(VmapMethod)
 
 
 def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
@@ -153,39 +100,15 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
     Array([0.5, 0.5], dtype=float32)
   """
   if mode == "callback":
-    from bridge._src import callback  # it builds on this module
     return callback.call(fn, args, kwargs, vmap_method=vmap_method,
                          result_shape_dtypes=result_shape_dtypes)
   check_mode(mode, vmap_method, result_shape_dtypes)
-  module = _module_of(fn)
+  module = module_of(fn)
   if module is not None:
-    from bridge._src import modules  # it builds on this module
     return modules.call_module(module, fn, args, kwargs, api=API)
   targs, tkwargs = inputs_to_torch((args, kwargs))
   return outputs_to_jax(run_traced(fn, targs, tkwargs))
 
-
-def check_mode(mode: Any, vmap_method: Any, result_shape_dtypes: Any, api: str = API) -> None:
-  """Refuse a mode that is not one, and callback options given to trace mode."""
-  if mode not in MODES:
-    raise BridgeTypeError(
-        f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
-        "argument; to pass `mode=` to the torch function, bind it first: "
-        "`functools.partial(fn, mode=...)`.)")
-  if vmap_method is not None and vmap_method not in VMAP_METHODS:
-    raise BridgeTypeError(
-        f"`{api}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
-  if mode == "trace" and (vmap_method is not None or result_shape_dtypes is not None):
-    raise BridgeTypeError(
-        f"`{api}`: `vmap_method` and `result_shape_dtypes` are options of "
-        "mode='callback'; in trace mode JAX batches and shapes the torch code itself.")
-
-
-def _module_of(fn: Any) -> torch.nn.Module | None:
-  if isinstance(fn, torch.nn.Module):
-    return fn
-  owner = getattr(fn, "__self__", None)
-  return owner if isinstance(owner, torch.nn.Module) else None
 
 
 def jax_view(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = None,
@@ -221,3 +144,38 @@ def jax_view(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = No
     return call_torch(fn, *args, **kwargs)
   wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]
   return wrapper  # type: ignore[return-value]
+
+
+def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[str]:
+  """The aten ops of `fn(*args, **kwargs)` that would run through the callback fallback.
+
+  Traces `bridge.call_torch(fn, *args, **kwargs)` abstractly (`jax.eval_shape`:
+  nothing is computed) and returns the names of the ops that had no lowering and
+  no decomposition, sorted, e.g. `['mylib::fused_op.default']`. Arguments are as
+  for `call_torch` (JAX arrays, or `jax.ShapeDtypeStruct`s); an empty list means
+  the whole function runs as JAX code.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, torch, bridge
+    >>> bridge.fallback_ops(lambda x: torch.sin(x) * 2, jnp.ones(3))
+    []
+  """
+  found: set[str] = set()
+  token = fallback.recording.set(found)
+  try:
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    positions = [i for i, x in enumerate(leaves)
+                 if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))]
+
+    def traced(*arrays: Any) -> Any:
+      filled = list(leaves)
+      for i, a in zip(positions, arrays):
+        filled[i] = a
+      a, k = jax.tree_util.tree_unflatten(treedef, filled)
+      return call_torch(fn, *a, **k)
+    with jax.enable_x64(True):
+      jax.eval_shape(traced, *(jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
+                               for i in positions))
+  finally:
+    fallback.recording.reset(token)
+  return sorted(found)

@@ -33,12 +33,12 @@ import torch
 
 from bridge._src import dtypes
 from bridge._src import ffi
+from bridge._src import module_state as state_lib
 from bridge._src import scope
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
-from bridge._src.call_torch import check_mode
-from bridge._src.dispatch import _HashableBox
 from bridge._src.errors import BridgeError, NarrowingError
+from bridge._src.tracing import check_mode
 
 API = "bridge.call_torch"
 
@@ -48,16 +48,16 @@ _DYN = tree_lib.DYN
 def _hashable(x: Any) -> Any:
   """`x` as a static leaf of a cache key: tensors and unhashable values by identity."""
   if isinstance(x, torch.Tensor):
-    return _HashableBox(x)
+    return tree_lib.ByIdentity(x)
   try:
     hash(x)
     return x
   except TypeError:
-    return _HashableBox(x)
+    return tree_lib.ByIdentity(x)
 
 
 def _unbox(x: Any) -> Any:
-  return x.v if type(x) is _HashableBox else x
+  return x.v if type(x) is tree_lib.ByIdentity else x
 
 
 def _is_float(dtype: Any) -> bool:
@@ -138,9 +138,8 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
   state: Any = contextlib.nullcontext()
   fake_state: dict[str, torch.Tensor] = {}
   if module is not None:
-    from bridge._src.modules import module_state, reparametrized
-    fake_state = {n: mode.from_tensor(t) for n, t in module_state(module).items()}
-    state = reparametrized(module, fake_state)  # for this thread only
+    fake_state = {n: mode.from_tensor(t) for n, t in state_lib.module_state(module).items()}
+    state = state_lib.reparametrized(module, fake_state)  # for this thread only
   state_versions = {n: t._version for n, t in fake_state.items()}
   with mode, state:
     device = ffi.torch_device()  # where the real run's tensors will be
@@ -384,12 +383,6 @@ def _cache_for(fn: Any) -> dict:
   return table.setdefault(sub, {}) if sub is not None else table
 
 
-def _module_of(fn: Any) -> torch.nn.Module | None:
-  if isinstance(fn, torch.nn.Module):
-    return fn
-  owner = getattr(fn, "__self__", None)
-  return owner if isinstance(owner, torch.nn.Module) else None
-
 
 @contextlib.contextmanager
 def _buffers_kept(module: torch.nn.Module) -> Any:
@@ -485,7 +478,7 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
            result_shape_dtypes: Any, name: str, narrow: bool, return_mutated: bool) -> tuple:
   in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
               for i, (shape, dt) in enumerate(avals)]
-  module = _module_of(fn)
+  module = state_lib.module_of(fn)
   # until the fake run says otherwise:
   state = {"mutated": (False,) * len(avals), "random": False, "writes_state": False}
 

@@ -31,17 +31,19 @@ import jax.extend.core
 import torch
 from jax._src import config as _jax_config
 
-from bridge._src import call_torch as call_torch_lib
 from bridge._src import dtypes
 from bridge._src import modules as modules_lib
 from bridge._src import rng
 from bridge._src import tensor as tensor_lib
+from bridge._src import tracing
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.config import get_config
-from bridge._src.dispatch import DeviceMismatchError
-from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
+from bridge._src.arrays import array_to_tensor
+from bridge._src.errors import (BridgeError, BridgeTypeError, DeviceMismatchError,
+                                 TransferError)
+from bridge._src.module_state import module_of
 from bridge._src.placement import placement_lines
 
 API = "bridge.compile"
@@ -216,7 +218,7 @@ class _Program:
         leaves.append(s)
         continue
       a = next(it)
-      leaves.append(call_torch_lib.array_to_tensor(a, lambda: "an argument", API))
+      leaves.append(array_to_tensor(a, lambda: "an argument", API))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
@@ -228,9 +230,9 @@ class _Program:
                                          args, kwargs, API)
         modules_lib.check_no_leak(module, API)
       else:
-        out, mutated = call_torch_lib.run_traced(self.owner.call, args, kwargs, API), {}
+        out, mutated = tracing.run_traced(self.owner.call, args, kwargs, API), {}
     # tensors become arrays (torch's named tuples plain tuples); the rest stays static
-    out_leaves, out_spec = tree_lib.flatten(call_torch_lib.outputs_to_jax(out, API))
+    out_leaves, out_spec = tree_lib.flatten(tracing.outputs_to_jax(out, API))
     arrays, statics = [], []
     for leaf in out_leaves:
       if isinstance(leaf, jax.Array):
@@ -490,7 +492,7 @@ class Compiled:
   def __init__(self, target: Callable[..., Any], dynamic_argnums: Iterable[int] = (),
                dynamic_argnames: Iterable[str] = ()):
     self.target = target
-    self.module = call_torch_lib._module_of(target)
+    self.module = module_of(target)
     self.call = target
     self.name = getattr(target, "__qualname__", None) or type(target).__name__
     self.dynamic_argnums = frozenset(dynamic_argnums)

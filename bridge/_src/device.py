@@ -36,8 +36,7 @@ from bridge._src import dispatch
 from bridge._src import rng
 from bridge._src import special_ops
 from bridge._src import tensor
-from bridge._src.devices import (current_device, device, device_count, device_index,
-                                 is_available, jax_devices, set_device)
+from bridge._src.devices import (current_device, device, device_count, is_available, set_device)
 from bridge._src.errors import BridgeError, BridgeTypeError, CudaAutogradWarning
 
 NAME = "jax"  # the device's name once named (`tensor.device_type()` says which it has)

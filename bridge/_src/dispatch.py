@@ -37,6 +37,7 @@ from torch._decomp import decomposition_table
 from bridge._src import config as config_lib
 from bridge._src import devices as device_lib
 from bridge._src import dtypes
+from bridge._src import fallback
 from bridge._src import ffi
 from bridge._src import narrowing
 from bridge._src import rng
@@ -44,8 +45,8 @@ from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
-from bridge._src.errors import (BridgeError, DeviceMismatchError, OperatorNotFound,
-                               TorchIndexError, TorchRuntimeError)
+from bridge._src.errors import (BridgeError, DeviceMismatchError, TorchIndexError,
+                               TorchRuntimeError)
 from bridge._src.registry import REGISTRY
 from bridge._src.placement import placement_lines
 from bridge._src.tensor import Tensor, make, make_view, value
@@ -379,10 +380,9 @@ def _lowering_fn(func: Any) -> tuple[Callable, Any]:
   REGISTRY.require_plugins()
   decomp = _decomposition(func) if config_lib.get_config().decompose_missing_ops else None
   if decomp is None:
-    from bridge._src import fallback  # it builds on the registry and callback mode
     lowering = fallback.lowering(func)
     if lowering is None:
-      _raise_not_found(func)
+      fallback.raise_not_found(func)
     return lowering.fn, lowering
   return _decomposition_as_lowering(func, decomp), None
 
@@ -421,25 +421,11 @@ class _decomposing_scope:  # noqa: N801
     _decomposing().discard(self.func)
 
 
-def _raise_not_found(func: Any) -> None:
-  from bridge._src import fallback
-  name = func._schema.name.split("::")[-1]
-  raise OperatorNotFound(
-      f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
-      f"decomposition for it). {fallback.why_not()} Register a lowering, in your code or "
-      "a plugin:\n\n"
-      "    import bridge, torch, jax.numpy as jnp\n"
-      f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
-      f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
-      "Arguments arrive as in the aten schema with JAX arrays for tensors: "
-      f"{func._schema}")
-
-
 def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
   """Run torch's decomposition on tensors that wrap the traced JAX values."""
   def run(*args: Any, **kwargs: Any) -> Any:
     if func in _decomposing():
-      _raise_not_found(func)
+      fallback.raise_not_found(func)
     with _decomposing_scope(func):
       return run_inner(*args, **kwargs)
 
@@ -451,10 +437,9 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
         and (np.ndim(x) > 0 or not x.aval.weak_type) else x, (args, kwargs))
     out = decomp(*targs, **tkwargs)
     if out is NotImplemented:  # torch's decomposition does not cover these arguments
-      from bridge._src import fallback
       lowering = fallback.lowering(func)
       if lowering is None:
-        _raise_not_found(func)
+        fallback.raise_not_found(func)
       return lowering.fn(*args, **kwargs)
     return jax.tree_util.tree_map(lambda t: value(t) if isinstance(t, Tensor) else t, out,
                                   is_leaf=lambda t: isinstance(t, torch.Tensor))
@@ -786,7 +771,7 @@ class _FunctionalPlan:
     try:
       exe = self.exes.get((treedef, statics))
     except TypeError:  # an unhashable static argument (e.g. a Generator): compared by identity
-      statics = tuple(_HashableBox(s) for s in statics)
+      statics = tuple(tree_lib.ByIdentity(s) for s in statics)
       exe = self.exes.get((treedef, statics))
     if exe is None:
       exe = self.executable(treedef, statics)
@@ -862,19 +847,6 @@ def _python_value(func: Any, out: Any) -> Any:
   kind = func._schema.returns[0].type
   cast = bool if isinstance(kind, torch.BoolType) else int if isinstance(kind, torch.IntType) else float
   return cast(np.asarray(out))
-
-
-class _HashableBox:
-  """A static argument torch passes that is not hashable (e.g. a Generator): compared by identity."""
-
-  def __init__(self, v: Any):
-    self.v = v
-
-  def __hash__(self) -> int:
-    return id(self.v)
-
-  def __eq__(self, other: Any) -> bool:
-    return isinstance(other, _HashableBox) and other.v is self.v
 
 
 def _factory_device(kwargs: dict) -> torch.device:

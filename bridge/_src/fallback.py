@@ -15,20 +15,20 @@ from __future__ import annotations
 import contextvars
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any
 
-import jax
 
+from bridge._src import callback
 from bridge._src import config as config_lib
 from bridge._src import ffi
 from bridge._src import registry
-from bridge._src.errors import FallbackWarning
+from bridge._src.errors import FallbackWarning, OperatorNotFound
 
 POLICIES = ("callback", "error")
 RECIPE = "recipes/torch_code_in_jax_callback_mode.ipynb"
 
 
-_recording: contextvars.ContextVar[set | None] = contextvars.ContextVar(
+recording: contextvars.ContextVar[set | None] = contextvars.ContextVar(
     "bridge_fallback_recording", default=None)
 _warned: set[Any] = set()
 _lock = threading.Lock()
@@ -54,7 +54,7 @@ def why_not() -> str:
 
 
 def _note(func: Any) -> None:
-  rec = _recording.get()
+  rec = recording.get()
   if rec is not None:  # `fallback_ops` asks: it reports, no warning
     rec.add(op_name(func))
     return
@@ -79,12 +79,10 @@ def lowering(func: Any) -> registry.Lowering | None:
   """A lowering that runs `func` through callback mode, or None where the fallback is off."""
   if not available():
     return None
-  from bridge._src import callback  # it builds on the dispatch that imports this module
 
   def run(*args: Any, **kwargs: Any) -> Any:
     if not available():  # the policy changed since this op was first seen
-      from bridge._src.dispatch import _raise_not_found
-      _raise_not_found(func)
+      raise_not_found(func)
     _note(func)
     return callback.call(func, args, kwargs, name=f"the fallback of {op_name(func)}")
   run.__name__ = f"fallback_{func._schema.name.split('::')[-1]}"
@@ -93,37 +91,15 @@ def lowering(func: Any) -> registry.Lowering | None:
   return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
 
 
-def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[str]:
-  """The aten ops of `fn(*args, **kwargs)` that would run through the callback fallback.
-
-  Traces `bridge.call_torch(fn, *args, **kwargs)` abstractly (`jax.eval_shape`:
-  nothing is computed) and returns the names of the ops that had no lowering and
-  no decomposition, sorted, e.g. `['mylib::fused_op.default']`. Arguments are as
-  for `call_torch` (JAX arrays, or `jax.ShapeDtypeStruct`s); an empty list means
-  the whole function runs as JAX code.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, torch, bridge
-    >>> bridge.fallback_ops(lambda x: torch.sin(x) * 2, jnp.ones(3))
-    []
-  """
-  from bridge._src import call_torch as call_torch_lib
-  found: set[str] = set()
-  token = _recording.set(found)
-  try:
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves)
-                 if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))]
-
-    def traced(*arrays: Any) -> Any:
-      filled = list(leaves)
-      for i, a in zip(positions, arrays):
-        filled[i] = a
-      a, k = jax.tree_util.tree_unflatten(treedef, filled)
-      return call_torch_lib.call_torch(fn, *a, **k)
-    with jax.enable_x64(True):
-      jax.eval_shape(traced, *(jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
-                               for i in positions))
-  finally:
-    _recording.reset(token)
-  return sorted(found)
+def raise_not_found(func: Any) -> None:
+  """Raise `OperatorNotFound` for `func`: no lowering, no decomposition, no fallback."""
+  name = func._schema.name.split("::")[-1]
+  raise OperatorNotFound(
+      f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
+      f"decomposition for it). {why_not()} Register a lowering, in your code or "
+      "a plugin:\n\n"
+      "    import bridge, torch, jax.numpy as jnp\n"
+      f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
+      f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
+      "Arguments arrive as in the aten schema with JAX arrays for tensors: "
+      f"{func._schema}")

@@ -17,252 +17,30 @@ program no longer matches its module.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import types
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 import torch
 from torch.nn.modules import module as torch_module
 
-from bridge._src import call_torch as call_torch_lib
+from bridge._src import callback
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
+from bridge._src import special_ops
 from bridge._src import tensor as tensor_lib
-from bridge._src import transfer
+from bridge._src import tracing
+from bridge._src.arrays import array_to_tensor
 from bridge._src.errors import BridgeError, BridgeTypeError
+from bridge._src.module_state import (TABLES, module_state, own_table, reparametrized,
+                                      state_to_jax, state_where)
 
 API = "bridge.extract_jax"
 
-
-def module_state(module: torch.nn.Module, *, persistent_only: bool = False
-                 ) -> dict[str, torch.Tensor]:
-  """Parameters and buffers by state-dict name; a tied tensor once, under its first name.
-
-  With `persistent_only`, exactly the names of `module.state_dict()` (less tied
-  duplicates); otherwise non-persistent buffers too.
-  """
-  state: dict[str, torch.Tensor] = {}
-  seen: set[int] = set()
-  for name, t in module.state_dict(keep_vars=True).items():
-    if isinstance(t, torch.Tensor) and id(t) not in seen:
-      seen.add(id(t))
-      state[name] = t
-  if not persistent_only:
-    for name, t in module.named_buffers(remove_duplicate=True):
-      if id(t) not in seen:
-        seen.add(id(t))
-        state[name] = t
-  return state
-
-
-def state_to_jax(state: Mapping[str, torch.Tensor], *, copy: bool | None, api: str
-                 ) -> dict[str, Any]:
-  """The JAX arrays of module state (exact dtypes: 64-bit stays 64-bit)."""
-  out: dict[str, Any] = {}
-  with jax.enable_x64(True):
-    for name, t in state.items():
-      if isinstance(t, tensor_lib.Tensor):
-        out[name] = tensor_lib.value(t)  # immutable: no copy needed
-      else:
-        out[name] = transfer.tensor_to_jax(t.detach(), copy=copy, api=api,
-                                           where=functools.partial(_state_where, name))
-  return out
-
-
-def _state_where(name: str) -> str:
-  return f"module state {name!r}"
-
-
-# --- the tracing thread's own parameters ---------------------------------------------------
-
-_TABLES = ("_parameters", "_buffers")
-_get_ident = threading.get_ident
-_overlay_lock = threading.Lock()  # installs and removes overlays, and counts their users
-
-
-class _Overlay(dict):
-  """A module's `_parameters` or `_buffers` dict while threads trace the module.
-
-  Its own entries are the module's tensors, and a write from a thread that is not tracing
-  goes to them and to the dict it stands in for (`original`, which is back in the module
-  once the last trace has ended), so such threads see the module as it is. A tracing thread
-  sees its layer instead: the whole table with its traced tensors in place, written to by
-  its forward (a reassigned buffer). torch reads these tables through their Python methods
-  (`Module.__getattr__`, `named_parameters`, `state_dict`), which are the ones overridden.
-  """
-
-  __slots__ = ("original", "layers", "users")
-
-  def __init__(self, original: dict):
-    super().__init__(original)
-    self.original = original
-    self.layers: dict[int, dict] = {}  # thread id -> that thread's table
-    self.users = 0
-
-  def _layer(self) -> dict | None:
-    return self.layers.get(_get_ident()) if self.layers else None
-
-  def __getitem__(self, key: Any) -> Any:
-    layer = self._layer()
-    return dict.__getitem__(self, key) if layer is None else layer[key]
-
-  def __contains__(self, key: Any) -> bool:
-    layer = self._layer()
-    return dict.__contains__(self, key) if layer is None else key in layer
-
-  def get(self, key: Any, default: Any = None) -> Any:
-    layer = self._layer()
-    return dict.get(self, key, default) if layer is None else layer.get(key, default)
-
-  def __iter__(self) -> Iterator[Any]:
-    layer = self._layer()
-    return dict.__iter__(self) if layer is None else iter(layer)
-
-  def __len__(self) -> int:
-    layer = self._layer()
-    return dict.__len__(self) if layer is None else len(layer)
-
-  def keys(self) -> Any:
-    layer = self._layer()
-    return dict.keys(self) if layer is None else layer.keys()
-
-  def values(self) -> Any:
-    layer = self._layer()
-    return dict.values(self) if layer is None else layer.values()
-
-  def items(self) -> Any:
-    layer = self._layer()
-    return dict.items(self) if layer is None else layer.items()
-
-  def copy(self) -> dict:
-    layer = self._layer()
-    return dict(dict.items(self)) if layer is None else dict(layer)
-
-  def __repr__(self) -> str:
-    return repr(self.copy())
-
-  def __reduce_ex__(self, protocol: Any) -> Any:  # copies and pickles are plain dicts
-    return dict, (dict(dict.items(self)),)
-
-  def __setitem__(self, key: Any, value: Any) -> None:
-    layer = self._layer()
-    if layer is not None:
-      layer[key] = value
-      return
-    self.original[key] = value
-    dict.__setitem__(self, key, value)
-
-  def __delitem__(self, key: Any) -> None:
-    layer = self._layer()
-    if layer is not None:
-      del layer[key]
-      return
-    self.original.pop(key, None)
-    dict.__delitem__(self, key)
-
-  def pop(self, key: Any, *default: Any) -> Any:
-    layer = self._layer()
-    if layer is not None:
-      return layer.pop(key, *default)
-    self.original.pop(key, None)
-    return dict.pop(self, key, *default)
-
-  def setdefault(self, key: Any, default: Any = None) -> Any:
-    if key not in self:
-      self[key] = default
-    return self[key]
-
-  def update(self, *args: Any, **kwargs: Any) -> None:
-    for key, value in dict(*args, **kwargs).items():
-      self[key] = value
-
-  def clear(self) -> None:
-    for key in list(self.keys()):
-      del self[key]
-
-  def popitem(self) -> tuple:
-    key = next(reversed(list(self.keys())))
-    return key, self.pop(key)
-
-
-def own_table(module: torch.nn.Module, name: str) -> dict:
-  """`module._parameters` or `module._buffers` (`name`), the module's own dict even while a
-  thread traces the module (`reparametrized`)."""
-  table = module.__dict__[name]
-  return table.original if type(table) is _Overlay else table
-
-
-@contextlib.contextmanager
-def reparametrized(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
-                   ) -> Iterator[dict[str, Any]]:
-  """`module` with the named parameters and buffers replaced by `tensors`, in this thread only.
-
-  As torch's `_reparametrize_module(module, tensors, tie_weights=True)`, but other threads
-  keep seeing the module's own tensors: each of the tree's parameter and buffer tables is
-  replaced by an `_Overlay` (shared by the threads tracing it) whose layer for this thread
-  holds `tensors`. Names tied to a given one (the same tensor under two names) get its
-  value. Yields a dict that holds, once the block is left, each given name's value at its
-  end (the forward may have reassigned a buffer).
-  """
-  untied = dict(tensors)
-  by_id: dict[int, list[str]] = {}
-  for name, t in [*module.named_parameters(remove_duplicate=False),
-                  *module.named_buffers(remove_duplicate=False)]:
-    by_id.setdefault(id(t), []).append(name)
-  for names in by_id.values():
-    given = [n for n in names if n in tensors]
-    if given:
-      for n in names:
-        untied.setdefault(n, tensors[given[0]])
-  slots: dict[str, tuple[torch.nn.Module, str, str]] = {}
-  for name in untied:
-    prefix, _, attr = name.rpartition(".")
-    owner = module.get_submodule(prefix)
-    slots[name] = (owner, "_parameters" if attr in own_table(owner, "_parameters")
-                   else "_buffers", attr)
-  ident = _get_ident()
-  installed = []
-  with _overlay_lock:
-    for m in module.modules():
-      for key in _TABLES:
-        table = m.__dict__.get(key)
-        if table is None:
-          continue
-        if type(table) is not _Overlay:
-          table = _Overlay(table)
-          m.__dict__[key] = table
-        table.users += 1
-        before = table.layers.get(ident)  # a trace of this module inside another one's
-        table.layers[ident] = dict(before if before is not None else dict.items(table))
-        installed.append((m, key, table, before))
-  layers = {(id(m), key): table.layers[ident] for m, key, table, _ in installed}
-  after: dict[str, Any] = {}
-  try:
-    for name, t in untied.items():  # (this thread's own layers: no lock needed)
-      owner, key, attr = slots[name]
-      layers[id(owner), key][attr] = t
-    yield after
-    for name in tensors:
-      owner, key, attr = slots[name]
-      layer = layers[id(owner), key]
-      if attr in layer:
-        after[name] = layer[attr]
-  finally:
-    with _overlay_lock:
-      for m, key, table, before in reversed(installed):
-        if before is None:
-          del table.layers[ident]
-        else:
-          table.layers[ident] = before
-        table.users -= 1
-        if not table.users and m.__dict__.get(key) is table:
-          m.__dict__[key] = table.original
 
 
 def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str, Any],
@@ -284,7 +62,7 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
         f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''}. Use the "
         "names of `module.state_dict()` (the keys `extract_jax` returns).")
   tensors = {name: a if isinstance(a, tensor_lib.Tensor)
-             else call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
+             else array_to_tensor(a, functools.partial(state_where, name), api)
              for name, a in params.items()}
   missing = {name: t for name, t in module_state(module).items() if name not in tensors}
   if missing:  # the module's own values, as copies: an in-place update must not reach them
@@ -295,15 +73,15 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
     for name, a in arrays.items():
       if known[name][1] is not None:
         narrowing.track(a, known[name][1])
-      tensors[name] = call_torch_lib.array_to_tensor(a, functools.partial(_state_where, name), api)
+      tensors[name] = array_to_tensor(a, functools.partial(state_where, name), api)
   arrays = {name: t._storage.array for name, t in tensors.items()}
   with reparametrized(module, tensors) as after:
-    out = call_torch_lib.run_traced(call, args, kwargs, api)
+    out = tracing.run_traced(call, args, kwargs, api)
   mutated = {}
   for name, t in after.items():  # reassigned, or updated in place
     if t is not tensors[name] or t._storage.array is not arrays[name]:
       mutated[name] = (tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor)
-                       else call_torch_lib.outputs_to_jax(t, api))
+                       else tracing.outputs_to_jax(t, api))
   return out, mutated
 
 
@@ -342,7 +120,7 @@ _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_backward_pre_hooks",
                  "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
 # a module's own bookkeeping: the tables are compared by content, the rest does not change
 # what its forward computes (`training` is part of `bridge.compile`'s cache key instead)
-_INTERNAL = frozenset(_HOOKS + _TABLES + (
+_INTERNAL = frozenset(_HOOKS + TABLES + (
     "_modules", "_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "training"))
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
@@ -386,7 +164,7 @@ def _module_print(m: torch.nn.Module) -> tuple:
   hooks = tuple(tuple((k, _Same(h)) for k, h in d[key].items()) if key in d else None
                 for key in _HOOKS)
   tables = tuple(tuple((k, v is None) for k, v in own_table(m, key).items()) if key in d
-                 else None for key in _TABLES)
+                 else None for key in TABLES)
   children = tuple((k, _Same(c)) for k, c in d.get("_modules", {}).items())
   attrs = {k: _value(v) for k, v in d.items() if k not in _INTERNAL}
   return _Same(m), type(m), children, tables, hooks, attrs
@@ -438,7 +216,7 @@ class Guard:
       d = m.__dict__
       live.append(d)
       live += [d[key] for key in _QUICK_HOOKS + ("_modules",) if key in d]
-      for key in _TABLES:  # their keys (an empty one: itself, quicker to compare)
+      for key in TABLES:  # their keys (an empty one: itself, quicker to compare)
         if key in d:
           table = own_table(m, key)
           live.append(table.keys() if table else table)
@@ -514,10 +292,9 @@ def warn_dropped_updates(module: torch.nn.Module, names: list[str], api: str, fi
 
 def write_back(module: torch.nn.Module, mutated: Mapping[str, Any]) -> None:
   """Store concrete new state values into the module's own tensors."""
-  from bridge._src import special_ops
   for name, new in mutated.items():
     target = module.get_parameter(name) if _is_param(module, name) else module.get_buffer(name)
-    src = call_torch_lib.array_to_tensor(new, functools.partial(_state_where, name))
+    src = array_to_tensor(new, functools.partial(state_where, name))
     with torch.no_grad():
       special_ops.copy_into(target, src)
 
@@ -531,7 +308,7 @@ def call_module(module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kw
                 api: str) -> Any:
   """`call_torch` of a module or one of its bound methods."""
   params = state_to_jax(module_state(module), copy=None, api=api)
-  targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), api)
+  targs, tkwargs = tracing.inputs_to_torch((args, kwargs), api)
   out, mutated = apply(module, fn, params, targs, tkwargs, api)
   check_no_leak(module, api)
   if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
@@ -540,7 +317,7 @@ def call_module(module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kw
                          "return_state=True)` or use `bridge.compile`.")
   else:  # concrete values (an eager call): as torch would, the module's buffers change
     write_back(module, mutated)
-  return call_torch_lib.outputs_to_jax(out, api)
+  return tracing.outputs_to_jax(out, api)
 
 
 def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
@@ -549,8 +326,8 @@ def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
 
 
 def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
-                mode: call_torch_lib.Mode = "trace",
-                vmap_method: call_torch_lib.VmapMethod | None = None
+                mode: tracing.Mode = "trace",
+                vmap_method: tracing.VmapMethod | None = None
                 ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
   """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
 
@@ -619,16 +396,16 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
         "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
         stacklevel=2)
 
-  call_torch_lib.check_mode(mode, vmap_method, None, api=API)
+  tracing.check_mode(mode, vmap_method, None, api=API)
   if mode == "callback":
     fn = _callback_fn(module, return_state, vmap_method)
     return params, fn
 
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-    targs, tkwargs = call_torch_lib.inputs_to_torch((args, kwargs), API)
+    targs, tkwargs = tracing.inputs_to_torch((args, kwargs), API)
     out, mutated = apply(module, module, params, targs, tkwargs, API)
     check_no_leak(module, API)
-    out = call_torch_lib.outputs_to_jax(out, API)
+    out = tracing.outputs_to_jax(out, API)
     return _with_state(module, params, out, mutated, return_state)
 
   fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
@@ -653,7 +430,6 @@ def _with_state(module: torch.nn.Module, params: Mapping[str, Any], out: Any,
 def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str | None
                  ) -> Callable[..., Any]:
   """`extract_jax(module, mode="callback")`'s function of (params, *args, **kwargs)."""
-  from bridge._src import callback  # it builds on call_torch, as this module does
 
   def forward(state: dict, args: tuple, kwargs: dict) -> Any:
     with reparametrized(module, state):

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
+from bridge._src import fallback
 from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope, _is_view,
-                                  _decomposition, _mutated, _raise_not_found, _x64, aten,
+                                  _decomposition, _mutated, _x64, aten,
                                   get_plan)
 from bridge._src.errors import BridgeTypeError
 from bridge._src.registry import REGISTRY
@@ -110,7 +111,7 @@ class MutatingPlan:
     else:
       decomp = _decomposition(self.func)
       if decomp is None or self.func in _decomposing():
-        _raise_not_found(self.func)
+        fallback.raise_not_found(self.func)
       with _decomposing_scope(self.func):
         return decomp(*args, **kwargs)
     if len(targets) == 1 and isinstance(targets[0], (list, tuple)):

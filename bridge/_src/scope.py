@@ -160,9 +160,8 @@ class trace_scope:  # noqa: N801
 @functools.cache
 def _internal_dirs() -> tuple[str, ...]:
   """Where torch, JAX and the bridge live (and the stdlib modules their frames pass through)."""
-  import jax
-  import bridge
-  mods = [torch, jax, bridge]
+  import jax  # (imported by then; kept out of this module's import-time work)
+  mods = [torch, jax]
   try:
     import bridge_ops  # the lowerings' own frames are not the user's line either
     mods.append(bridge_ops)
@@ -170,6 +169,7 @@ def _internal_dirs() -> tuple[str, ...]:
     pass
   dirs = [os.path.dirname(f) + os.sep for f in (getattr(m, "__file__", None) for m in mods) if f]
   dirs += [p + os.sep for m in mods for p in getattr(m, "__path__", [])]
+  dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # bridge/
   stdlib = os.path.dirname(os.__file__) + os.sep
   dirs += [stdlib + "contextlib.py", stdlib + "functools.py"]
   return tuple(dirs)

@@ -21,7 +21,7 @@ from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src.errors import BridgeTypeError, ShardingError
-from bridge._src.modules import module_state
+from bridge._src.module_state import module_state
 from bridge._src.placement import check_divides
 
 API = "bridge.shard"

@@ -136,3 +136,17 @@ def merge(statics: Iterable[Any], arrays: Iterator[Any],
   if static is None:
     return [next(arrays) if s is DYN else s for s in statics]
   return [next(arrays) if s is DYN else static(s) for s in statics]
+
+
+class ByIdentity:
+  """A static value of a cache key that is not hashable (a Generator, a tensor): compared by
+  identity."""
+
+  def __init__(self, v: Any):
+    self.v = v
+
+  def __hash__(self) -> int:
+    return id(self.v)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, ByIdentity) and other.v is self.v

@@ -17,12 +17,14 @@ import torch
 from bridge._src import call_torch as call_torch_lib
 from bridge._src import interop
 from bridge._src import tensor as tensor_lib
+from bridge._src import tracing
 from bridge._src import tree as tree_lib
+from bridge._src.arrays import array_to_tensor
 from bridge._src.errors import BridgeTypeError
 
 
 def _array_to_tensor(a: jax.Array, where: Any) -> tensor_lib.Tensor:
-  return call_torch_lib.array_to_tensor(a, where)
+  return array_to_tensor(a, where)
 
 
 def torch_view(x: Any) -> Any:
@@ -76,7 +78,7 @@ def jax_view(x: Any = _NOTHING, *, mode: str = "trace", vmap_method: str | None 
   if callable(x) and not isinstance(x, torch.Tensor):
     return call_torch_lib.jax_view(x, mode=mode, vmap_method=vmap_method,
                                    result_shape_dtypes=result_shape_dtypes)
-  call_torch_lib.check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
+  tracing.check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
   if mode != "trace":
     raise BridgeTypeError("`bridge.jax_view`: `mode` applies to a torch callable, not to "
                           f"a {type(x).__name__}.")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import bridge
-from bridge._src.dispatch import OperatorNotFound
+from bridge._src.errors import OperatorNotFound
 from tests.ops.harness import lowering_of
 
 aten = torch.ops.aten
