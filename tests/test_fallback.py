@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bridge
-from bridge._src import fallback as fallback_lib
+from bridge._src.dispatch import fallback as fallback_lib
 from bridge._src import ffi
 from bridge._src import tensor as tensor_lib
 from bridge._src.registry import REGISTRY

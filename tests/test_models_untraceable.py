@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bridge
-from bridge._src import fallback as fallback_lib
+from bridge._src.dispatch import fallback as fallback_lib
 
 RECIPE = "recipes/torch_code_in_jax_callback_mode.ipynb"
 

@@ -17,7 +17,7 @@ import jax
 import torch
 
 from bridge._src import callback
-from bridge._src import fallback
+from bridge._src.dispatch import fallback
 from bridge._src import modules
 from bridge._src.errors import BridgeTypeError
 from bridge._src.module_state import module_of

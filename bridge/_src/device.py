@@ -32,12 +32,14 @@ import numpy as np
 import torch
 
 from bridge._src import autocast
-from bridge._src import dispatch
 from bridge._src import rng
-from bridge._src import special_ops
 from bridge._src import tensor
-from bridge._src.devices import (current_device, device, device_count, is_available, set_device)
+from bridge._src.devices import current_device, device, device_count, is_available, set_device
+from bridge._src.dispatch.plans import get_plan
+from bridge._src.dispatch.special import copy_into
+from bridge._src.dispatch.tensors import new_zeros, wait_for_last_result
 from bridge._src.errors import BridgeError, BridgeTypeError, CudaAutogradWarning
+from bridge._src.registry import REGISTRY
 
 NAME = "jax"  # the device's name once named (`tensor.device_type()` says which it has)
 _lock = threading.Lock()
@@ -50,7 +52,7 @@ _library: Any = None  # keeps the torch.library registrations alive
 def synchronize(device: Any = None) -> None:
   """Wait until every op issued so far on the `jax` device has finished."""
   del device
-  dispatch.wait_for_last_result()
+  wait_for_last_result()
   jax.effects_barrier()
 
 
@@ -152,13 +154,13 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 def _empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
            pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
   del layout, pin_memory, memory_format
-  return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
+  return new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
 def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None,
                    device: Any = None, pin_memory: Any = None) -> torch.Tensor:
   del stride, layout, pin_memory  # jax tensors are created contiguous
-  return dispatch.new_zeros(tuple(int(s) for s in size), dtype, device)
+  return new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
 # Factories torch implements only per backend (CPU, CUDA): on the jax device they run their
@@ -168,13 +170,13 @@ _BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices")
 
 def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
   op = getattr(torch.ops.aten, name).default
-  return dispatch.get_plan(op)(args, kwargs)
+  return get_plan(op)(args, kwargs)
 
 
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
   """Copy between a `jax` tensor and another device's (torch routes some copies here)."""
   del non_blocking
-  return special_ops.copy_into(dst, self)
+  return copy_into(dst, self)
 
 
 def _never_tag(obj: Any) -> None:
@@ -210,10 +212,10 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   else:
     whole = ours and len({t.dtype for t in tensors}) == 1
   whole = (whole and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-           and dispatch.REGISTRY.lookup(op) is not None)
+           and REGISTRY.lookup(op) is not None)
   if whole:
     with torch._C._AutoDispatchBelowAutograd():
-      return dispatch.get_plan(op)(args, kwargs)
+      return get_plan(op)(args, kwargs)
   return op.decompose(*args, **kwargs)
 
 

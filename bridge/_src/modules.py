@@ -31,10 +31,10 @@ from bridge._src import callback
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
-from bridge._src import special_ops
 from bridge._src import tensor as tensor_lib
 from bridge._src import tracing
 from bridge._src.arrays import array_to_tensor
+from bridge._src.dispatch import special
 from bridge._src.errors import BridgeError, BridgeTypeError
 from bridge._src.module_state import (TABLES, module_state, own_table, reparametrized,
                                       state_to_jax, state_where)
@@ -296,7 +296,7 @@ def write_back(module: torch.nn.Module, mutated: Mapping[str, Any]) -> None:
     target = module.get_parameter(name) if _is_param(module, name) else module.get_buffer(name)
     src = array_to_tensor(new, functools.partial(state_where, name))
     with torch.no_grad():
-      special_ops.copy_into(target, src)
+      special.copy_into(target, src)
 
 
 def _is_param(module: torch.nn.Module, name: str) -> bool:

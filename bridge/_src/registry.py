@@ -58,7 +58,7 @@ class Lowering:
   dynamic_shape: DynamicShape = False
   source: str = ""  # who registered it (plugin name or "user")
   # Traced with `jax.disable_jit()` on (its plugin declares `TRACE_JIT_FREE`; see
-  # `dispatch._Executable`): jnp's jitted helpers trace inline instead of as nested programs.
+  # `dispatch.executable.Executable`): jnp's jitted helpers trace inline instead of as nested programs.
   jit_free: bool = False
 
 

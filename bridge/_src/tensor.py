@@ -190,7 +190,7 @@ _deferred: dict[int, list[Exception]] = {}  # graph task id -> errors of its bac
 _deferred_lock = threading.Lock()
 
 
-def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.get_plan on import
+def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.plans.get_plan on import
   raise RuntimeError("bridge: the dispatcher is not loaded")
 
 

@@ -17,11 +17,8 @@ import threading
 import warnings
 from typing import Any
 
-
-from bridge._src import callback
+from bridge._src import callback, ffi, registry
 from bridge._src import config as config_lib
-from bridge._src import ffi
-from bridge._src import registry
 from bridge._src.errors import FallbackWarning, OperatorNotFound
 
 POLICIES = ("callback", "error")

@@ -18,9 +18,10 @@ from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.dispatch import _x64, aten, get_plan
-from bridge._src.mutation import _cast, _store
+from bridge._src.dispatch.mutation import cast, store
+from bridge._src.dispatch.schema import aten, x64
 from bridge._src.tensor import Tensor, make, value
+
 
 def concrete(v: Any, what: str) -> Any:
   """`v` itself, or a traced `v`'s concrete value (known under an eager `jax.grad`); raises
@@ -45,11 +46,11 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
   target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
                    else src.device)
   dtype = narrowing.narrow_dtype(dtype, f"a conversion to {dtype}")
-  with _x64():
+  with x64():
     want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
     # Same dtype: the copy shares the immutable array in a storage box of its own, so an
     # in-place op on either tensor (which replaces its box's array) leaves the other alone.
-    out = _cast(v, want) if np.dtype(v.dtype) != want else v
+    out = cast(v, want) if np.dtype(v.dtype) != want else v
     if target_device != src.device:
       out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
   return make(out, target_device, dtype)
@@ -64,7 +65,7 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
   dst, src = args[0], args[1]
   if isinstance(src, Tensor):
     if isinstance(dst, Tensor):
-      _store(dst, src)
+      store(dst, src)
     else:
       with torch.no_grad():
         dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
@@ -72,13 +73,13 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
   # (inside a 32-bit program a 64-bit source must fit, as CPU tensors beside jax tensors)
   src_t, bound = narrowing.known(src.detach(), f"a {src.dtype} CPU tensor (shape "
                                  f"{tuple(src.shape)}) copied to the jax device")
-  with _x64():
+  with x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
     # (a CPU tensor arrives on JAX's CPU device: on to the tensor's own, a GPU or jax:1)
     v = device_lib.place(v, dst.device.index or 0)
     if bound is not None:
       narrowing.track(v, bound)
-  _store(dst, v)
+  store(dst, v)
   return dst
 
 
@@ -92,25 +93,25 @@ def _identity_copy(args: tuple, kwargs: dict) -> Any:
 
 
 def _conj_copy(args: tuple, kwargs: dict) -> Any:
-  with _x64():
+  with x64():
     return make(jnp.conj(value(args[0])), args[0]._dev, args[0].dtype)
 
 
 def _neg_copy(args: tuple, kwargs: dict) -> Any:
-  with _x64():
+  with x64():
     return make(-value(args[0]), args[0]._dev, args[0].dtype)
 
 
 def _view_dtype(args: tuple, kwargs: dict) -> Any:
   t, dtype = args
-  with _x64():
+  with x64():
     out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
   return make(out, t._dev, dtype)
 
 
 def _view_as_real(args: tuple, kwargs: dict) -> Any:
   v = value(args[0])
-  with _x64():
+  with x64():
     return make(jnp.stack([v.real, v.imag], axis=-1), args[0]._dev)
 
 
@@ -118,7 +119,7 @@ def _view_as_complex(args: tuple, kwargs: dict) -> Any:
   v = value(args[0])
   if np.dtype(v.dtype) == np.float16:  # torch gives complex32 (chalf): refuse it clearly
     dtypes.jax_dtype(torch.complex32, api="torch.view_as_complex", where="the result")
-  with _x64():
+  with x64():
     return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
 
 
@@ -193,33 +194,38 @@ def _false(args: tuple, kwargs: dict) -> bool:
   return False
 
 
-def _native_batch_norm(args: tuple, kwargs: dict) -> Any:
-  """`native_batch_norm` updates its running stats in place though its schema does not say so."""
-  bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
-                    "momentum", "eps"], args), **kwargs)
-  if not (bound["training"] and bound["running_mean"] is not None):
-    return get_plan(aten._native_batch_norm_legit_no_training.default)(
+def _native_batch_norm(plan_of: Callable[[Any], Callable]) -> Callable:
+  """`native_batch_norm` updates its running stats in place though its schema does not say so:
+  it runs the plan (`plan_of`) of the `_native_batch_norm_legit` overload that fits, then
+  stores the new statistics."""
+  def run(args: tuple, kwargs: dict) -> Any:
+    bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
+                      "momentum", "eps"], args), **kwargs)
+    if not (bound["training"] and bound["running_mean"] is not None):
+      if bound["running_mean"] is not None:
+        return plan_of(aten._native_batch_norm_legit_no_training.default)(
+            (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
+             bound["running_var"], bound["momentum"], bound["eps"]), {})
+      return plan_of(aten._native_batch_norm_legit.no_stats)(
+          (bound["input"], bound["weight"], bound["bias"], bound["training"],
+           bound["momentum"], bound["eps"]), {})
+    out, mean, rstd, new_mean, new_var = plan_of(
+        aten._native_batch_norm_legit_functional.default)(
         (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
-         bound["running_var"], bound["momentum"], bound["eps"]), {}) \
-        if bound["running_mean"] is not None else get_plan(aten._native_batch_norm_legit.no_stats)(
-            (bound["input"], bound["weight"], bound["bias"], bound["training"],
-             bound["momentum"], bound["eps"]), {})
-  out, mean, rstd, new_mean, new_var = get_plan(aten._native_batch_norm_legit_functional.default)(
-      (bound["input"], bound["weight"], bound["bias"], bound["running_mean"], bound["running_var"],
-       True, bound["momentum"], bound["eps"]), {})
-  _store(bound["running_mean"], new_mean)
-  _store(bound["running_var"], new_var)
-  return out, mean, rstd
+         bound["running_var"], True, bound["momentum"], bound["eps"]), {})
+    store(bound["running_mean"], new_mean)
+    store(bound["running_var"], new_var)
+    return out, mean, rstd
+  return run
 
 
 # The special ops above that make tensors with new values or dtypes (their int64 results in a
 # 32-bit program are proven exact by `narrowing`); the others return their input or write
-# through `_store`, which does it.
+# through `store`, which does it.
 NEW_VALUES = frozenset({aten._to_copy.default, aten.lift_fresh_copy.default, aten.view.dtype,
                         aten.as_strided_scatter.default, aten._pack_padded_sequence.default})
 
-SPECIAL: dict[Any, Callable] = {
-    aten.native_batch_norm.default: _native_batch_norm,
+_SPECIAL: dict[Any, Callable] = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
@@ -238,3 +244,8 @@ SPECIAL: dict[Any, Callable] = {
     aten._has_compatible_shallow_copy_type.default:
         lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
 }
+
+
+def table(plan_of: Callable[[Any], Callable]) -> dict[Any, Callable]:
+  """The special ops' plans by overload; `plan_of(op)` gives another op's plan."""
+  return {**_SPECIAL, aten.native_batch_norm.default: _native_batch_norm(plan_of)}

@@ -8,7 +8,7 @@ run their `_functional` variant, which returns the new values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes
-from bridge._src import fallback
 from bridge._src import narrowing
 from bridge._src import scope
-from bridge._src.dispatch import (_FunctionalPlan, _decomposing, _decomposing_scope, _is_view,
-                                  _decomposition, _mutated, _x64, aten,
-                                  get_plan)
+from bridge._src.dispatch import fallback
+from bridge._src.dispatch.functional import FunctionalPlan
+from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decomposition
+from bridge._src.dispatch.schema import aten, is_view, mutated_args, x64
 from bridge._src.errors import BridgeTypeError
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make, value, write
@@ -34,13 +34,13 @@ def _functional_twin(func: Any) -> Any:
   name = func._schema.name.split("::")[-1]
   packet_name = name[:-1] if name.endswith("_") else name
   overload = func._overloadname
-  mutated = set(_mutated(func))
+  mutated = set(mutated_args(func))
   packet = getattr(aten, packet_name, None)
   if packet is None:
     return None
   if name.endswith("_"):
     twin = getattr(packet, overload, None)
-    return twin if twin is not None and not _mutated(twin) else None
+    return twin if twin is not None and not mutated_args(twin) else None
   kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
   if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
     functional = (getattr(aten, f"{name}_functional", None)
@@ -52,7 +52,7 @@ def _functional_twin(func: Any) -> Any:
   loose = None
   for ov in packet.overloads():
     cand = getattr(packet, ov)
-    if _mutated(cand):
+    if mutated_args(cand):
       continue
     names = [a.name for a in cand._schema.arguments]
     if names == wanted:
@@ -68,9 +68,9 @@ def _functional_twin(func: Any) -> Any:
 class MutatingPlan:
   """In-place and `out=` ops: compute with the functional twin, then store the results."""
 
-  def __init__(self, func: Any):
+  def __init__(self, func: Any, plan_of: Callable[[Any], Callable]):
     self.func = func
-    self.mutated = _mutated(func)
+    self.mutated = mutated_args(func)
     self.names = [a.name for a in func._schema.arguments]
     self.twin = _functional_twin(func)
     self.inplace = func._schema.name.endswith("_")
@@ -81,8 +81,8 @@ class MutatingPlan:
     if self.twin is None:
       lowering = REGISTRY.lookup(func)
       if lowering is not None:
-        self.direct = _FunctionalPlan(func)
-    self.twin_plan = get_plan(self.twin) if self.twin is not None else None
+        self.direct = FunctionalPlan(func)
+    self.twin_plan = plan_of(self.twin) if self.twin is not None else None
 
   def _targets(self, args: tuple, kwargs: dict) -> list:
     targets = []
@@ -109,10 +109,10 @@ class MutatingPlan:
     elif self.direct is not None:
       out = self.direct(args, kwargs)
     else:
-      decomp = _decomposition(self.func)
-      if decomp is None or self.func in _decomposing():
+      decomp = decomposition(self.func)
+      if decomp is None or self.func in decomposing():
         fallback.raise_not_found(self.func)
-      with _decomposing_scope(self.func):
+      with decomposing_scope(self.func):
         return decomp(*args, **kwargs)
     if len(targets) == 1 and isinstance(targets[0], (list, tuple)):
       outs = [out]  # one mutated Tensor[] argument (`_foreach_add_`): out is its new list
@@ -128,9 +128,9 @@ class MutatingPlan:
     for target, new in zip(targets, new_values):
       if isinstance(target, (list, tuple)):
         for t, n in zip(target, new):
-          _store(t, n, resize=resize)
+          store(t, n, resize=resize)
       elif target is not None:
-        _store(target, new, resize=resize)
+        store(target, new, resize=resize)
     if results is not None:
       return tuple(results) if len(results) > 1 else results[0]
     returns = self.func._schema.returns
@@ -143,12 +143,12 @@ class RestridePlan:
   """In-place ops that change only a tensor's metadata (`transpose_`, `t_`, `squeeze_`,
   `unsqueeze_`, `as_strided_`...): the tensor becomes its own view, with the same storage."""
 
-  def __init__(self, func: Any, view: Any):
-    self.func, self.view = func, view
+  def __init__(self, func: Any, view: Any, plan_of: Callable[[Any], Callable]):
+    self.func, self.view, self.plan_of = func, view, plan_of
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     target = args[0]
-    view = get_plan(self.view)(args, kwargs)
+    view = self.plan_of(self.view)(args, kwargs)
     with torch.no_grad():
       target.data = view  # the view's sizes, strides, offset and storage (`Tensor.data`)
     return target
@@ -160,7 +160,7 @@ _RESIZING = frozenset({"aten::resize_", "aten::resize_as_"})
 def restride_twin(func: Any) -> Any:
   """The view op whose metadata an in-place metadata op gives its input, or None."""
   name = func._schema.name.split("::")[-1]
-  if not name.endswith("_") or _mutated(func) != [func._schema.arguments[0].name]:
+  if not name.endswith("_") or mutated_args(func) != [func._schema.arguments[0].name]:
     return None
   packet = getattr(aten, name[:-1], None)
   if packet is None:
@@ -168,12 +168,12 @@ def restride_twin(func: Any) -> Any:
   names = [a.name for a in func._schema.arguments]
   for overload in packet.overloads():  # `transpose_.default` is `transpose.int` in place
     twin = getattr(packet, overload)
-    if _is_view(twin) and [a.name for a in twin._schema.arguments] == names:
+    if is_view(twin) and [a.name for a in twin._schema.arguments] == names:
       return twin
   return None
 
 
-def _store(target: Any, new: Any, resize: bool = False) -> None:
+def store(target: Any, new: Any, resize: bool = False) -> None:
   """Write the value of tensor `new` into tensor `target` (torch's copy_ semantics: `new`
   broadcasts to `target`'s shape). `resize=True` is for `out=` tensors, which torch gives the
   result's shape instead."""
@@ -190,14 +190,14 @@ def _store(target: Any, new: Any, resize: bool = False) -> None:
       if scope.narrow():
         narrowing.stored(target, new)
       return
-    with _x64():
+    with x64():
       v = jnp.broadcast_to(v, tuple(target.shape))
   want = dtypes.TORCH_TO_JAX[target.dtype]
   if scope.narrow():  # a 32-bit program: its 64-bit tensors hold 32-bit arrays
     want = jax.dtypes.canonicalize_dtype(want)
   if np.dtype(v.dtype) != want:
-    with _x64():
-      v = _cast(v, want)
+    with x64():
+      v = cast(v, want)
   if target._detached or scope.no_grad_inside():
     # An in-place op that torch does not record (in a `torch.no_grad()` block of traced code,
     # or through a `detach()`ed alias, as `F.embedding(max_norm=...)` renormalizes its
@@ -221,7 +221,7 @@ def _unrecorded_update_jvp(primals: tuple, tangents: tuple) -> tuple:
   return primals[1], tangents[0]
 
 
-_cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
+cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
 
 
 def _resize(target: Tensor, v: Any) -> None:

@@ -1,0 +1,62 @@
+"""The entry of dispatch: one plan per aten overload, chosen once by what its schema says.
+
+`bridge.Tensor.__torch_dispatch__` reads the plan from `tensor._PLANS` and asks `get_plan`
+for a missing one (`tensor._get_plan` is this module's `get_plan` once it is imported).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from bridge._src import narrowing
+from bridge._src import scope
+from bridge._src import tensor as tensor_lib
+from bridge._src.dispatch import mutation
+from bridge._src.dispatch import special
+from bridge._src.dispatch.functional import FunctionalPlan
+from bridge._src.dispatch.schema import is_view, mutated_args
+from bridge._src.dispatch.views import ViewPlan
+
+_scope_var = scope._ACTIVE
+_PLANS: dict[Any, Callable] = tensor_lib._PLANS
+_plans_lock = threading.Lock()
+
+
+def get_plan(func: Any) -> Callable:
+  """The plan of aten overload `func`: a callable of (args, kwargs), made on first use."""
+  plan = _PLANS.get(func)
+  if plan is None:
+    if func in _SPECIAL:
+      plan = _SPECIAL[func]
+      if func in special.NEW_VALUES:
+        plan = _proven(func, plan)
+    elif is_view(func):
+      plan = ViewPlan(func)
+    elif mutated_args(func):
+      view = mutation.restride_twin(func)
+      plan = (mutation.RestridePlan(func, view, get_plan) if view is not None
+              else mutation.MutatingPlan(func, get_plan))
+    else:
+      plan = FunctionalPlan(func)
+    with _plans_lock:
+      plan = _PLANS.setdefault(func, plan)
+  return plan
+
+
+_SPECIAL = special.table(get_plan)
+
+
+def _proven(func: Any, plan: Callable) -> Callable:
+  """`plan` (a special op's that makes new tensors), whose int64 results in a 32-bit program
+  are proven exact or refused (`narrowing`; the other plans do it themselves)."""
+  def proven(args: tuple, kwargs: dict) -> Any:
+    out = plan(args, kwargs)
+    if _scope_var.get().narrow:
+      narrowing.after_call(func, args, kwargs, out)
+    return out
+  return proven
+
+
+# `bridge.Tensor.__torch_dispatch__` looks plans up in `_PLANS` and builds missing ones here.
+tensor_lib._get_plan = get_plan

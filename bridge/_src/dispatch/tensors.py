@@ -1,0 +1,154 @@
+"""Tensors in and out of an op: one device per op, CPU scalars beside `jax` tensors, results
+placed like their argument, JAX results as `bridge.Tensor`s, new zero-filled tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from bridge._src import devices as device_lib
+from bridge._src import dtypes, narrowing, scope, transfer
+from bridge._src import tensor as tensor_lib
+from bridge._src.dispatch.schema import aten, x64
+from bridge._src.errors import DeviceMismatchError
+from bridge._src.placement import placement_lines
+from bridge._src.registry import REGISTRY
+from bridge._src.tensor import Tensor, make
+
+try:
+  from jax._src.array import ArrayImpl as _ArrayImpl
+except ImportError:  # pragma: no cover
+  _ArrayImpl = None
+
+
+_last_result: list[Any] = [None]
+
+
+def wait_for_last_result() -> None:
+  out = _last_result[0]
+  if out is not None:
+    jax.block_until_ready(out)
+
+
+def device_error(a: Any, b: Any) -> DeviceMismatchError:
+  return DeviceMismatchError(
+      f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+      f"{b}! Move them together first, e.g. `t.to('{a}')`.")
+
+
+LIKE_OPS = frozenset(
+    getattr(getattr(aten, name), overload)
+    for name, overloads in (
+        ("zeros_like", ("default",)), ("ones_like", ("default",)), ("empty_like", ("default",)),
+        ("full_like", ("default",)), ("rand_like", ("default",)), ("randn_like", ("default",)),
+        ("randint_like", ("default", "low_dtype")), ("new_zeros", ("default",)),
+        ("new_ones", ("default",)), ("new_empty", ("default",)), ("new_full", ("default",)),
+        ("new_empty_strided", ("default",)))
+    for overload in overloads if hasattr(getattr(aten, name, None), overload))
+
+
+def placed_like(out: Any, like: Any) -> Any:
+  """A `_like`/`new_` op's result, put where its argument is when that spans several devices:
+  the same layout for the same shape, else replicated over the argument's mesh."""
+  sharding = like.sharding
+  if len(sharding.device_set) == 1:
+    return out
+  if tuple(out.shape) != tuple(like.shape):
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+      return out
+    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  return jax.device_put(out, sharding)
+
+
+def placement_error(func: Any, dyn: list) -> DeviceMismatchError:
+  """Tensors of one op placed on different sets of devices (different meshes)."""
+  placed = placement_lines((f"argument {i}", a) for i, a in enumerate(dyn) if np.ndim(a) > 0)
+  return DeviceMismatchError(
+      f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
+      + "\n".join(placed) + "\nOne op runs on one mesh: place them together first "
+      "(`bridge.shard(t, sharding)` with a sharding over the same mesh).")
+
+
+def scalar_from_cpu(t: torch.Tensor) -> Any:
+  """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
+  t, bound = narrowing.known(t.detach(), f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
+  with x64():
+    a = transfer.tensor_to_jax(t.contiguous(), api="the jax device",
+                               where=lambda: "a CPU tensor")
+    if device_lib.jax_devices()[0].platform != "cpu":
+      # (on JAX's CPU device, committed there: beside GPU arrays, an uncommitted copy that
+      # JAX places with the op's other arguments)
+      a = jax.device_put(np.asarray(a))
+  return a if bound is None else narrowing.track(a, bound)
+
+
+def wrap(out: Any, device: torch.device) -> Any:
+  """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
+  if type(out) is _ArrayImpl:
+    _last_result[0] = out
+    return tensor_lib.make_result(out, device)
+  if isinstance(out, (tuple, list)):
+    return (list if isinstance(out, list) else tuple)(wrap(o, device) for o in out)
+  if out is None or not hasattr(out, "dtype"):
+    return out
+  if not isinstance(out, jax.core.Tracer):  # a tracer must not outlive its trace here
+    _last_result[0] = out
+  return make(out, device)
+
+
+def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
+  """A new zero-filled tensor (what `empty` gives on the jax device)."""
+  REGISTRY.require_plugins()
+  dtype = dtype or torch.get_default_dtype()
+  index = device_lib.device_index(device)
+  wide = dtype
+  dtype = narrowing.narrow_dtype(dtype, f"a new {dtype} tensor")
+  jdtype = dtypes.jax_dtype(dtype, api="torch.empty", where="the requested dtype")
+  target = device_lib.jax_devices()[index]
+  with x64():
+    if not scope.staged():
+      array = jax.device_put(_host_zeros(size, jdtype), target)
+    elif math.prod(size) <= FOLD_MAX:
+      # a known value while a program is staged (see `fold`): made by NumPy, not compiled
+      with jax.ensure_compile_time_eval():
+        array = jax.device_put(np.zeros(size, jdtype), target)
+    else:
+      array = jnp.zeros(size, jdtype)
+      array = jax.device_put(array, target) if index else array
+  if dtype is not wide:  # an int64 tensor in a 32-bit program: its zeros fit (`narrowing`)
+    narrowing.track(array, 0)
+  return make(array, tensor_lib.jax_device(index), dtype)
+
+
+def _host_zeros(size: tuple, dtype: np.dtype) -> np.ndarray:
+  """Zeros in a 64-byte aligned NumPy buffer, which a CPU device takes without copying.
+
+  `empty` (and so `tensor.to("jax")`, `module.to("jax")`, whose `copy_` then replaces the
+  array) costs an allocation, not an XLA compile per new shape (tens of milliseconds
+  each). A large buffer is a fresh anonymous mapping: its zero pages are not written
+  until used, where `np.zeros` would clear recycled heap memory (a pass over all of it).
+  """
+  dtype = np.dtype(dtype)
+  nbytes = math.prod(size) * dtype.itemsize
+  if nbytes >= _MAP_BYTES:
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(size)  # page-aligned
+  raw = np.zeros(nbytes + transfer._ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % transfer._ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(size)
+
+
+_MAP_BYTES = 1 << 20
+
+
+FOLD_MAX = 4096  # elements: larger known values stay computations of the program
+
+
+def factory_device(kwargs: dict) -> torch.device:
+  return tensor_lib.jax_device(device_lib.device_index(kwargs.get("device")))
