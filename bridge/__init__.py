@@ -34,7 +34,7 @@ from bridge._src.compile import Compiled as Compiled
 from bridge._src.compile import compile as compile  # noqa: A004
 from bridge._src.device import register_jax_device as register_jax_device
 from bridge._src.call_torch import fallback_ops as fallback_ops
-from bridge._src.interop import call_jax as call_jax
+from bridge._src.call_jax import call_jax as call_jax
 from bridge._src.loader import DeviceLoader as DeviceLoader
 from bridge._src.modules import extract_jax as extract_jax
 from bridge._src.registry import register_lowering as register_lowering

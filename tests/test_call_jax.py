@@ -14,14 +14,14 @@ import pytest
 import torch
 
 import bridge
-from bridge._src import interop
+from bridge._src import call_jax as call_jax_lib
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
   yield
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
 
 
 # --- forward ------------------------------------------------------------------
@@ -131,17 +131,17 @@ def test_compiled_once_per_signature():
   bridge.call_jax(f, torch.ones(4), 3)   # new static value: a new entry
   bridge.call_jax(f, torch.ones(4), 3.0)  # 3 == 3.0 but another type: a new entry
   assert len(traces) == 4
-  assert len(interop._cache) == 3
+  assert len(call_jax_lib._cache) == 3
 
 
 def test_cache_is_bounded(monkeypatch):
-  monkeypatch.setattr(interop._cache, "size", 4)
+  monkeypatch.setattr(call_jax_lib._cache, "size", 4)
 
   def f(x, k):
     return x + k
   for k in range(10):
     bridge.call_jax(f, torch.ones(1), k)
-  assert len(interop._cache) == 4
+  assert len(call_jax_lib._cache) == 4
 
 
 # --- autograd -----------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_no_grad_and_inference_mode_build_no_vjp():
   with torch.inference_mode():
     z = bridge.call_jax(f, x)
   assert not y.requires_grad and not z.requires_grad
-  entries = list(interop._cache._entries.values())
+  entries = list(call_jax_lib._cache._entries.values())
   assert len(entries) == 1 and not entries[0].vjp._forwards
 
 
@@ -361,7 +361,7 @@ def test_no_memory_growth_over_10000_calls():
   gc.collect()
   growth = _rss_bytes() - before
   assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 10,000 calls"
-  assert len(interop._cache) == 1
+  assert len(call_jax_lib._cache) == 1
 
 
 def test_function_without_tensor_inputs():

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 import bridge
-from bridge._src import interop
+from bridge._src import call_jax as call_jax_lib
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
   yield
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
 
 
 # --- static arguments are keyed exactly ---------------------------------------
@@ -56,14 +56,14 @@ def test_equal_but_distinguishable_statics_get_their_own_entries(name):
   for s in (a, b, a, b):  # in both orders, and again from the cache
     want = torch.tensor(np.asarray(fn(jnp.ones(2), s)))
     assert torch.equal(bridge.call_jax(fn, x, s), want), (s, want)
-  assert len(interop._cache) == 2
+  assert len(call_jax_lib._cache) == 2
 
 
 def test_bool_int_and_float_statics_keep_their_types():
   with jax.enable_x64(False):
     outs = [bridge.call_jax(jnp.asarray, s) for s in (True, 1, 1.0, True)]
   assert [o.dtype for o in outs] == [torch.bool, torch.int32, torch.float32, torch.bool]
-  assert len(interop._cache) == 3
+  assert len(call_jax_lib._cache) == 3
 
 
 @pytest.mark.parametrize("make_nan", [lambda: float("nan"), lambda: np.float32("nan"),
@@ -77,7 +77,7 @@ def test_a_nan_static_finds_its_entry_again(make_nan):
     return x + jnp.real(s)
   for _ in range(3):  # a new NaN object each time (nan != nan)
     assert torch.isnan(bridge.call_jax(f, torch.ones(2), make_nan())).all()
-  assert len(traces) == 1 and len(interop._cache) == 1
+  assert len(traces) == 1 and len(call_jax_lib._cache) == 1
 
 
 # --- the cache lets dead functions go -----------------------------------------
@@ -92,14 +92,14 @@ def test_a_dead_functions_entries_and_programs_are_dropped():
   bridge.call_jax(fn, x).sum().backward()
   bridge.call_jax(fn, x.detach())
   bridge.call_jax(keep, x.detach())
-  assert len(interop._cache) == 2
-  entry = weakref.ref(next(e for e in interop._cache._entries.values() if e.fn is fn))
+  assert len(call_jax_lib._cache) == 2
+  entry = weakref.ref(next(e for e in call_jax_lib._cache._entries.values() if e.fn is fn))
   fn_alive = weakref.ref(fn)
   del fn
   gc.collect()
   assert fn_alive() is None, "the cache kept the function alive"
   bridge.call_jax(keep, x.detach())  # the next call drops the dead entries first
-  assert len(interop._cache) == 1
+  assert len(call_jax_lib._cache) == 1
   gc.collect()
   assert entry() is None, "the dead function's entry (and its programs) stayed alive"
 
@@ -120,13 +120,13 @@ def test_bound_methods_share_an_entry_and_go_with_their_object():
     assert bridge.call_jax(a.apply, x).tolist() == [2.0, 2.0]
     assert bridge.call_jax(b.apply, x).tolist() == [3.0, 3.0]
     assert bridge.call_jax(a, x).tolist() == [2.0, 2.0]
-  assert len(interop._cache) == 3
+  assert len(call_jax_lib._cache) == 3
   a_alive = weakref.ref(a)
   del a
   gc.collect()
   assert a_alive() is None
   bridge.call_jax(b.apply, x)
-  assert len(interop._cache) == 1
+  assert len(call_jax_lib._cache) == 1
 
 
 def test_derivatives_of_any_order_after_the_function_died():
@@ -172,7 +172,7 @@ def test_fresh_functions_with_large_constants_do_not_pile_up(grad):
   before = _rss_bytes()
   _fresh_functions(20, x, big=big)
   growth = _rss_bytes() - before
-  assert len(interop._cache) <= 2
+  assert len(call_jax_lib._cache) <= 2
   assert growth < 50 * 2**20, f"RSS grew by {growth / 2**20:.0f} MiB over 20 functions"
 
 
@@ -189,7 +189,7 @@ def test_fresh_lambdas_keep_memory_flat():
   _fresh_functions(160, x)
   _fresh_functions(80, xg)
   growth = _rss_bytes() - before
-  assert len(interop._cache) <= 2
+  assert len(call_jax_lib._cache) <= 2
   assert growth < 50 * 2**20, f"RSS grew by {growth / 2**20:.0f} MiB over 240 fresh functions"
 
 

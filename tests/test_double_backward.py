@@ -18,15 +18,15 @@ import pytest
 import torch
 
 import bridge
-from bridge._src import interop
+from bridge._src import call_jax as call_jax_lib
 
 
 @pytest.fixture(autouse=True)
 def _x64_and_fresh_cache():
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
   with jax.enable_x64(True):
     yield
-  interop.clear_cache()
+  call_jax_lib.clear_cache()
 
 
 def _gen() -> torch.Generator:

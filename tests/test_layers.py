@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "dispatch.functional", "dispatch.views", "dispatch.mutation", "dispatch.special",
         "dispatch.plans"})),
     ("front doors", frozenset({
-        "vjp", "interop", "call_torch", "modules", "compile", "views"})),
+        "vjp", "call_jax", "call_torch", "modules", "compile", "views"})),
     ("device backend and tools", frozenset({
         "autocast", "device", "sharding", "loader", "demo"})),
 )

@@ -12,7 +12,8 @@ import pytest
 
 import bridge
 from bridge._src import config as config_lib
-from bridge._src import call_torch, compile as compile_lib, interop, modules, rng, transfer
+from bridge._src import call_torch, compile as compile_lib, modules, rng, transfer
+from bridge._src import call_jax as interop  # (the module of call_jax; once named interop.py)
 
 PUBLIC = [
     "BridgeError",

@@ -15,7 +15,7 @@ import jax
 import torch
 
 from bridge._src import call_torch as call_torch_lib
-from bridge._src import interop
+from bridge._src import call_jax as call_jax_lib
 from bridge._src import tensor as tensor_lib
 from bridge._src import tracing
 from bridge._src import tree as tree_lib
@@ -42,7 +42,7 @@ def torch_view(x: Any) -> Any:
     (device(type='jax', index=0), [0.0, 2.0, 4.0])
   """
   if callable(x) and not isinstance(x, (jax.Array, torch.Tensor)):
-    return interop.torch_view(x)
+    return call_jax_lib.torch_view(x)
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, jax.Array):
