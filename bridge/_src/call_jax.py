@@ -535,8 +535,9 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   return out_def.unflatten(outs)
 
 
-def torch_view(fn: F) -> F:
-  """Wraps the JAX callable `fn` as a torch callable: `call_jax(fn, ...)` on each call.
+def torch_function(fn: F) -> F:
+  """`bridge.torch_view` of a JAX callable `fn`: a torch callable, `call_jax(fn, ...)` on each
+  call.
 
   Usable as a decorator. The wrapper keeps `fn`'s name and docstring, and
   `wrapper.__wrapped__` is `fn`; wrapping a wrapper returns it unchanged.

@@ -111,9 +111,10 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
 
 
 
-def jax_view(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = None,
-             result_shape_dtypes: Any = None) -> F:
-  """Wraps the torch callable `fn` as a JAX callable: `call_torch(fn, ...)` on each call.
+def jax_function(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = None,
+                 result_shape_dtypes: Any = None) -> F:
+  """`bridge.jax_view` of a torch callable `fn`: a JAX callable, `call_torch(fn, ...)` on each
+  call.
 
   Usable as a decorator (`@bridge.jax_view`, or `@functools.partial(bridge.jax_view,
   mode="callback")`); `mode`, `vmap_method` and `result_shape_dtypes` are those of

@@ -23,10 +23,6 @@ from bridge._src.arrays import array_to_tensor
 from bridge._src.errors import BridgeTypeError
 
 
-def _array_to_tensor(a: jax.Array, where: Any) -> tensor_lib.Tensor:
-  return array_to_tensor(a, where)
-
-
 def torch_view(x: Any) -> Any:
   """Torch's view of JAX things: arrays become `jax`-device tensors, functions torch functions.
 
@@ -42,11 +38,11 @@ def torch_view(x: Any) -> Any:
     (device(type='jax', index=0), [0.0, 2.0, 4.0])
   """
   if callable(x) and not isinstance(x, (jax.Array, torch.Tensor)):
-    return call_jax_lib.torch_view(x)
+    return call_jax_lib.torch_function(x)
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, jax.Array):
-      return _array_to_tensor(v, lambda: f"leaf {where()}")
+      return array_to_tensor(v, lambda: f"leaf {where()}")
     return v
   return tree_lib.tree_map(leaf, x)
 
@@ -76,7 +72,7 @@ def jax_view(x: Any = _NOTHING, *, mode: str = "trace", vmap_method: str | None 
     return lambda fn: jax_view(fn, mode=mode, vmap_method=vmap_method,
                                result_shape_dtypes=result_shape_dtypes)
   if callable(x) and not isinstance(x, torch.Tensor):
-    return call_torch_lib.jax_view(x, mode=mode, vmap_method=vmap_method,
+    return call_torch_lib.jax_function(x, mode=mode, vmap_method=vmap_method,
                                    result_shape_dtypes=result_shape_dtypes)
   tracing.check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
   if mode != "trace":
