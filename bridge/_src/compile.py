@@ -354,9 +354,7 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
     else:
       prev = swap(True)
       try:
-        outs, updates, new_key = program.forward(*arrays)
-      except (TypeError, ValueError) as e:
-        outs, updates, new_key = self._retry(program, arrays, n_state, e)
+        outs, updates, new_key = self._forward(program, arrays, n_state)
       finally:
         restore(prev)
       if not single:
@@ -453,10 +451,7 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
         except (TypeError, ValueError):
           outs = None
       else:
-        try:
-          outs, updates, new_key = program.forward(*arrays)
-        except (TypeError, ValueError) as e:
-          outs, updates, new_key = self._retry(program, arrays, n_state, e)
+        outs, updates, new_key = self._forward(program, arrays, n_state)
     finally:
       restore(prev)
     if outs is None:  # the lean executable refused: the general path hands it to `jax.jit`
@@ -720,10 +715,7 @@ class Compiled:
           if self._traces != traces:
             self._retake()
         else:
-          try:
-            outs, updates, new_key = program.forward(*arrays)
-          except (TypeError, ValueError) as e:
-            outs, updates, new_key = self._retry(program, arrays, len(state), e)
+          outs, updates, new_key = self._forward(program, arrays, len(state))
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
           if type(device) is torch.device and device.type == tensor_lib.device_type():
@@ -793,6 +785,13 @@ class Compiled:
     it = iter(outs)
     leaves = tree_lib.merge(info.out_statics, it)
     return tree_lib.unflatten(info.out_spec, leaves)
+
+  def _forward(self, program: _Program, arrays: list, n: int) -> tuple:
+    """`program.forward(*arrays)`; where it refuses the arguments, as `_retry` decides."""
+    try:
+      return program.forward(*arrays)
+    except (TypeError, ValueError) as e:
+      return self._retry(program, arrays, n, e)
 
   def _retry(self, program: _Program, arrays: list, n: int, error: Exception) -> tuple:
     """`program.forward` refused the arguments: an ahead-of-time compiled tier gives way to

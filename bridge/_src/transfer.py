@@ -274,12 +274,7 @@ def to_jax(tree: Any, copy: bool | None = None) -> Any:
   _check_copy(copy, "bridge.to_jax")
   if type(tree) is torch.Tensor:  # a lone tensor: skip the pytree machinery
     return tensor_to_jax(tree, copy=copy, api="bridge.to_jax", where=lambda: "the tensor")
-
-  def leaf(x: Any, where: Where) -> Any:
-    if isinstance(x, torch.Tensor):
-      return tensor_to_jax(x, copy=copy, api="bridge.to_jax", where=lambda: f"leaf {where()}")
-    return x
-  return tree_lib.tree_map(leaf, tree)
+  return _convert_leaves(tree, torch.Tensor, tensor_to_jax, copy, "bridge.to_jax")
 
 
 # --- JAX -> torch ------------------------------------------------------------
@@ -409,14 +404,19 @@ def to_torch(tree: Any, copy: bool | None = None) -> Any:
         dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(tree.sharding) and not tree.is_deleted()):
       return _cpu_array_to_torch(tree)  # (the caller holds `tree`: not `fast_array_out`)
     return array_to_torch(tree, copy=copy, api="bridge.to_torch", where=lambda: "the array")
-
-  def leaf(x: Any, where: Where) -> Any:
-    if isinstance(x, jax.Array):
-      return array_to_torch(x, copy=copy, api="bridge.to_torch", where=lambda: f"leaf {where()}")
-    return x
-  return tree_lib.tree_map(leaf, tree)
+  return _convert_leaves(tree, jax.Array, array_to_torch, copy, "bridge.to_torch")
 
 
 def _check_copy(copy: Any, api: str) -> None:
   if copy is not None and not isinstance(copy, bool):
     raise BridgeTypeError(f"`{api}`: `copy` must be None, True or False, got {copy!r}.")
+
+
+def _convert_leaves(tree: Any, kind: type, convert: Callable[..., Any], copy: bool | None,
+                    api: str) -> Any:
+  """`tree` with each leaf of type `kind` converted (`to_jax` and `to_torch` of a pytree)."""
+  def leaf(x: Any, where: Where) -> Any:
+    if isinstance(x, kind):
+      return convert(x, copy=copy, api=api, where=lambda: f"leaf {where()}")
+    return x
+  return tree_lib.tree_map(leaf, tree)
