@@ -64,7 +64,7 @@ def measure(name: str, workload: str) -> dict:
         return to_cpu(out), t1 - t0, t2 - t1
 
     (builder, *args), fastpath = MODELS[workload]
-    build = lambda: getattr(models, builder)(*args)  # noqa: E731
+    build = lambda: getattr(models, builder)(*args)
     with torch.no_grad(), models.mha_fastpath(fastpath):
         with models.seeded(0):
             tiny = torch.nn.Linear(2, 3)
@@ -108,7 +108,7 @@ def summary(system: str, workload: str, samples: list[dict]) -> tuple[dict, str]
     import statistics
 
     firsts = [s["first_call_us"] for s in samples]
-    ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"  # noqa: E731
+    ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"
     note = (f"{system}: {workload}: {len(firsts)} fresh processes; not included (medians): "
             f"warm-up on a tiny nn.Linear (library start-up) {ms('warmup_us')}, placing the "
             f"model and input and building the wrapper {ms('setup_us')}.")

@@ -411,7 +411,7 @@ def plots(reports: list[dict], out_dir: Path) -> list[Path]:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    has = lambda w: any(w in r["results"] for r in reports)  # noqa: E731
+    has = lambda w: any(w in r["results"] for r in reports)
 
     if any(has(w) for w in CALL_WORKLOADS):
         fig, axes = plt.subplots(1, len(CALL_WORKLOADS), figsize=(12, 4.5))

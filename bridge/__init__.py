@@ -31,7 +31,7 @@ from bridge._src.errors import TracedValueError as TracedValueError
 from bridge._src.errors import TransferError as TransferError
 from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.compile import Compiled as Compiled
-from bridge._src.compile import compile as compile  # noqa: A004
+from bridge._src.compile import compile as compile
 from bridge._src.device import register_jax_device as register_jax_device
 from bridge._src.call_torch import fallback_ops as fallback_ops
 from bridge._src.call_jax import call_jax as call_jax

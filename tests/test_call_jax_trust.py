@@ -88,7 +88,7 @@ def test_a_dead_functions_entries_and_programs_are_dropped():
 
   def keep(x):
     return x * 2
-  fn = lambda x: jnp.sin(x)  # noqa: E731 - a fresh function, as in a loop
+  fn = lambda x: jnp.sin(x)  # (a fresh function, as in a loop)
   bridge.call_jax(fn, x).sum().backward()
   bridge.call_jax(fn, x.detach())
   bridge.call_jax(keep, x.detach())
@@ -156,9 +156,9 @@ def _rss_bytes() -> int:
 def _fresh_functions(n: int, x: torch.Tensor, *, big: np.ndarray | None = None) -> None:
   for k in range(n):
     if big is None:
-      fn = lambda x, k=k: jnp.sin(x) * k  # noqa: E731
+      fn = lambda x, k=k: jnp.sin(x) * k
     else:
-      fn = lambda x, k=k: x * k + jnp.sum(big)  # noqa: E731 - the constant is in the program
+      fn = lambda x, k=k: x * k + jnp.sum(big)  # (the constant is in the program)
     y = bridge.call_jax(fn, x)
     if x.requires_grad:
       y.sum().backward()

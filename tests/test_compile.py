@@ -233,7 +233,6 @@ def test_dynamic_python_numbers():
 
 def test_compiled_function_and_bound_method():
   torch.manual_seed(0)
-  net = torch.nn.Linear(4, 4)
   f = bridge.compile(lambda x, y: torch.sigmoid(x) @ y)
   x, y = torch.randn(3, 4), torch.randn(4, 2)
   torch.testing.assert_close(f(x, y), torch.sigmoid(x) @ y)

@@ -112,7 +112,7 @@ X = jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32)
 @pytest.mark.parametrize("transform", ["grad", "jit_grad", "vjp", "value_and_grad"])
 def test_jax_derivatives_use_the_functions_backward(transform):
   want = torch_grad(model, X)
-  f = lambda a: bridge.call_torch(model, a)  # noqa: E731
+  f = lambda a: bridge.call_torch(model, a)
   if transform == "grad":
     got = jax.grad(f)(X)
   elif transform == "jit_grad":

@@ -111,7 +111,7 @@ def test_third_and_fourth_order():
 
 
 def test_hessian_vector_product_and_functional_hessian():
-  f = lambda x: jnp.sum(jnp.exp(x[:-1] * x[1:]))  # noqa: E731
+  f = lambda x: jnp.sum(jnp.exp(x[:-1] * x[1:]))
   x = _t(4, g=_gen())
   ours = torch.autograd.functional.hessian(lambda x: bridge.call_jax(f, x), x)
   theirs = torch.autograd.functional.hessian(lambda x: torch.exp(x[:-1] * x[1:]).sum(), x)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import pytest
 import torch
 from jax.experimental import pallas as pl

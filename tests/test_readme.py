@@ -38,7 +38,7 @@ def test_tour_snippets_run_in_order():
   assert len(snippets) >= 2
   namespace: dict = {}
   for i, code in enumerate(snippets):
-    exec(compile(code, f"README.md[python block {i}]", "exec"), namespace)  # noqa: S102
+    exec(compile(code, f"README.md[python block {i}]", "exec"), namespace)
   import jax
   import jax.numpy as jnp
   import torch

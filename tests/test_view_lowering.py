@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import bridge  # noqa: F401 - registers the jax device
+import bridge  # (registers the jax device)
 from bridge._src import strided as bt
 
 # name: (base shape, view of the base, lowers without gather/scatter)
@@ -270,7 +270,7 @@ def test_maybe_view_ops_copy_inside_decompositions(name):
 def test_running_stats_on_the_cpu_update_in_an_eager_call_and_refuse_under_jit():
   mean, var = torch.zeros(3), torch.ones(3)
   x = torch.randn(4, 3)
-  fn = lambda t: torch.nn.functional.batch_norm(t, mean, var, training=True)  # noqa: E731
+  fn = lambda t: torch.nn.functional.batch_norm(t, mean, var, training=True)
   out = bridge.call_torch(fn, jnp.asarray(x.numpy()))
   want_mean, want_var = torch.zeros(3), torch.ones(3)
   want = torch.nn.functional.batch_norm(x, want_mean, want_var, training=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bridge  # noqa: F401 - registers the jax device
+import bridge  # (registers the jax device)
 
 
 def _case(fn):

@@ -34,7 +34,7 @@ _LOWER = frozenset({
     "conv_transpose3d.input", "linalg_vecdot", "linear", "matmul", "mkldnn_rnn_layer", "mm",
     "prelu", "scaled_dot_product_attention"})
 _PROMOTE = frozenset({"cat", "stack", "index_copy"})
-_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 _library: Any = None
 
 
@@ -59,6 +59,7 @@ def _widest(args: tuple) -> torch.dtype | None:
 
 
 def _kernel(policy: str, op: Any, *args: Any, **kwargs: Any) -> Any:
+  dtype: torch.dtype | None
   if policy == "lower":
     dtype = torch.get_autocast_dtype(tensor_lib.device_type())
   elif policy == "promote":

@@ -94,7 +94,7 @@ def _fn_ref(fn: Callable) -> Callable[[], Callable | None]:
   return _Strong(fn)
 
 
-def _weak_method(method: types.MethodType) -> bool:
+def _weak_method(method: Any) -> bool:
   return bool(type(method.__self__).__weakrefoffset__ and type(method.__func__).__weakrefoffset__)
 
 
@@ -157,7 +157,7 @@ def _fn_kind(tp: type) -> str:
   return kind
 
 
-def _fn_key(fn: Callable) -> Any:
+def _fn_key(fn: Any) -> Any:
   """The function's part of a cache key (plain functions take a shortcut in `call_jax`)."""
   kind = _fn_kind(type(fn))
   if kind is _WEAK:
@@ -169,7 +169,7 @@ def _fn_key(fn: Callable) -> Any:
   return fn
 
 
-def _anchor(fn: Callable) -> Any:
+def _anchor(fn: Any) -> Any:
   """The object whose death ends the cache entries of `fn`, or None if they never end."""
   kind = _fn_kind(type(fn))
   if kind is _WEAK:
@@ -198,6 +198,7 @@ class _Watch(weakref.ref):
   """A weak reference to what a cache entry's life hangs on; knows the entry's key."""
 
   __slots__ = ("key",)
+  key: Any
 
 
 # The watches whose object died. The callback only appends (it may run at any allocation,

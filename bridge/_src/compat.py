@@ -44,5 +44,6 @@ def tell_libraries() -> None:
     return
   with _lock:
     if name not in _patched:
-      module.is_jax_jitting = _recognising_bridge_tensors(module.is_jax_jitting)
+      module.is_jax_jitting = _recognising_bridge_tensors(  # type: ignore[attr-defined]
+          module.is_jax_jitting)
       _patched.add(name)

@@ -877,7 +877,7 @@ def _outputs_to_torch(device: torch.device | None, entry: Any, out: Any) -> tupl
   return [_to_torch(a, device) for a in leaves], treedef
 
 
-def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (),  # noqa: A001
+def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (),
             dynamic_argnames: Iterable[str] = ()) -> Compiled:
   """Compiles a torch module or function into one cached `jax.jit` program; call it from torch.
 

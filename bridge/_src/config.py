@@ -67,7 +67,7 @@ def get_config() -> Config:
   return _CURRENT.get()
 
 
-class config:  # noqa: N801 - used like a function: `with bridge.config(...):`
+class config:  # (used like a function: `with bridge.config(...):`)
   """Context manager that changes settings of the bridge for the enclosed block.
 
   Example:

@@ -47,6 +47,8 @@ def _jax_from_torch() -> float:
   x_ref, s_ref = x.detach().requires_grad_(), scale.detach().requires_grad_()
   y_ref = x_ref * torch.rsqrt(x_ref.pow(2).mean(-1, keepdim=True) + 1e-6) * s_ref
   y_ref.pow(2).sum().backward()
+  assert x.grad is not None and scale.grad is not None
+  assert x_ref.grad is not None and s_ref.grad is not None
   err = max((x.grad - x_ref.grad).abs().max().item(), (scale.grad - s_ref.grad).abs().max().item())
   print(f"   loss {loss.item():.4f}; d loss/d scale[:3] = {_fmt(scale.grad[:3].tolist())}")
   print(f"   max |grad - torch autograd grad| = {err:.2e}")
@@ -62,8 +64,8 @@ def _torch_from_jax() -> float:
   loss = lambda p, x: jnp.mean(fn(p, x) ** 2)
   value, grads = jax.jit(jax.value_and_grad(loss))(params, x)
   net(torch.tensor(np.asarray(x))).pow(2).mean().backward()
-  err = max(float(jnp.max(jnp.abs(grads[name] - p.grad.numpy())))
-            for name, p in net.named_parameters())
+  err = max(float(jnp.max(jnp.abs(grads[name] - p.grad.numpy())))  # type: ignore[union-attr]
+            for name, p in net.named_parameters())  # (each has a .grad after backward)
   print(f"   loss {float(value):.4f}; d loss/d bias = {_fmt(np.asarray(grads['2.bias']).tolist())}")
   print(f"   max |jax.grad - torch autograd grad| = {err:.2e}")
   return err

@@ -208,7 +208,8 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
   ours = all(type(t) is tensor.Tensor for t in tensors)
   if packet.__name__ in _WHOLE_WHEN_TRACED:
-    whole = ours and any(isinstance(t._storage.array, jax.core.Tracer) for t in tensors)
+    whole = ours and any(isinstance(t._storage.array, jax.core.Tracer)  # type: ignore[attr-defined]
+                         for t in tensors)  # (`ours`: all are bridge.Tensors)
   else:
     whole = ours and len({t.dtype for t in tensors}) == 1
   whole = (whole and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))

@@ -69,7 +69,7 @@ def set_device(device: Any) -> None:
   _state.index = device_index(device if not isinstance(device, int) else torch.device(tensor_lib.device_type(), device))
 
 
-class device:  # noqa: N801 - torch's device modules spell it this way (`torch.cuda.device`)
+class device:  # (lowercase, as torch's device modules spell it: `torch.cuda.device`)
   """Context manager that makes `jax:i` the current `jax` device of this thread."""
 
   def __init__(self, device: Any):

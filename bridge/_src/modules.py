@@ -68,11 +68,11 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
   if missing:  # the module's own values, as copies: an in-place update must not reach them
     # (inside a 32-bit program a 64-bit one must fit; its bound is kept for the call's scope)
     narrow = scope.is_staged() and not dtypes.x64_enabled()
-    known = {n: narrowing.known(t, f"the module's {n!r}", narrow) for n, t in missing.items()}
-    arrays = state_to_jax({n: t for n, (t, _) in known.items()}, copy=True, api=api)
+    bounded = {n: narrowing.known(t, f"the module's {n!r}", narrow) for n, t in missing.items()}
+    arrays = state_to_jax({n: t for n, (t, _) in bounded.items()}, copy=True, api=api)
     for name, a in arrays.items():
-      if known[name][1] is not None:
-        narrowing.track(a, known[name][1])
+      if bounded[name][1] is not None:
+        narrowing.track(a, bounded[name][1])
       tensors[name] = array_to_tensor(a, functools.partial(state_where, name), api)
   arrays = {name: t._storage.array for name, t in tensors.items()}
   with reparametrized(module, tensors) as after:
@@ -253,7 +253,7 @@ class Guard:
     (a call counter, a cache it filled) join `volatile`, so an eager call that changes them
     again does not count as a change of the module."""
     new = Guard(self.module, self.volatile)
-    changed = set()
+    changed: set[tuple[int, str]] = set()
     for pa, pb in zip(self.fingerprint[2], new.fingerprint[2]):
       if pa[0] == pb[0] and pa[-1] != pb[-1]:
         key = id(pa[0].obj)
@@ -398,8 +398,7 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
 
   tracing.check_mode(mode, vmap_method, None, api=API)
   if mode == "callback":
-    fn = _callback_fn(module, return_state, vmap_method)
-    return params, fn
+    return params, _callback_fn(module, return_state, vmap_method)
 
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     targs, tkwargs = tracing.inputs_to_torch((args, kwargs), API)

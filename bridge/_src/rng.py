@@ -83,7 +83,7 @@ _BOX: contextvars.ContextVar[KeyBox | None] = contextvars.ContextVar("bridge_rng
                                                                     default=None)
 
 
-class rng_key:  # noqa: N801 - used like a function: `with bridge.rng_key(key):`
+class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
   """Context manager: random torch ops in the block draw from the JAX key `key`.
 
   Inside `jax.jit` (and `lax.scan`, `jax.checkpoint`...) torch's random ops

@@ -19,6 +19,7 @@ import linecache
 import os
 import sys
 import threading
+import types
 import warnings
 from typing import Any, Callable
 
@@ -131,7 +132,7 @@ def on_trace(enter: Callable[[], None], leave: Callable[[], None]) -> None:
   _TRACE_HOOKS.append((enter, leave))
 
 
-class trace_scope:  # noqa: N801
+class trace_scope:
   """Enter the trace scope for `api` (see the module docstring)."""
 
   def __init__(self, api: str):
@@ -188,7 +189,7 @@ def user_line(tb: Any = None) -> str:
       frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
       tb = tb.tb_next
   else:
-    f = sys._getframe(1)
+    f: types.FrameType | None = sys._getframe(1)
     while f is not None:
       frames.insert(0, (f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
       f = f.f_back

@@ -33,7 +33,7 @@ def _sharding_for(spec: ShardingSpec, name: str, leaf: Any, what: str | None = N
   if callable(spec) and not isinstance(spec, jax.sharding.Sharding):
     try:
       sharding = spec(name, leaf)
-    except Exception as e:  # noqa: BLE001 - said again with the tensor's name
+    except Exception as e:  # (said again with the tensor's name)
       raise ShardingError(
           f"`{API}`: the sharding rule failed for {what or name} (shape "
           f"{tuple(leaf.shape)}): {type(e).__name__}: {e}") from e
@@ -131,9 +131,9 @@ def _shard_module(module: torch.nn.Module, sharding: ShardingSpec) -> torch.nn.M
   # each module its own new Parameter for a tensor type like the `jax` tensor's.
   places: dict[int, list[tuple[torch.nn.Module, str]]] = {}
   for sub in module.modules():
-    for attr, t in list(sub._parameters.items()) + list(sub._buffers.items()):
-      if t is not None and id(t) in plan:
-        places.setdefault(id(t), []).append((sub, attr))
+    for attr, held in list(sub._parameters.items()) + list(sub._buffers.items()):
+      if held is not None and id(held) in plan:
+        places.setdefault(id(held), []).append((sub, attr))
   done: dict[int, torch.Tensor] = {}
 
   def place(t: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ def constrain(t: torch.Tensor, sharding: jax.sharding.Sharding) -> torch.Tensor:
   return _Constrain.apply(t, sharding)
 
 
-def _constrained(t: torch.Tensor, sharding: Any) -> torch.Tensor:
+def _constrained(t: tensor_lib.Tensor, sharding: Any) -> torch.Tensor:
   a = tensor_lib.value(t)
   check_divides(tuple(a.shape), sharding, "the tensor", api="bridge.constrain")
   if isinstance(a, jax.core.Tracer):
@@ -180,7 +180,7 @@ def _constrained(t: torch.Tensor, sharding: Any) -> torch.Tensor:
 
 class _Constrain(torch.autograd.Function):
   @staticmethod
-  def forward(ctx: Any, t: torch.Tensor, sharding: Any) -> torch.Tensor:
+  def forward(ctx: Any, t: tensor_lib.Tensor, sharding: Any) -> torch.Tensor:
     ctx.sharding = sharding
     return _constrained(t, sharding)
 

@@ -25,6 +25,7 @@ import torch
 from bridge._src import dtypes
 from bridge._src import strided
 from bridge._src.errors import BridgeTypeError
+from bridge._src.transfer import ArrayImpl
 
 
 class Storage:
@@ -266,12 +267,6 @@ def detach_traced(views: Any) -> None:
     t._detached, t._whole = True, False  # (a whole tensor's reads skip `value`)
 
 
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl  # concrete arrays (not tracers)
-except ImportError:  # pragma: no cover - a JAX that moved it: keep every placement check
-  _ArrayImpl = jax.Array
-
-
 def _keep_placement(old: Any, new: Any) -> Any:
   """`new` placed as `old` was, when `old` was spread over several devices (a sharded
   parameter receiving a value from the CPU or from another mesh keeps its layout)."""
@@ -286,7 +281,7 @@ def write(t: Tensor, new: Any) -> None:
   storage = t._storage
   if t._whole:
     old = storage.array
-    if type(new) is _ArrayImpl and type(old) is _ArrayImpl and new.sharding is not old.sharding:
+    if type(new) is ArrayImpl and type(old) is ArrayImpl and new.sharding is not old.sharding:
       new = _keep_placement(old, new)
     storage.array = new
   else:

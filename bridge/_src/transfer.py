@@ -40,10 +40,10 @@ except (ImportError, AttributeError):  # pragma: no cover - other jaxlib version
 # for hot paths that know their array is a fresh single-CPU-device one of a dtype torch has
 buffer_to_dlpack = _buffer_to_dlpack
 
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover
-  _ArrayImpl = None
+try:  # concrete arrays (not tracers): hot paths compare `type(x) is ArrayImpl`
+  from jax._src.array import ArrayImpl
+except ImportError:  # pragma: no cover - a JAX that moved it: the hot paths give way
+  ArrayImpl = jax.Array  # type: ignore[misc,assignment]
 _KDL_CPU = 1  # DLDeviceType.kDLCPU
 _ALIGNMENT = 64  # bytes; XLA:CPU refuses to alias a less aligned buffer
 _STRICT = "Pass `copy=None` (or `copy=True`) to allow the copy"
@@ -297,7 +297,7 @@ def is_one_cpu_device(sharding: Any) -> bool:
     device = next(iter(sharding.device_set))
   if _CPU_DEVICES.get(id(device)) is device:
     return True
-  if device.platform == "cpu":
+  if device.platform == "cpu":  # type: ignore[attr-defined]
     _CPU_DEVICES[id(device)] = device
     return True
   return False
@@ -311,7 +311,7 @@ def fast_array_out(a: Any) -> torch.Tensor | None:
   aborts the process (XLA's "Non-zero type 1 hold on destruction" check). An array the
   caller may still hold goes through `_cpu_array_to_torch`.
   """
-  if (type(a) is _ArrayImpl and _buffer_to_dlpack is not None
+  if (type(a) is ArrayImpl and _buffer_to_dlpack is not None
       and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(a.sharding)
       and not a.is_deleted()):
     return torch._C._from_dlpack(_buffer_to_dlpack(a))
@@ -360,7 +360,7 @@ def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge
           f"buffer. {_STRICT}.")
     gathered = jax.device_put(a, jax.sharding.SingleDeviceSharding(_cpu_device()))
     return _cpu_array_to_torch(gathered)
-  platform = next(iter(sharding.device_set)).platform
+  platform = next(iter(sharding.device_set)).platform  # type: ignore[attr-defined]
   if platform == "cpu":
     out = _cpu_array_to_torch(a)
     return out.clone() if copy else out
@@ -399,7 +399,7 @@ def to_torch(tree: Any, copy: bool | None = None) -> Any:
     {'w': tensor([1., 1.], dtype=torch.bfloat16)}
   """
   _check_copy(copy, "bridge.to_torch")
-  if type(tree) is _ArrayImpl:  # a lone array: skip the pytree machinery
+  if type(tree) is ArrayImpl:  # a lone array: skip the pytree machinery
     if (copy is None and _buffer_to_dlpack is not None and id(tree.dtype) in
         dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(tree.sharding) and not tree.is_deleted()):
       return _cpu_array_to_torch(tree)  # (the caller holds `tree`: not `fast_array_out`)

@@ -50,7 +50,8 @@ def torch_view(x: Any) -> Any:
 _NOTHING = object()
 
 
-def jax_view(x: Any = _NOTHING, *, mode: str = "trace", vmap_method: str | None = None,
+def jax_view(x: Any = _NOTHING, *, mode: tracing.Mode = "trace",
+             vmap_method: tracing.VmapMethod | None = None,
              result_shape_dtypes: Any = None) -> Any:
   """JAX's view of `jax`-device tensors: the JAX arrays inside them, without copying.
 

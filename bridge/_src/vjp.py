@@ -207,7 +207,7 @@ class _Call:
                                     tuple(shape for shape, _ in self.out_avals))
       try:
         in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
-      except Exception as e:  # noqa: BLE001 - re-raised with the call named
+      except Exception as e:  # (re-raised with the call named)
         # e.g. JAX linearizes a while_loop but cannot transpose it.
         raise _differentiation_error(self.entry.name, e) from e
       return [_gradient(c, self.device) for c in in_cts]

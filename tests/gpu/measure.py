@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-import torch  # noqa: E402
+import torch
 
 
 def _median_us(fn, *, reps: int = 50, warmup: int = 5) -> float:
@@ -56,6 +56,21 @@ def main(out_path: str) -> int:
   import jax.numpy as jnp
 
   import bridge
+
+  def _transfer_rows(label: str, nbytes: int) -> list[tuple[str, str, str]]:
+    """to_jax and to_torch of `nbytes` on the GPU: the time of one, and whether it aliased."""
+    t = torch.ones(nbytes // 4, device="cuda")
+    a = bridge.to_jax(t)
+    same = a.unsafe_buffer_pointer() == t.data_ptr()
+    us = _median_us(lambda: bridge.to_jax(t))
+    rows = [(f"to_jax {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED")]
+    b = jnp.ones(nbytes // 4, jnp.float32)
+    back = bridge.to_torch(b)
+    same = back.data_ptr() == b.unsafe_buffer_pointer()
+    us = _median_us(lambda: bridge.to_torch(b))
+    rows.append((f"to_torch {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED"))
+    return rows
+
   from bridge._src import ffi
   if jax.devices()[0].platform != "gpu":
     print(f"measure.py: JAX's default device is {jax.devices()[0]}, not a GPU; nothing timed")
@@ -65,17 +80,7 @@ def main(out_path: str) -> int:
 
   # transfers: one conversion; zero-copy when the pointers agree
   for label, nbytes in (("1 MiB", 1 << 20), ("64 MiB", 64 << 20), ("1 GiB", 1 << 30)):
-    t = torch.ones(nbytes // 4, device="cuda")
-    a = bridge.to_jax(t)
-    same = a.unsafe_buffer_pointer() == t.data_ptr()
-    us = _median_us(lambda: bridge.to_jax(t))
-    rows.append((f"to_jax {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED"))
-    b = jnp.ones(nbytes // 4, jnp.float32)
-    back = bridge.to_torch(b)
-    same = back.data_ptr() == b.unsafe_buffer_pointer()
-    us = _median_us(lambda: bridge.to_torch(b))
-    rows.append((f"to_torch {label}", f"{us:.1f} us", "zero-copy" if same else "COPIED"))
-    del t, a, b, back
+    rows.extend(_transfer_rows(label, nbytes))  # (each size's buffers freed before the next)
     sync()
 
   # a Pallas softmax (Triton), from torch and from JAX; torch.softmax

@@ -278,7 +278,7 @@ def test_extract_jax_of_a_cuda_module_trains_in_jax_on_the_gpu():
   params, fn = bridge.extract_jax(model)
   assert all(_on_gpu(p) for p in params.values())
   x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
-  loss = lambda p, a: jnp.mean(fn(p, a) ** 2)  # noqa: E731
+  loss = lambda p, a: jnp.mean(fn(p, a) ** 2)
   grads = jax.jit(jax.grad(loss))(params, jnp.asarray(x))
   tx = torch.tensor(x, device=CUDA)
   (model(tx) ** 2).mean().backward()

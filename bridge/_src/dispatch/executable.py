@@ -18,12 +18,9 @@ from bridge._src import tree as tree_lib
 from bridge._src.dispatch.checks import check_state, concrete
 from bridge._src.dispatch.meta import conform, meta_outputs
 from bridge._src.errors import BridgeError
+from bridge._src.transfer import ArrayImpl
 
 _config_var = config_lib._CURRENT
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover
-  _ArrayImpl = None
 _disable_jit = _jax_config.disable_jit  # a thread-local state, like `_x64_state`
 
 
@@ -66,6 +63,7 @@ class Executable:
     if name == "call":
       # eager: (results, flag of the value checks or None), see `checked`
       checked = jax.jit(self.checked)
+      self.call: Callable[..., tuple[Any, Any]]
       if not self.dynamic_shape:
         self.call = checked
       elif self.dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
@@ -93,7 +91,7 @@ class Executable:
 
   def check(self, flag: Any, dyn: list) -> None:
     """After an eager call: raise torch's error where the program's check flag is set."""
-    if type(flag) is _ArrayImpl:
+    if type(flag) is ArrayImpl:
       if np.asarray(flag):  # (several times quicker than `bool(flag)`)
         self.raise_failed_check(dyn)
       return

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import warnings
-from typing import Any
+from typing import Any, NoReturn
 
 from bridge._src import callback, ffi, registry
 from bridge._src import config as config_lib
@@ -88,7 +88,7 @@ def lowering(func: Any) -> registry.Lowering | None:
   return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
 
 
-def raise_not_found(func: Any) -> None:
+def raise_not_found(func: Any) -> NoReturn:
   """Raise `OperatorNotFound` for `func`: no lowering, no decomposition, no fallback."""
   name = func._schema.name.split("::")[-1]
   raise OperatorNotFound(

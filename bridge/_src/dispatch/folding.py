@@ -13,12 +13,9 @@ from bridge._src import devices as device_lib
 from bridge._src import narrowing, transfer
 from bridge._src.dispatch.tensors import FOLD_MAX, factory_device, wrap
 from bridge._src.tensor import Tensor
+from bridge._src.transfer import ArrayImpl
 
 _tree_flatten = jax.tree_util.tree_flatten
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover
-  _ArrayImpl = None
 
 
 UNKNOWN = object()
@@ -40,14 +37,14 @@ def fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
   mode) costs milliseconds per op.
   """
   for a in args:  # the common case, an op on traced values, found at once
-    if type(a) is Tensor and type(a._storage.array) is not _ArrayImpl:
+    if type(a) is Tensor and type(a._storage.array) is not ArrayImpl:
       return UNKNOWN
   leaves = _tree_flatten((args, kwargs))[0]
   device = None
   for leaf in leaves:
     if type(leaf) is Tensor:
       a = leaf._storage.array
-      if type(a) is not _ArrayImpl or a.size > FOLD_MAX or not _is_cpu_array(a):
+      if type(a) is not ArrayImpl or a.size > FOLD_MAX or not _is_cpu_array(a):
         return UNKNOWN
       device = device or leaf._storage.device
     elif isinstance(leaf, torch.Tensor) and not (leaf.device.type == "cpu"

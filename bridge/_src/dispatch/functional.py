@@ -5,7 +5,7 @@ jitted and cached per static signature, run eagerly or staged.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -36,15 +36,12 @@ from bridge._src.dispatch.tensors import (
 )
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, value
+from bridge._src.transfer import ArrayImpl
 
 _tree_flatten = jax.tree_util.tree_flatten
 _config_var = config_lib._CURRENT
 _scope_var = scope._ACTIVE
 _CONTAINERS = (list, tuple, dict)
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover
-  _ArrayImpl = None
 _x64_state = _jax_config.enable_x64
 _DYN = tree_lib.DYN
 
@@ -91,6 +88,8 @@ class FunctionalPlan:
     return result
 
   def split(self, args: tuple, kwargs: dict) -> tuple[list, tuple, Any, torch.device | None]:
+    leaves: Sequence[Any]
+    treedef: Any
     leaves, treedef = args, len(args)  # the common case, a flat tuple: its length is its structure
     if kwargs:
       leaves, treedef = _tree_flatten((args, kwargs))
@@ -204,7 +203,7 @@ class FunctionalPlan:
       _x64_state.set_local(prev)
       if quiet is not None:
         quiet.__exit__(None, None, None)
-    if self.like and dyn and type(out) is _ArrayImpl and type(dyn[0]) is _ArrayImpl:
+    if self.like and dyn and type(out) is ArrayImpl and type(dyn[0]) is ArrayImpl:
       out = placed_like(out, dyn[0])
     if where.grad and scope.no_grad_inside():  # in a `no_grad()` block of traced code
       out = _stop_gradient(out)

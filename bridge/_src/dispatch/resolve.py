@@ -55,7 +55,7 @@ def decomposing() -> set:
   return active
 
 
-class decomposing_scope:  # noqa: N801
+class decomposing_scope:
   """Marks `func` as being decomposed, so a decomposition that calls its own op fails cleanly."""
 
   def __init__(self, func: Any):

@@ -21,11 +21,8 @@ from bridge._src.errors import DeviceMismatchError
 from bridge._src.placement import placement_lines
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make
+from bridge._src.transfer import ArrayImpl
 
-try:
-  from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover
-  _ArrayImpl = None
 
 
 _last_result: list[Any] = [None]
@@ -91,7 +88,7 @@ def scalar_from_cpu(t: torch.Tensor) -> Any:
 
 def wrap(out: Any, device: torch.device) -> Any:
   """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
-  if type(out) is _ArrayImpl:
+  if type(out) is ArrayImpl:
     _last_result[0] = out
     return tensor_lib.make_result(out, device)
   if isinstance(out, (tuple, list)):

@@ -36,10 +36,13 @@ class ViewPlan:
       # layout) copies here: its composite kernel does the copy with ordinary ops.
       return self.func.decompose(*args, **kwargs)
     storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
+    out: Any
     if isinstance(meta, list):
-      out = [make_view(storage, *m, dtype, device) for m in meta]
+      out = [make_view(storage, size, stride, offset, dtype, device)
+             for size, stride, offset in meta]
     else:
-      out = make_view(storage, *meta, dtype, device)
+      size, stride, offset = meta
+      out = make_view(storage, size, stride, offset, dtype, device)
     # `detach()`, views of a detached tensor, and views made in a `torch.no_grad()` block of
     # traced code are constants for JAX's derivatives (torch gives them no gradient)
     if ((self.detaches or self_t._detached or scope.no_grad_inside())
