@@ -339,7 +339,7 @@ def _call_now(program: _Program, dyn: list) -> list:
   host function runs directly on zero-copy tensors of the arrays (exceptions propagate as
   they are); the results are copied into new arrays, as a program's outputs would be."""
   specs = program.ins[1:] if program.random else program.ins
-  inputs = []
+  inputs: list[torch.Tensor | None] = []
   with jax.enable_x64(True):
     for a, spec in zip(dyn, specs):
       if not isinstance(a, jax.Array):  # a Python scalar JAX passed along (a cotangent)
@@ -460,6 +460,7 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
     entry = table[cache_key] = _build(fn, spec, tuple(statics), avals, vmap_method,
                                       result_shape_dtypes, name, narrow, return_mutated)
   program, out_spec, out_statics, written = entry
+  outs: Sequence[Any]
   if not any(isinstance(d, jax.core.Tracer) for d in dyn):
     outs = _call_now(program, dyn)  # nothing to stage: torch runs it right here
   else:
@@ -480,7 +481,8 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
               for i, (shape, dt) in enumerate(avals)]
   module = state_lib.module_of(fn)
   # until the fake run says otherwise:
-  state = {"mutated": (False,) * len(avals), "random": False, "writes_state": False}
+  state: dict[str, Any] = {"mutated": (False,) * len(avals), "random": False,
+                           "writes_state": False}
 
   # the common case, `fn(x, y)` with arrays only, skips the rebuilding of the arguments' tree
   positional = (not spec.nodes and all(s is _DYN for s in statics)

@@ -82,13 +82,13 @@ class VjpCache:
     key = (mask, _concrete_signature(diff + rest))
     bwd = self._backwards.get(key)
     if bwd is None:
-      res_def = self._residual_defs[key]
+      res_def: Any = self._residual_defs[key]
 
       def bwd_impl(res: list, cts: Any) -> Any:
         leaves, ct_def = jax.tree_util.tree_flatten(cts)
         full = [c if np.dtype(c.dtype) == jax.dtypes.float0 else jnp.broadcast_to(c, shape)
                 for c, shape in zip(leaves, out_shapes)]
-        return res_def.unflatten(res)(ct_def.unflatten(full))
+        return res_def.unflatten(res)(jax.tree_util.tree_unflatten(ct_def, full))
       with self._lock:
         bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
@@ -155,12 +155,14 @@ class _Call:
   def __init__(self, entry: Any, mask: tuple[bool, ...], arrays: list,
                outputs_to_torch: Callable):
     self.entry, self.mask = entry, mask
+    self.diff: Any
+    self.rest: Any
     self.diff, self.rest = _split(mask, arrays)
     self.outputs_to_torch = outputs_to_torch
     self.x64 = dtypes.x64_enabled()
     self.residuals: Any = None
     self.out_def: Any = None
-    self.out_avals: list[tuple[tuple, np.dtype]] = []
+    self.out_avals: list[tuple[tuple, torch.dtype]] = []
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
     self.positions: tuple[int, ...] = ()  # each tensor's position among the arrays
     self.tensor_mask: tuple[bool, ...] = ()  # which tensors require grad
