@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from typing import Any, SupportsIndex
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,7 @@ class Tensor(torch.Tensor):
   def _dev(self) -> torch.device:
     return self._storage.device
 
-  __torch_function__ = torch._C._disabled_torch_function_impl
+  __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
   @staticmethod
   def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
@@ -80,7 +80,9 @@ class Tensor(torch.Tensor):
         "JAX array with `bridge.torch_view(array)`.")
 
   @classmethod
-  def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+  def __torch_dispatch__(  # type: ignore[override]
+      cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    # (the override's signature is torch's documented one; its stub omits `func`)
     plan = _PLANS.get(func)  # the dispatcher's per-op plans (bridge._src.dispatch)
     if plan is None:
       plan = _get_plan(func)
@@ -94,7 +96,7 @@ class Tensor(torch.Tensor):
   # --- data access -------------------------------------------------------------
 
   @property
-  def data(self) -> torch.Tensor:  # type: ignore[override]
+  def data(self) -> torch.Tensor:
     """A detached alias of this tensor, as torch's `Tensor.data`."""
     return _DATA.__get__(self)
 
@@ -113,20 +115,20 @@ class Tensor(torch.Tensor):
     _DATA.__set__(self, new)
     self._storage, self._whole, self._cache = new._storage, new._whole, None
 
-  def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
+  def numpy(self, *, force: bool = False) -> np.ndarray:
     """A NumPy copy of the data (as `t.cpu().numpy()`)."""
     del force
     return self.detach().cpu().numpy()
 
-  def untyped_storage(self) -> Any:  # type: ignore[override]
+  def untyped_storage(self) -> Any:
     raise BridgeTypeError(
         "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
         "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy.")
 
-  def tolist(self) -> Any:  # type: ignore[override]
+  def tolist(self) -> Any:
     return self.detach().cpu().tolist()
 
-  def __repr__(self, *, tensor_contents: Any = None) -> str:
+  def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
     del tensor_contents
     if isinstance(self._storage.array, jax.core.Tracer):
       return (f"bridge.Tensor(<traced {tuple(self.shape)} {self.dtype}>, "
@@ -140,7 +142,7 @@ class Tensor(torch.Tensor):
       extra.append("requires_grad=True")
     return f"{text[:-1]}, {', '.join(extra)})"
 
-  def __reduce_ex__(self, protocol: int) -> Any:
+  def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
     # Saved as a CPU tensor: loads on any machine (bridge or not) as a CPU tensor,
     # and onto the jax device with `torch.load(..., map_location="jax")`.
     with torch.no_grad():
@@ -149,7 +151,7 @@ class Tensor(torch.Tensor):
             (data, self.dtype, "cpu", self.requires_grad))
 
 
-_DATA = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
+_DATA: Any = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
 _PLANS: dict[Any, Any] = {}  # shared with bridge._src.dispatch, which fills it
 
 
@@ -254,7 +256,7 @@ def value(t: Tensor, recorded: bool = False) -> Any:
   else:
     array = storage.array
     v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
-        array, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        array, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
     t._cache = (storage.version, v)
   if t._detached and not recorded and isinstance(v, jax.core.Tracer):
     v = jax.lax.stop_gradient(v)
@@ -292,6 +294,6 @@ def write(t: Tensor, new: Any) -> None:
           "single memory location. Please clone() the tensor before performing the operation.")
     array = storage.array
     storage.array = (strided.write if isinstance(array, jax.core.Tracer) else strided.scatter)(
-        array, new, size, stride, t.storage_offset())
+        array, new, size, stride, int(t.storage_offset()))
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)
