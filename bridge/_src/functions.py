@@ -53,7 +53,7 @@ def install() -> None:
   with _lock:
     _users[0] += 1
     if _users[0] == 1:
-      _Function.apply = classmethod(_apply)
+      _Function.apply = classmethod(_apply)  # type: ignore[method-assign,assignment]
 
 
 def uninstall() -> None:
@@ -61,7 +61,7 @@ def uninstall() -> None:
   with _lock:
     _users[0] -= 1
     if _users[0] == 0:
-      _Function.apply = _ORIGINAL
+      _Function.apply = _ORIGINAL  # type: ignore[method-assign]
 
 
 class _InPlace(Exception):
@@ -98,7 +98,7 @@ class _Ctx:
     self.materialize_grads = bool(value)
 
 
-def _user_backward(cls: type) -> Callable[..., Any] | None:
+def _user_backward(cls: Any) -> Callable[..., Any] | None:
   """The Function's `backward` (or `vjp`), as torch picks it; None if it has neither."""
   backward, vjp = cls.backward, cls.vjp
   if vjp is not _Function.vjp:
@@ -112,7 +112,7 @@ def _is_traced(t: tensor_lib.Tensor) -> bool:
   return isinstance(t._storage.array, jax.core.Tracer)
 
 
-def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
   api = scope.active()
   if (api is None or cls.__module__.split(".")[0] in ("torch", "bridge")
       or _user_backward(cls) is None):
@@ -162,7 +162,7 @@ class _FwdGradOff:
     torch._C._set_fwd_grad_enabled(self.prev)
 
 
-def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list[int]) -> Any:
+def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[int]) -> Any:
 
   name = cls.__name__
   inputs = [tensor_lib.value(args[i]) for i in positions]
@@ -189,7 +189,10 @@ def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list
       raise _InPlace  # the change would not reach the caller's tensor
     single = isinstance(out, torch.Tensor)
     outs = (out,) if single else tuple(out)
-    arrays_out, statics, meta, frozen = [], [], [], []
+    arrays_out: list[Any] = []
+    statics: list[Any] = []
+    meta: list[Any] = []
+    frozen: list[Any] = []
     for o in outs:
       if type(o) is tensor_lib.Tensor:
         v = tensor_lib.value(o)
@@ -228,7 +231,7 @@ def _traced_apply(cls: type, api: str, setup: bool, args: tuple, positions: list
   return results[0] if structure["single"] else tuple(results)
 
 
-def _backward(cls: type, api: str, structure: dict, residuals: list, cotangents: tuple,
+def _backward(cls: Any, api: str, structure: dict, residuals: list, cotangents: tuple,
               avals: list, positions: list[int], n_args: int) -> tuple:
 
   name = cls.__name__
@@ -248,7 +251,9 @@ def _backward(cls: type, api: str, structure: dict, residuals: list, cotangents:
     else:
       grads_out.append(array_to_tensor(ct, lambda: f"a gradient of {name}'s output", api))
   with torch.enable_grad():  # a backward is differentiable (JAX's higher derivatives)
-    grads = _user_backward(cls)(ctx, *grads_out)
+    backward = _user_backward(cls)
+    assert backward is not None  # (checked when the function was traced)
+    grads = backward(ctx, *grads_out)
   if not isinstance(grads, tuple):
     grads = (grads,)
   if len(grads) < n_args or any(g is not None for g in grads[n_args:]):
@@ -256,7 +261,7 @@ def _backward(cls: type, api: str, structure: dict, residuals: list, cotangents:
         f"`{api}`: {name}.backward returned {len(grads)} gradients for a forward of {n_args} "
         "inputs; it must return one per input (None for inputs without a gradient), as torch "
         "requires.")
-  result = []
+  result: list[Any] = []
   for i, (shape, dtype) in zip(positions, avals):
     g = grads[i]
     if not jnp.issubdtype(dtype, jnp.inexact):

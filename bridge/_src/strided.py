@@ -111,7 +111,7 @@ def _factorizations(shape: tuple, size: tuple, stride: tuple, offset: int) -> li
   split is of a window of the flat base that holds the view.
   """
   numel = math.prod(shape)
-  tries = [(tuple(shape), offset, None)]
+  tries: list[tuple[tuple, int, tuple[int, int] | None]] = [(tuple(shape), offset, None)]
   cuts = sorted({1} | {s for n, s in zip(size, stride) if n > 1 and s > 0}, reverse=True)
   if all(a % b == 0 for a, b in zip(cuts, cuts[1:])):
     inner = tuple(a // b for a, b in zip(cuts, cuts[1:]))
@@ -167,7 +167,7 @@ def read(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   flat = base.reshape(-1)
   if plan is None:
     return flat[_flat_index(size, stride, offset)]
-  if type(plan) is _Contiguous:
+  if isinstance(plan, _Contiguous):
     return _window(flat, (plan.offset, plan.numel)).reshape(size)
   x = _window(flat, plan.window).reshape(plan.shape)
   x = lax.slice(x, plan.start, plan.limit, plan.step).reshape(plan.kept)
@@ -183,10 +183,10 @@ def write(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any:
   new = jnp.broadcast_to(new, size).astype(base.dtype)
   plan = _plan(tuple(base.shape), size, stride, offset)
   flat = base.reshape(-1)
-  if plan is None or (type(plan) is _Strided and plan.expanded != size):
+  if plan is None or (isinstance(plan, _Strided) and plan.expanded != size):
     # The fallback, also for a broadcast dim (several elements at one address).
     flat = flat.at[_flat_index(size, stride, offset).reshape(-1)].set(new.reshape(-1))
-  elif type(plan) is _Contiguous:
+  elif isinstance(plan, _Contiguous):
     flat = _set_window(flat, (plan.offset, plan.numel), new.reshape(-1))
   else:
     part = _set_strided(_window(flat, plan.window).reshape(plan.shape), new, plan)
