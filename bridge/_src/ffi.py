@@ -113,11 +113,20 @@ def _pointers(address: int, n: int) -> Any:
   return (_ARRAYS[n] if n < 16 else _I64 * n).from_address(address) if n else ()
 
 
+def _pointer_at(address: int) -> int:
+  """The pointer stored at `address` in one of XLA's FFI structs (never null where read)."""
+  value = ctypes.c_void_p.from_address(address).value
+  if value is None:
+    raise BridgeError(f"bridge: XLA's FFI frame holds a null pointer at {address:#x}; "
+                      "this XLA speaks another FFI version. Please report it.")
+  return value
+
+
 def _fill_metadata(ext: int) -> None:
   """Answer XLA's metadata query (the API version this handler speaks)."""
   if ctypes.c_int.from_address(ext + 8).value != 1:  # XLA_FFI_Extension_Metadata
     return
-  meta = ctypes.c_void_p.from_address(ext + 24).value
+  meta = _pointer_at(ext + 24)
   ctypes.c_int.from_address(meta + 24).value = _API_MAJOR
   ctypes.c_int.from_address(meta + 28).value = _API_MINOR
   ctypes.c_uint32.from_address(meta + 32).value = 0  # traits
@@ -128,10 +137,10 @@ _ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 
 def _xla_error(api: int, message: str) -> int:
   """An `XLA_FFI_Error*` carrying `message` (XLA takes ownership)."""
-  create = _ERROR_CREATE(ctypes.c_void_p.from_address(api + 48).value)
+  create = _ERROR_CREATE(_pointer_at(api + 48))
   text = ctypes.create_string_buffer(message.encode("utf-8", "replace"))
   args = _I64 * 4
-  a = args(28, 0, ctypes.cast(text, ctypes.c_void_p).value, _ERROR_UNKNOWN)
+  a = args(28, 0, ctypes.addressof(text), _ERROR_UNKNOWN)
   return create(ctypes.addressof(a)) or 0
 
 
@@ -143,7 +152,7 @@ def _handler(frame_ptr: int) -> int:
       return 0
     if f[4] & 0xFFFFFFFF != _STAGE_EXECUTE:
       return 0
-    scalar = ctypes.c_void_p.from_address(f[20]).value  # the one attribute, `key`
+    scalar = _pointer_at(f[20])  # the one attribute, `key`
     key = _I64.from_address(_PAIR.from_address(scalar)[1]).value
     fn, name = _HOST[key]
     results = fn([_view(p) for p in _pointers(f[9], f[7])])
@@ -211,9 +220,9 @@ def describe_error(e: BaseException, name: str) -> str:
   tb = e.__traceback__
   while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
     tb = tb.tb_next  # the frames of this module and of callback mode are not the user's
-  tb = "".join(traceback.format_exception(type(e), e, tb))
+  text = "".join(traceback.format_exception(type(e), e, tb))
   return (f"{name} raised {type(e).__name__}: {e} [bridge host error #{ident}]\n\n"
-          f"The torch traceback, from inside the JAX program:\n{tb}")
+          f"The torch traceback, from inside the JAX program:\n{text}")
 
 
 def reraise(error: BaseException) -> None:
@@ -316,7 +325,7 @@ def _cuda_index(device: Any) -> int:
 
 
 def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
-         vmap_method: str, side_effect: bool = False) -> list[Any]:
+         vmap_method: str, side_effect: bool = False) -> Sequence[Any]:
   """Stage (or run, for concrete arguments) a call of host function `key`."""
   how = route()
   if how == "ffi":
@@ -333,7 +342,7 @@ def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
 try:
   from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
 except ImportError:  # pragma: no cover - a JAX before buffer callbacks
-  _buffer_callback = None
+  _buffer_callback = None  # type: ignore[assignment]
 
 _DL_CUDA = 2  # DLDeviceType.kDLCUDA
 
