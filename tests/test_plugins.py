@@ -143,3 +143,26 @@ def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
     assert [r.op for r in _lowering.RECORDS[before:]] == [torch.ops.aten.add.Tensor]
   finally:
     del _lowering.RECORDS[before:]
+
+
+def test_the_plugin_imports_nothing_from_the_core():
+  """bridge-ops' runtime modules (`plugin`, `_lowering` and every op family) import no `bridge`
+  module: the core hands them what they need at registration (the OpInfo tool in
+  `bridge_ops.testing` is the one part that imports the core, and nothing imports it).
+  torch's device-backend autoload, which imports `bridge` at `import torch`, is off there."""
+  import os
+  import subprocess
+  import sys
+  from bridge_ops import plugin
+  modules = ["bridge_ops.plugin", "bridge_ops._lowering"] + [
+      f"bridge_ops.{family}" for family in plugin.FAMILIES]
+  code = (
+      "import importlib, sys\n"
+      f"for name in {modules!r}:\n"
+      "  importlib.import_module(name)\n"
+      "print(sorted(m for m in sys.modules if m == 'bridge' or m.startswith('bridge.')))\n")
+  env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                       env=env)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.strip() == "[]", run.stdout
