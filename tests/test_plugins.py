@@ -166,3 +166,32 @@ def test_the_plugin_imports_nothing_from_the_core():
                        env=env)
   assert run.returncode == 0, run.stderr
   assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_the_plugin_uses_the_cores_dtype_map():
+  """bridge-ops keeps no dtype map of its own: `register` takes the registry's (the core's
+  `dtypes.TORCH_TO_JAX`, read-only), and without one a dtype helper says how to install it."""
+  from bridge._src import dtypes
+  from bridge._src import registry as registry_lib
+  from bridge_ops import _lowering
+  registry_lib.REGISTRY.load_plugins()
+  handed = registry_lib.REGISTRY.dtypes
+  assert dict(handed) == dtypes.TORCH_TO_JAX
+  with pytest.raises(TypeError):
+    handed[torch.float32] = None  # read-only
+  assert _lowering._DTYPES["to_jax"] is handed
+  assert _lowering.jax_dtype(torch.bfloat16) == dtypes.TORCH_TO_JAX[torch.bfloat16]
+  assert _lowering.torch_dtype(dtypes.TORCH_TO_JAX[torch.int16]) is torch.int16
+  saved = dict(_lowering._DTYPES)
+  _lowering._DTYPES.clear()
+  try:
+    with pytest.raises(RuntimeError, match=r"no dtype map is installed.*install_dtypes"):
+      _lowering.default_float()
+  finally:
+    _lowering._DTYPES.update(saved)
+
+
+def test_a_core_without_a_dtype_map_is_refused_with_the_fix():
+  from bridge_ops import plugin
+  with pytest.raises(RuntimeError, match=r"registry has no `dtypes`.*Upgrade bridge"):
+    plugin.register(types.SimpleNamespace(register=lambda *a, **k: None))

@@ -34,7 +34,21 @@ def install_checks(report: Callable[..., None]) -> None:
   _lowering._REPORT[0] = report
 
 
+def install_dtypes(torch_to_jax: Any) -> None:
+  """The core's torch -> JAX dtype map, which the lowerings use (`register` installs the
+  registry's; a lowering called outside the core needs one installed first)."""
+  from bridge_ops import _lowering
+  _lowering.install_dtypes(torch_to_jax)
+
+
 def register(registry: Any) -> None:
-  """Adds bridge-ops' lowerings to the core's registry."""
+  """Adds bridge-ops' lowerings to the core's registry, after taking its dtype map."""
+  torch_to_jax = getattr(registry, "dtypes", None)
+  if torch_to_jax is None:
+    raise RuntimeError(
+        "bridge_ops: this bridge core's registry has no `dtypes` (the torch -> JAX dtype map "
+        "bridge-ops takes from the core instead of keeping a copy). Upgrade bridge to the "
+        "version that ships with this bridge-ops.")
+  install_dtypes(torch_to_jax)
   for record in import_families():
     registry.register(record.op, record.fn, **record.options)
