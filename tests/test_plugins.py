@@ -195,3 +195,15 @@ def test_a_core_without_a_dtype_map_is_refused_with_the_fix():
   from bridge_ops import plugin
   with pytest.raises(RuntimeError, match=r"registry has no `dtypes`.*Upgrade bridge"):
     plugin.register(types.SimpleNamespace(register=lambda *a, **k: None))
+
+
+@pytest.mark.parametrize("dtype, compute", [
+    ("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
+    ("float64", "float64"), ("int8", "int8"), ("int16", "int16"), ("bool", "bool"),
+    ("complex64", "complex64")])
+def test_opmath_is_torchs_compute_dtype(dtype, compute):
+  """One `opmath` for every lowering: the 16-bit floats compute in float32, the rest as is."""
+  import jax.numpy as jnp
+  import numpy as np
+  from bridge_ops._lowering import opmath
+  assert opmath(getattr(jnp, dtype)) == np.dtype(getattr(jnp, compute))

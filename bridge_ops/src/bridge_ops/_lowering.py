@@ -258,6 +258,15 @@ def default_float() -> Any:
   return _dtype_map("to_jax")[torch.get_default_dtype()]
 
 
+def opmath(dtype: Any) -> np.dtype:
+  """torch's compute dtype ("opmath") for `dtype`: float32 for the floats narrower than 32 bits
+  (float16, bfloat16, the float8s), as torch's `opmath_type`; else `dtype` itself."""
+  dtype = np.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+    return np.dtype(np.float32)
+  return dtype
+
+
 def _is_array(x: Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 

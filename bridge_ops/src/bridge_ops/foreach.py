@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, jax_dtype, lowering, result_dtypes
+from bridge_ops._lowering import aten, jax_dtype, lowering, opmath, result_dtypes
 
 
 def _weak(x) -> bool:
@@ -314,7 +314,7 @@ def _norm_dtypes(x, dtype):
   if out is None:
     out = {np.dtype(jnp.complex64): jnp.float32,
            np.dtype(jnp.complex128): jnp.float64}.get(np.dtype(x.dtype), x.dtype)
-  compute = jnp.float32 if np.dtype(out).itemsize < 4 else out
+  compute = opmath(out)
   return compute, out
 
 

@@ -38,21 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, lowering, opmath
 
 _SCALES = ("scales", "scales_d", "scales_h", "scales_w", "scale_factors")
-
-
-def _opmath(dtype) -> np.dtype:
-  """torch's `opmath_type`: float64 stays, every other (float) type computes in float32."""
-  return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
-def _compute(x):
-  """`x` in the dtype the arithmetic runs in (float32 for the 16-bit floats)."""
-  if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float64:
-    return x.astype(jnp.float32)
-  return x
 
 
 # --------------------------------------------------------------------- index tables (NumPy)
@@ -200,9 +188,9 @@ def _resample(x, output_size, table, stored_weights=True):
   both then compute in float and round once, as here."""
   nd = len(output_size)
   floating = jnp.issubdtype(x.dtype, jnp.floating)
-  ct = _opmath(x.dtype) if floating else np.dtype(np.float32)
+  ct = opmath(x.dtype) if floating else np.dtype(np.float32)
   wt = np.dtype(x.dtype) if floating and stored_weights else ct
-  y = _compute(x)
+  y = x.astype(opmath(x.dtype))
   for d in reversed(range(nd)):
     axis = x.ndim - nd + d
     y = _resample_axis(y, axis, *table(d, x.shape[axis], int(output_size[d]), ct, wt))
@@ -257,9 +245,9 @@ def _vec_size(input, output_size, scale_factors):
 
 def _backward(forward, grad_output, input_size):
   """The gradient of a resampling (linear in its input) for `grad_output`."""
-  zeros = jnp.zeros(tuple(input_size), _compute(grad_output).dtype)
+  zeros = jnp.zeros(tuple(input_size), opmath(grad_output.dtype))
   _, vjp = jax.vjp(forward, zeros)
-  return vjp(_compute(grad_output))[0].astype(grad_output.dtype)
+  return vjp(grad_output.astype(opmath(grad_output.dtype)))[0].astype(grad_output.dtype)
 
 
 _static = functools.partial(lowering, static_argnames=_SCALES)
@@ -531,7 +519,7 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
       return _grid_sample_2d_16(input, grid, interpolation_mode, padding_mode, align_corners)
     return _grid_sample_3d_16(input, grid, interpolation_mode, padding_mode, align_corners)
   nd = input.ndim - 2
-  x = _compute(input)
+  x = input.astype(opmath(input.dtype))
   g = grid.astype(x.dtype)
   x_last = jnp.moveaxis(x, 1, -1)  # (N, *spatial, C)
   n_index = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * nd)

@@ -30,15 +30,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, p_norm,
-                                  scan, torch_abs, torch_dtype, while_loop, with_derivative)
+from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, opmath,
+                                  p_norm, scan, torch_abs, torch_dtype, while_loop, with_derivative)
 
 _HIGHEST = lax.Precision.HIGHEST
-_LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
-
-
-def _acc(dtype):
-  return jnp.dtype(jnp.float32) if np.dtype(dtype) in _LOW_FLOATS else jnp.dtype(dtype)
 
 
 def _same_dtype(a, b):
@@ -70,7 +65,7 @@ def _product(subscripts, a, b):
   floats)."""
   _same_dtype(a, b)
   return lax.dot_general(a, b, _CONTRACTIONS[subscripts], precision=_HIGHEST,
-                         preferred_element_type=_acc(a.dtype))
+                         preferred_element_type=opmath(a.dtype))
 
 
 def _scalar(x, dtype):
@@ -116,7 +111,7 @@ def linear(input, weight, bias=None):
   # input); the core runs this instead when autograd is not recording.
   _same_dtype(input, weight)
   out = lax.dot_general(input, weight, (((input.ndim - 1,), (weight.ndim - 1,)), ((), ())),
-                        precision=_HIGHEST, preferred_element_type=_acc(input.dtype))
+                        precision=_HIGHEST, preferred_element_type=opmath(input.dtype))
   return (out if bias is None else out + bias).astype(input.dtype)
 
 
@@ -125,7 +120,7 @@ def matmul(self, other):
   # torch's `matmul` broadcasts by expanding to `bmm`; XLA contracts the batch dims directly.
   _same_dtype(self, other)
   return jnp.matmul(self, other, precision=_HIGHEST,
-                    preferred_element_type=_acc(self.dtype)).astype(self.dtype)
+                    preferred_element_type=opmath(self.dtype)).astype(self.dtype)
 
 
 @lowering(aten.mv.default)
@@ -184,7 +179,7 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
                        f"{'missing' if offs is None else 'given'}")
   if offs is not None and np.dtype(offs.dtype) != np.dtype(jnp.int32):
     raise RuntimeError("Offsets have to be int32")
-  acc = _acc(self.dtype)
+  acc = opmath(self.dtype)
   if offs is None:
     out = lax.dot_general(self, mat2, (((2,), (1,)), ((0,), (0,))), precision=_HIGHEST,
                           preferred_element_type=acc)
@@ -217,7 +212,7 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
   # torch's own loop for small products: each dot product summed in order over k (in the
   # accumulation dtype), then `self * beta + alpha * acc`; alpha multiplies, so NaN propagates.
   _same_dtype(batch1, batch2)
-  acc_dtype = _acc(batch1.dtype)
+  acc_dtype = opmath(batch1.dtype)
   a, b = batch1.astype(acc_dtype), batch2.astype(acc_dtype)
 
   def step(k, acc):
@@ -234,7 +229,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
   _same_dtype(batch1, batch2)
   out = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2])).astype(batch1.dtype)
   if not batch1.shape[0]:
-    return _add_scaled(out, jnp.zeros(out.shape, _acc(out.dtype)), beta, 0, out.dtype)
+    return _add_scaled(out, jnp.zeros(out.shape, opmath(out.dtype)), beta, 0, out.dtype)
   out = _add_scaled(out, _product("ij,jk->ik", batch1[0], batch2[0]), beta, alpha, out.dtype)
 
   def step(out, mats):
@@ -1042,7 +1037,7 @@ def linalg_matrix_exp(self):
     return self
   if n == 1:
     return jnp.exp(self)
-  return _matrix_exp(self.astype(_acc(self.dtype))).astype(self.dtype)
+  return _matrix_exp(self.astype(opmath(self.dtype))).astype(self.dtype)
 
 
 @lowering(aten.linalg_lstsq.default, static_argnames=("rcond",))
@@ -1099,7 +1094,7 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
   def contract(spec, *xs):
     return jnp.einsum(spec, *xs, precision=_HIGHEST,
-                      preferred_element_type=_acc(i1.dtype)).astype(i1.dtype)
+                      preferred_element_type=opmath(i1.dtype)).astype(i1.dtype)
   buf = contract(f"{sub(dims[0])},{sub(dims[1])}->{sub(first)}", i1, i2)
   out = contract(f"{sub(first)},{sub(dims[2])}->{sub(second)}", buf, i3)
   return jnp.expand_dims(out, [k for k, d in enumerate(keep) if d not in second])
@@ -1148,7 +1143,7 @@ def renorm(self, p, dim, maxnorm):
   axes = tuple(d for d in range(self.ndim) if d != dim)
   # torch's derivative of |x| and of the root is 0 at 0, so a zero slice (left as it is) has
   # the identity's gradient, not nan
-  x = torch_abs(self.astype(_acc(self.dtype)))
+  x = torch_abs(self.astype(opmath(self.dtype)))
   if p == float("inf"):
     norm = jnp.max(x, axis=axes, keepdims=True, initial=0)
   elif p == float("-inf"):

@@ -25,18 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, lowering, opmath
 
 
 def _expand(param, n: int) -> list[int]:
   """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
   param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
   return param * n if len(param) == 1 else param
-
-
-def _acc(x):
-  """`x` in torch's accumulation dtype: float32 for the 16-bit floats."""
-  return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
 
 
 def _lowest(dtype):
@@ -126,7 +121,7 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
               divisor_override):
   k, s, p, _, out, hi = _pool_params(x, nd, kernel_size, stride, padding, 1, ceil_mode)
   lead = x.ndim - nd
-  y = _acc(x)
+  y = x.astype(opmath(x.dtype))
   summed = lax.reduce_window(  # a concrete 0 init keeps it a differentiable window sum
       y, np.zeros((), y.dtype), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
       [(0, 0)] * lead + list(zip(p, hi)))
@@ -200,7 +195,7 @@ def _adaptive_avg(x, output_size):
   """Window sums one axis at a time (only the window's own elements: an inf elsewhere does
   not leak in), divided by the window sizes; in float32 for the 16-bit floats."""
   nd = len(output_size)
-  y = _acc(x)
+  y = x.astype(opmath(x.dtype))
   count = np.ones((), np.int64)
   for a, o in enumerate(output_size):
     axis = x.ndim - nd + a
@@ -308,7 +303,7 @@ def _scatter_back(grad_output, self, indices, nd):
   """The gradient of a pooling that picked `indices` (flat offsets per plane): each output's
   gradient added at its index, in float32 for the 16-bit floats."""
   lead = self.shape[:-nd]
-  g = _acc(grad_output).reshape(lead + (-1,))
+  g = grad_output.astype(opmath(grad_output.dtype)).reshape(lead + (-1,))
   idx = indices.reshape(lead + (-1,))
   plane = int(np.prod(self.shape[-nd:]))
   zeros = jnp.zeros(lead + (plane,), g.dtype)
@@ -334,7 +329,7 @@ def _intervals(sample, n_in: int, n_out: int, pool: int):
   `alpha = (in - pool) / (out - 1)`, the last window at `in - pool`. torch computes in the
   input's dtype; for the 16-bit floats each step is rounded to it here as well."""
   dt = sample.dtype
-  u = sample.astype(jnp.float32) if dt in (jnp.float16, jnp.bfloat16) else sample
+  u = sample.astype(opmath(dt))
 
   def r(v):  # round to the sample's dtype, as torch's scalar arithmetic does
     return v.astype(dt).astype(u.dtype)

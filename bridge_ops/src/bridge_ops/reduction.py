@@ -21,10 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, check, fori_loop, jax_dtype, lowering, p_norm,
-                                  result_dtypes, torch_abs, while_loop, with_derivative)
+from bridge_ops._lowering import (aten, check, fori_loop, jax_dtype, lowering, opmath,
+                                  p_norm, result_dtypes, torch_abs, while_loop, with_derivative)
 
-_LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -50,11 +49,6 @@ def _one_axis(x, dim: int):
 
 def _is_int(dtype) -> bool:
   return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)
-
-
-def _acc(dtype):
-  """The dtype torch's CPU kernels accumulate `dtype` in (float32 for 16-bit floats)."""
-  return jnp.dtype(jnp.float32) if np.dtype(dtype) in _LOW_FLOATS else jnp.dtype(dtype)
 
 
 def _real(dtype):
@@ -93,14 +87,14 @@ def _sort(x, axis: int, descending: bool):
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def sum_dim_IntList(self, dim=None, keepdim=False, *, dtype=None):
   out = _sum_dtype(self, dtype)
-  r = jnp.sum(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=_acc(out))
+  r = jnp.sum(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
   return r.astype(out)
 
 
 @lowering(aten.trace.default)
 def trace(self):
   out = _sum_dtype(self, None)
-  return jnp.trace(self.astype(out), dtype=_acc(out)).astype(out)
+  return jnp.trace(self.astype(out), dtype=opmath(out)).astype(out)
 
 
 @lowering(aten.nansum.default)
@@ -113,14 +107,14 @@ def nansum(self, dim=None, keepdim=False, *, dtype=None):
 def mean_dim(self, dim=None, keepdim=False, *, dtype=None):
   out = jax_dtype(dtype, self.dtype)
   axes = _axes(self, dim)
-  s = jnp.sum(self.astype(out), axis=axes, keepdims=keepdim, dtype=_acc(out))
+  s = jnp.sum(self.astype(out), axis=axes, keepdims=keepdim, dtype=opmath(out))
   return (s / _count(self, axes)).astype(out)
 
 
 @lowering(aten.prod.default, aten.prod.dim_int)
 def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
   out = _sum_dtype(self, dtype)
-  r = jnp.prod(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=_acc(out))
+  r = jnp.prod(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
   return r.astype(out)
 
 
@@ -201,7 +195,7 @@ def _var_mean(x, dim, correction, keepdim, sqrt=False):
   variance is real for complex inputs."""
   axes = _axes(x, dim)
   n = _count(x, axes)
-  xa = x.astype(_acc(x.dtype))
+  xa = x.astype(opmath(x.dtype))
   mean = jnp.sum(xa, axis=axes, keepdims=True) / n
   d = xa - mean
   sq = (d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d
@@ -242,7 +236,7 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   if dtype is not None:
     x = x.astype(jax_dtype(dtype))
   out = _real(x.dtype)
-  a = torch_abs(x).astype(_acc(out))
+  a = torch_abs(x).astype(opmath(out))
   axes = _axes(x, dim)
   if ord == math.inf:
     r = jnp.max(a, axis=axes, keepdims=keepdim)
@@ -306,7 +300,7 @@ def count_nonzero(self, dim=None):
 
 def _scan(fn, x, dim, out):
   x1, axis = _one_axis(x.astype(out), dim)
-  return fn(x1.astype(_acc(out)), axis=axis).astype(out).reshape(x.shape)
+  return fn(x1.astype(opmath(out)), axis=axis).astype(out).reshape(x.shape)
 
 
 @lowering(aten.cumsum.default)
@@ -378,7 +372,7 @@ def cummin(self, dim):
 @lowering(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
   _, out = result_dtypes(self, kind="int_to_float")
-  x = self.astype(_acc(out))
+  x = self.astype(opmath(out))
   axes = _axes(x, dim)
   # torch shifts by the max real part (-inf for an empty reduction, so it gives -inf)
   m = jnp.max(x.real, axis=axes, keepdims=True, initial=-jnp.inf)
@@ -389,7 +383,7 @@ def logsumexp(self, dim, keepdim=False):
 
 @lowering(aten._softmax.default)
 def _softmax(self, dim, half_to_float):
-  x = self.astype(_acc(self.dtype))
+  x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
   e = jnp.exp(x - jnp.max(x, axis=axes, keepdims=True))
   out = jnp.float32 if half_to_float else self.dtype
@@ -400,7 +394,7 @@ def _softmax(self, dim, half_to_float):
 def _safe_softmax(self, dim, dtype=None):
   """softmax, except that a slice of only -inf gives zeros instead of NaN (SDPA's masked rows)."""
   out_dtype = jax_dtype(dtype, self.dtype)
-  x = self.astype(out_dtype).astype(_acc(out_dtype))
+  x = self.astype(out_dtype).astype(opmath(out_dtype))
   axes = _axes(x, dim)
   # No pass of its own finds the masked rows: the shift is the max of the row with -inf raised
   # to the lowest finite value, so a row of only -inf is shifted by that finite value and
@@ -419,7 +413,7 @@ def _safe_softmax(self, dim, dtype=None):
 
 @lowering(aten._log_softmax.default)
 def _log_softmax(self, dim, half_to_float):
-  x = self.astype(_acc(self.dtype))
+  x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
   shifted = x - jnp.max(x, axis=axes, keepdims=True)
   total = jnp.sum(jnp.exp(shifted), axis=axes, keepdims=True)
@@ -433,7 +427,7 @@ def _log_softmax(self, dim, half_to_float):
 
 @lowering(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
-  g, y = grad_output.astype(_acc(grad_output.dtype)), output.astype(_acc(output.dtype))
+  g, y = grad_output.astype(opmath(grad_output.dtype)), output.astype(opmath(output.dtype))
   axes = _axes(g, dim)
   r = y * (g - jnp.sum(g * y, axis=axes, keepdims=True))
   return r.astype(jax_dtype(input_dtype))
@@ -441,7 +435,7 @@ def _softmax_backward_data(grad_output, output, dim, input_dtype):
 
 @lowering(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
-  g, y = grad_output.astype(_acc(grad_output.dtype)), output.astype(_acc(output.dtype))
+  g, y = grad_output.astype(opmath(grad_output.dtype)), output.astype(opmath(output.dtype))
   axes = _axes(g, dim)
   r = g - jnp.exp(y) * jnp.sum(g, axis=axes, keepdims=True)
   return r.astype(jax_dtype(input_dtype))
@@ -933,10 +927,10 @@ def _histdd(x, edges, weight, density, algorithm):
     flat = flat * (n_edges - 1) + jnp.clip(pos, 0, n_edges - 2)
   shape = tuple(int(e.shape[0]) - 1 for e in edges)
   w = jnp.ones((m,), x.dtype) if weight is None else weight.reshape(m).astype(x.dtype)
-  w = jnp.where(keep, w, jnp.zeros_like(w)).astype(_acc(x.dtype))
+  w = jnp.where(keep, w, jnp.zeros_like(w)).astype(opmath(x.dtype))
   hist = jnp.zeros((math.prod(shape),), w.dtype).at[flat].add(w).reshape(shape).astype(x.dtype)
   if density:
-    hist = hist / jnp.sum(hist.astype(_acc(x.dtype))).astype(x.dtype)
+    hist = hist / jnp.sum(hist.astype(opmath(x.dtype))).astype(x.dtype)
     for k, e in enumerate(edges):
       lengths = (e[1:] - e[:-1]).reshape(tuple(-1 if j == k else 1 for j in range(d)))
       hist = hist / lengths
@@ -1044,7 +1038,7 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
   lens = lengths.reshape(-1, s).astype(jnp.int64)
   ids = jnp.sum(jnp.arange(data.shape[axis])[None, :, None] >= jnp.cumsum(lens, -1)[:, None, :],
                 axis=-1)                                       # (batch, n) segment of each element
-  acc = _acc(data.dtype)
+  acc = opmath(data.dtype)
 
   def one(r, seg, ln):  # r: (rest, n); seg: (n,); ln: (s,)
     r = r.T.astype(acc)                                        # (n, rest)
@@ -1209,7 +1203,7 @@ def cov(self, correction=1, fweights=None, aweights=None):
   else:
     centred = sub(x, avg[:, None])
   other = centred if w is None else mul(centred, w)
-  acc = _acc(centred.dtype)
+  acc = opmath(centred.dtype)
   c = jnp.matmul(centred, jnp.conj(other).T, precision=lax.Precision.HIGHEST,
                  preferred_element_type=acc).astype(centred.dtype)
   if jnp.iscomplexobj(c) and 1 in centred.shape:  # torch zeroes a vector's imaginary part
