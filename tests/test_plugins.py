@@ -153,9 +153,14 @@ def test_the_plugin_imports_nothing_from_the_core():
   import os
   import subprocess
   import sys
+  import pkgutil
   from bridge_ops import plugin
   modules = ["bridge_ops.plugin", "bridge_ops._lowering"] + [
       f"bridge_ops.{family}" for family in plugin.FAMILIES]
+  runtime = {f"bridge_ops.{m.name}" for m in pkgutil.iter_modules(bridge_ops.__path__)
+             if m.name != "testing"}
+  assert set(modules) <= runtime and runtime - set(modules) <= {
+      f"bridge_ops.{m}" for m in ("_elementwise", "_reduction", "_linalg", "_special")}
   code = (
       "import importlib, sys\n"
       f"for name in {modules!r}:\n"

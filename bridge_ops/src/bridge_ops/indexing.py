@@ -1,4 +1,4 @@
-"""Indexing family: advanced indexing, gather/scatter, index_* and searches.
+"""Indexing family: advanced indexing, gather/scatter, index_*, masks and nonzero.
 
 Index values follow torch for valid inputs: negative indices count from the end
 where torch allows them (advanced indexing, `take`/`put`, `index_fill`). An index out
@@ -14,9 +14,6 @@ mask becomes `nonzero(mask, size=N)` with N read from the static shapes of the
 values (or, when the values broadcast, the mask's size padded with indices that
 are out of range and so dropped). `index.Tensor` is one overload for integer and
 boolean indices alike, so integer indexing runs eagerly too.
-
-`searchsorted`/`bucketize` run torch's own binary search (not `jnp.searchsorted`):
-NaN compares false there, where JAX's sort order would put it last.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import (aten, check, check_index, lowering, result_dtypes,
-                                  with_derivative)
+from bridge_ops._lowering import (aten, check, check_index, lowering, with_derivative)
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -583,68 +579,3 @@ def nonzero_static(self, *, size, fill_value=-1):
     return jnp.zeros((size, 0), jnp.int64)
   parts = jnp.nonzero(self, size=size, fill_value=fill_value)
   return jnp.stack(parts, axis=1).astype(jnp.int64)
-
-
-# --- sorted search ----------------------------------------------------------------------------
-
-
-def _binary_search(seq, values, right):
-  """torch's lower/upper bound loop, vectorized: the first i with seq[i] >= v (> v if right).
-
-  Written out rather than `jnp.searchsorted` so comparisons with NaN behave as in torch
-  (a NaN compares false, so NaNs at the end of a sorted row are never "above" a value).
-  `seq` is (n,) or (rows, n); `values` then has any shape, or (rows, m).
-  """
-  n = seq.shape[-1]
-  start = jnp.zeros(values.shape, jnp.int64)
-  end = jnp.full(values.shape, n, jnp.int64)
-  for _ in range(n.bit_length()):  # each step at least halves end - start
-    active = start < end
-    mid = start + ((end - start) >> 1)
-    safe = jnp.clip(mid, 0, n - 1)
-    mid_val = seq[safe] if seq.ndim == 1 else jnp.take_along_axis(seq, safe, axis=-1)
-    go_right = ~(mid_val > values) if right else ~(mid_val >= values)
-    start = jnp.where(active & go_right, mid + 1, start)
-    end = jnp.where(active & ~go_right, mid, end)
-  return start
-
-
-def _searchsorted(seq, values, out_int32, side, sorter=None):
-  if sorter is not None:
-    seq = jnp.take_along_axis(seq, sorter, axis=-1)
-  compute, _ = result_dtypes(seq, values)
-  seq = seq.astype(compute)
-  values = jnp.asarray(values).astype(compute)
-  out_dtype = jnp.int32 if out_int32 else jnp.int64
-  right = side == "right"
-  if seq.ndim == 1:
-    return _binary_search(seq, values, right).astype(out_dtype)
-  rows = jnp.reshape(seq, (-1, seq.shape[-1]))
-  vals = jnp.reshape(values, (rows.shape[0], -1))
-  return jnp.reshape(_binary_search(rows, vals, right), values.shape).astype(out_dtype)
-
-
-def _side(right, side):
-  return side if side is not None else ("right" if right else "left")
-
-
-@lowering(aten.searchsorted.Tensor)
-def searchsorted_Tensor(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
-  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
-
-
-@lowering(aten.searchsorted.Scalar)
-def searchsorted_Scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
-  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
-
-
-@lowering(aten.bucketize.Tensor)
-def bucketize_Tensor(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
-
-
-@lowering(aten.bucketize.Scalar)
-def bucketize_Scalar(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")

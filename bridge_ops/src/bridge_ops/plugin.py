@@ -12,10 +12,15 @@ REGISTRY_API_VERSION = 1
 # that does not know it ignores it.
 TRACE_JIT_FREE = True
 
-# One module per op family; each registers its lowerings with `@lowering` on import.
-FAMILIES = ("elementwise", "reduction", "linalg", "shape", "indexing", "creation", "random",
-            "nn", "loss", "foreach", "attention", "recurrent", "special", "fft", "pooling",
-            "interpolation")
+# One module per op family; each registers its lowerings with `@lowering` on import (in this
+# order; no two register the same op: the registry refuses a duplicate without `override=`).
+# The modules whose names start with "_" hold helpers shared within a group of families.
+FAMILIES = ("arithmetic", "math_ops", "comparison", "activation",  # elementwise
+            "reduction", "sorting", "histogram",
+            "products", "linalg", "ldl", "spectral",
+            "shape", "indexing", "creation", "random", "nn", "loss", "foreach", "attention",
+            "recurrent", "special", "bessel", "polynomials", "fft", "pooling", "interpolation",
+            "grid_sample")
 
 
 def import_families() -> list:
