@@ -228,6 +228,32 @@ def literal(value: Any) -> bool:
   return type(value) in (int, float, bool)
 
 
+def expand_param(param: Any, n: int) -> list[int]:
+  """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
+  param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
+  return param * n if len(param) == 1 else param
+
+
+def lowest(dtype: Any) -> Any:
+  """The smallest value of `dtype` (-inf for floats, False for bool): a max's neutral start."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return -np.inf
+  if dtype.kind == "b":
+    return False
+  return np.iinfo(dtype).min
+
+
+def highest(dtype: Any) -> Any:
+  """The largest value of `dtype` (inf for floats, True for bool): a min's neutral start."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return np.inf
+  if dtype.kind == "b":
+    return True
+  return np.iinfo(dtype).max
+
+
 def torch_sign(x: Any) -> Any:
   """torch's sign of a real array: 0 at 0 and at NaN (jnp.sign(nan) is nan)."""
   return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
@@ -271,13 +297,14 @@ def _is_array(x: Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def _weak(x: Any) -> bool:
+def weak(x: Any) -> bool:
+  """`x` is weakly typed (a Python scalar, or a traced one)."""
   return bool(getattr(getattr(x, "aval", x), "weak_type", False))
 
 
 def _as_torch_arg(x: Any) -> Any:
   """A stand-in torch value with the same promotion behaviour as `x`."""
-  if _is_array(x) and not (_weak(x) and np.ndim(x) == 0):
+  if _is_array(x) and not (weak(x) and np.ndim(x) == 0):
     return torch.empty(np.shape(x), dtype=torch_dtype(x.dtype), device="meta")
   dtype = np.dtype(getattr(x, "dtype", type(x)))
   if dtype.kind == "b":
@@ -319,7 +346,7 @@ def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable
       compute, _ = result_dtypes(*values, kind=kind)
       for n in names:
         v = bound.arguments.get(n)
-        if _is_array(v) and not (_weak(v) and np.ndim(v) == 0):
+        if _is_array(v) and not (weak(v) and np.ndim(v) == 0):
           bound.arguments[n] = jnp.asarray(v).astype(compute)
       return fn(*bound.args, **bound.kwargs)
     return wrapper

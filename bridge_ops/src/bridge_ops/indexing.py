@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import (aten, check, check_index, lowering, with_derivative)
+from bridge_ops._lowering import (aten, check, check_index, highest, lowering, lowest, weak,
+                                  with_derivative)
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -389,17 +390,13 @@ def _as_1d(out):
     def wrapped(self, dim, index, *args, **kwargs):
       if self.ndim:
         return fn(self, dim, index, *args, **kwargs)
-      args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not _weak(a) else a for a in args]
+      args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not weak(a) else a for a in args]
       result = fn(jnp.reshape(self, (1,)), 0, jnp.reshape(index, (-1,)), *args, **kwargs)
       return jnp.reshape(result, self.shape if out == "self" else index.shape)
     wrapped.__name__, wrapped.__qualname__ = fn.__name__, fn.__qualname__
     wrapped.__module__ = fn.__module__
     return wrapped
   return decorate
-
-
-def _weak(x) -> bool:
-  return bool(getattr(getattr(x, "aval", x), "weak_type", False))
 
 
 def _check_scatter(self, dim, index):
@@ -459,24 +456,6 @@ def scatter_add(self, dim, index, src):
   return _add_at(self, _scatter_index(self, dim, index), _src_part(src, index).astype(self.dtype))
 
 
-def _lowest(dtype):
-  dtype = np.dtype(dtype)
-  if dtype.kind == "f" or dtype == jnp.bfloat16:
-    return -np.inf
-  if dtype.kind == "b":
-    return False
-  return np.iinfo(dtype).min
-
-
-def _highest(dtype):
-  dtype = np.dtype(dtype)
-  if dtype.kind == "f" or dtype == jnp.bfloat16:
-    return np.inf
-  if dtype.kind == "b":
-    return True
-  return np.iinfo(dtype).max
-
-
 @jax.custom_vjp
 def _scatter_prod(base, idx, src):
   """`base.at[idx].multiply(src)`, differentiable with repeated indices (JAX's scatter-multiply
@@ -529,9 +508,9 @@ def _scatter_reduce_two(self, dim, index, src, reduce, include_self):
       return _mul_at(base(1), idx, src)
     return _scatter_prod(base(1), idx, src)
   if reduce == "amax":
-    return base(_lowest(dt)).at[idx].max(src)
+    return base(lowest(dt)).at[idx].max(src)
   if reduce == "amin":
-    return base(_highest(dt)).at[idx].min(src)
+    return base(highest(dt)).at[idx].min(src)
   if reduce == "mean":
     total = base(0).at[idx].add(src)
     count = (jnp.ones if include_self else jnp.zeros)(self.shape, dt).at[idx].add(

@@ -23,16 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, check_index, lowering, opmath
+from bridge_ops._lowering import aten, check_index, expand_param, lowering, opmath
 from bridge_ops.indexing import _embedding
 
 _HIGHEST = lax.Precision.HIGHEST
-
-
-def _expand(param, n: int) -> list[int]:
-  """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
-  param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
-  return param * n if len(param) == 1 else param
 
 
 def _conv_dn(lhs_shape, rhs_shape):
@@ -43,8 +37,8 @@ def _conv_dn(lhs_shape, rhs_shape):
 
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
   nd = input.ndim - 2
-  stride, padding = _expand(stride, nd), _expand(padding, nd)
-  dilation, output_padding = _expand(dilation, nd), _expand(output_padding, nd)
+  stride, padding = expand_param(stride, nd), expand_param(padding, nd)
+  dilation, output_padding = expand_param(dilation, nd), expand_param(output_padding, nd)
   weight = weight.astype(input.dtype)
   if not transposed:
     return lax.conv_general_dilated(
