@@ -143,3 +143,72 @@ def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
     assert [r.op for r in _lowering.RECORDS[before:]] == [torch.ops.aten.add.Tensor]
   finally:
     del _lowering.RECORDS[before:]
+
+
+def test_the_plugin_imports_nothing_from_the_core():
+  """bridge-ops' runtime modules (`plugin`, `_lowering` and every op family) import no `bridge`
+  module: the core hands them what they need at registration (the OpInfo tool in
+  `bridge_ops.testing` is the one part that imports the core, and nothing imports it).
+  torch's device-backend autoload, which imports `bridge` at `import torch`, is off there."""
+  import os
+  import subprocess
+  import sys
+  import pkgutil
+  from bridge_ops import plugin
+  modules = ["bridge_ops.plugin", "bridge_ops._lowering"] + [
+      f"bridge_ops.{family}" for family in plugin.FAMILIES]
+  runtime = {f"bridge_ops.{m.name}" for m in pkgutil.iter_modules(bridge_ops.__path__)
+             if m.name != "testing"}
+  assert set(modules) <= runtime and runtime - set(modules) <= {
+      f"bridge_ops.{m}" for m in ("_elementwise", "_reduction", "_linalg", "_special")}
+  code = (
+      "import importlib, sys\n"
+      f"for name in {modules!r}:\n"
+      "  importlib.import_module(name)\n"
+      "print(sorted(m for m in sys.modules if m == 'bridge' or m.startswith('bridge.')))\n")
+  env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                       env=env)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_the_plugin_uses_the_cores_dtype_map():
+  """bridge-ops keeps no dtype map of its own: `register` takes the registry's (the core's
+  `dtypes.TORCH_TO_JAX`, read-only), and without one a dtype helper says how to install it."""
+  from bridge._src import dtypes
+  from bridge._src import registry as registry_lib
+  from bridge_ops import _lowering
+  registry_lib.REGISTRY.load_plugins()
+  handed = registry_lib.REGISTRY.dtypes
+  assert dict(handed) == dtypes.TORCH_TO_JAX
+  with pytest.raises(TypeError):
+    handed[torch.float32] = None  # read-only
+  assert _lowering._DTYPES["to_jax"] is handed
+  assert _lowering.jax_dtype(torch.bfloat16) == dtypes.TORCH_TO_JAX[torch.bfloat16]
+  assert _lowering.torch_dtype(dtypes.TORCH_TO_JAX[torch.int16]) is torch.int16
+  saved = dict(_lowering._DTYPES)
+  _lowering._DTYPES.clear()
+  try:
+    with pytest.raises(RuntimeError, match=r"no dtype map is installed.*install_dtypes"):
+      _lowering.default_float()
+  finally:
+    _lowering._DTYPES.update(saved)
+
+
+def test_a_core_without_a_dtype_map_is_refused_with_the_fix():
+  from bridge_ops import plugin
+  with pytest.raises(RuntimeError, match=r"registry has no `dtypes`.*Upgrade bridge"):
+    plugin.register(types.SimpleNamespace(register=lambda *a, **k: None))
+
+
+@pytest.mark.parametrize("dtype, compute", [
+    ("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
+    ("float64", "float64"), ("int8", "int8"), ("int16", "int16"), ("bool", "bool"),
+    ("complex64", "complex64")])
+def test_opmath_is_torchs_compute_dtype(dtype, compute):
+  """One `opmath` for every lowering: the 16-bit floats compute in float32, the rest as is."""
+  import jax.numpy as jnp
+  import numpy as np
+  from bridge_ops._lowering import opmath
+  assert opmath(getattr(jnp, dtype)) == np.dtype(getattr(jnp, compute))

@@ -6,6 +6,11 @@ A plugin's entry point names an object (usually a module) with:
 * `register(registry) -> None`, which adds its lowerings (the registry arrives
   with the `jax` device).
 
+The registry it gets offers `register(op, fn, ...)` (the lowering contract is in
+`bridge._src.registry`) and, read-only, `dtypes`: the core's torch dtype -> JAX dtype map,
+so that a plugin keeps no copy of its own (added within API version 1: a plugin that does
+not read it is unaffected).
+
 The core accepts the API versions in `SUPPORTED_API_VERSIONS` and refuses any
 other with a `PluginError` naming the plugin and the fix.
 

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Literal
+import types
+from typing import Any, Callable, Literal, Mapping
 
+import numpy as np
 import torch
 
-from bridge._src import plugins
+from bridge._src import dtypes, plugins
 from bridge._src.errors import PluginError, RegistrationError
 
 REGISTRY_API_VERSION = 1
@@ -46,6 +48,9 @@ REGISTRY_API_VERSION = 1
 # Whether a lowering's output shape depends on values: never (False), always (True), or only
 # when a bool (or uint8) tensor is among its inputs ("bool_inputs"); see the module docstring.
 DynamicShape = bool | Literal["bool_inputs"]
+
+# The core's torch -> JAX dtype map, read-only, as `Registry.dtypes` hands it to plugins.
+_DTYPES: Mapping[torch.dtype, np.dtype] = types.MappingProxyType(dtypes.TORCH_TO_JAX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,12 @@ class Registry:
               "to replace it on purpose.")
         self._table[overload] = Lowering(overload, fn, random, frozenset(static_argnames),
                                          dynamic_shape, self._source, self._jit_free)
+
+  @property
+  def dtypes(self) -> Mapping[torch.dtype, np.dtype]:
+    """torch dtype -> JAX dtype, the core's exact correspondence (read-only): a plugin takes it
+    in `register(registry)` instead of keeping a copy of its own."""
+    return _DTYPES
 
   def lookup(self, op: torch._ops.OpOverload) -> Lowering | None:
     """The lowering of `op`, loading the plugins first if they are not loaded yet."""

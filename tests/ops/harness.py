@@ -23,7 +23,9 @@ _BY_OP: dict = {}
 
 def lowering_of(op: torch._ops.OpOverload):
   if not _BY_OP:
+    from bridge._src.registry import REGISTRY
     from bridge_ops import plugin
+    plugin.install_dtypes(REGISTRY.dtypes)  # what the core hands over when it registers them
     for r in plugin.import_families():
       ops = [r.op] if isinstance(r.op, torch._ops.OpOverload) else [
           getattr(r.op, n) for n in r.op.overloads() if not getattr(r.op, n)._schema.is_mutable]

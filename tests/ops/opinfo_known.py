@@ -30,7 +30,7 @@ def _expand(name: str, spec: str, jobs: dict[str, list[tuple[str, str]]]) -> lis
 
 def expected() -> dict[tuple[str, str, str], tuple[str, str]]:
   """(op, mode, dtype) -> (status, reason) for every listed pair."""
-  from bridge_ops import coverage
+  from bridge_ops.testing import coverage
   jobs: dict[str, list[tuple[str, str]]] = {}
   for info, dtype, mode in coverage.jobs(coverage.op_db()):
     jobs.setdefault(coverage.full_name(info), []).append((mode, coverage.DTYPES[dtype]))

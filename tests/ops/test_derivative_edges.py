@@ -33,6 +33,8 @@ CASES = {
     # name: (torch function of a 1-d float64 tensor returning a scalar, point)
     "abs at 0": (lambda x: x.abs().sum(), [0.0, -1.0, 2.0]),
     "abs at nan": (lambda x: x.abs().sum(), [float("nan"), -1.0]),
+    # the foreach forms build on the single-tensor lowerings and so inherit their rules
+    "_foreach_abs at 0": (lambda x: torch._foreach_abs([x, 2 * x])[1].sum(), [0.0, -1.0, 2.0]),
     "relu at 0": (lambda x: F.relu(x).sum(), [0.0, 1.0, -1.0]),
     "leaky_relu at 0": (lambda x: F.leaky_relu(x, 0.1).sum(), [0.0, 1.0, -1.0]),
     "hardtanh at its bounds": (lambda x: F.hardtanh(x).sum(), [-1.0, 1.0, 0.0, 2.0]),

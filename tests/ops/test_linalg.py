@@ -1,4 +1,4 @@
-"""Matrix-product lowerings (bridge_ops.linalg) against torch on CPU."""
+"""Matrix-product lowerings (bridge_ops.products) against torch on CPU."""
 
 from __future__ import annotations
 

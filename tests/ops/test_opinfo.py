@@ -2,7 +2,7 @@
 under `jax.grad` (through `call_torch`), against torch on CPU.
 
 One test per OpInfo entry runs each dtype torch supports for it (among
-`bridge_ops.coverage.DTYPES`) in each mode, and compares the outcome of every
+`bridge_ops.testing.coverage.DTYPES`) in each mode, and compares the outcome of every
 (op, mode, dtype) with `tests/ops/opinfo_known.py`: a pair not listed there must
 pass, and a listed pair must fail as listed. So a new failure fails the test, and
 so does a fix that leaves its entry in the list (the lists only shrink).
@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("expecttest")  # torch's OpInfo module needs it (a test extra)
 
 import bridge  # noqa: E402,F401 - registers the `jax` device
-from bridge_ops import coverage  # noqa: E402
+from bridge_ops.testing import coverage  # noqa: E402
 
 from tests.ops import opinfo_known  # noqa: E402
 

@@ -17,7 +17,7 @@ pytest.importorskip("expecttest")  # torch's OpInfo module needs it (a test extr
 
 import bridge  # noqa: E402,F401 - registers the `jax` device
 from bridge._src import dtypes  # noqa: E402
-from bridge_ops import coverage  # noqa: E402
+from bridge_ops.testing import coverage  # noqa: E402
 
 from tests.ops import opinfo_known  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""Reduction lowerings (bridge_ops.reduction) against torch on CPU, table by table."""
+"""Reduction, sorting and histogram lowerings (bridge_ops.reduction, .sorting, .histogram)
+against torch on CPU, table by table."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -70,14 +70,26 @@ class Record:
 
 RECORDS: list[Record] = []
 
-_TORCH_TO_JAX = {
-    torch.bool: jnp.bool_, torch.uint8: jnp.uint8, torch.uint16: jnp.uint16,
-    torch.uint32: jnp.uint32, torch.uint64: jnp.uint64, torch.int8: jnp.int8,
-    torch.int16: jnp.int16, torch.int32: jnp.int32, torch.int64: jnp.int64,
-    torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16, torch.float32: jnp.float32,
-    torch.float64: jnp.float64, torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
-}
-_JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+# torch dtype -> JAX dtype: the core's own map (`registry.dtypes`), which `plugin.register`
+# installs here; the plugin keeps no copy (see `install_dtypes`).
+_DTYPES: dict[str, Mapping[Any, Any]] = {}
+
+
+def install_dtypes(torch_to_jax: Mapping[torch.dtype, Any]) -> None:
+  """Installs the core's torch -> JAX dtype map, which every dtype helper here reads."""
+  _DTYPES["to_jax"] = torch_to_jax
+  _DTYPES["to_torch"] = {np.dtype(v): k for k, v in torch_to_jax.items()}
+
+
+def _dtype_map(direction: str) -> Mapping[Any, Any]:
+  try:
+    return _DTYPES[direction]
+  except KeyError:
+    raise RuntimeError(
+        "bridge_ops: no dtype map is installed. The core hands its torch -> JAX dtype map to "
+        "`bridge_ops.plugin.register(registry)` (`registry.dtypes`) when it loads the plugin; "
+        "to call a lowering outside the core, install one first: "
+        "`bridge_ops.plugin.install_dtypes(bridge._src.registry.REGISTRY.dtypes)`.") from None
 
 
 def lowering(*ops: Any, override: bool = False, random: bool = False,
@@ -216,6 +228,32 @@ def literal(value: Any) -> bool:
   return type(value) in (int, float, bool)
 
 
+def expand_param(param: Any, n: int) -> list[int]:
+  """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
+  param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
+  return param * n if len(param) == 1 else param
+
+
+def lowest(dtype: Any) -> Any:
+  """The smallest value of `dtype` (-inf for floats, False for bool): a max's neutral start."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return -np.inf
+  if dtype.kind == "b":
+    return False
+  return np.iinfo(dtype).min
+
+
+def highest(dtype: Any) -> Any:
+  """The largest value of `dtype` (inf for floats, True for bool): a min's neutral start."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype == jnp.bfloat16:
+    return np.inf
+  if dtype.kind == "b":
+    return True
+  return np.iinfo(dtype).max
+
+
 def torch_sign(x: Any) -> Any:
   """torch's sign of a real array: 0 at 0 and at NaN (jnp.sign(nan) is nan)."""
   return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
@@ -234,29 +272,39 @@ def jax_dtype(dtype: torch.dtype | None, default: Any = None) -> Any:
   """The JAX dtype for a torch dtype argument (`None` -> `default`)."""
   if dtype is None:
     return default
-  return _TORCH_TO_JAX[dtype]
+  return _dtype_map("to_jax")[dtype]
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:
-  return _JAX_TO_TORCH[np.dtype(dtype)]
+  return _dtype_map("to_torch")[np.dtype(dtype)]
 
 
 def default_float() -> Any:
   """torch's default floating dtype, as a JAX dtype."""
-  return _TORCH_TO_JAX[torch.get_default_dtype()]
+  return _dtype_map("to_jax")[torch.get_default_dtype()]
+
+
+def opmath(dtype: Any) -> np.dtype:
+  """torch's compute dtype ("opmath") for `dtype`: float32 for the floats narrower than 32 bits
+  (float16, bfloat16, the float8s), as torch's `opmath_type`; else `dtype` itself."""
+  dtype = np.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+    return np.dtype(np.float32)
+  return dtype
 
 
 def _is_array(x: Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def _weak(x: Any) -> bool:
+def weak(x: Any) -> bool:
+  """`x` is weakly typed (a Python scalar, or a traced one)."""
   return bool(getattr(getattr(x, "aval", x), "weak_type", False))
 
 
 def _as_torch_arg(x: Any) -> Any:
   """A stand-in torch value with the same promotion behaviour as `x`."""
-  if _is_array(x) and not (_weak(x) and np.ndim(x) == 0):
+  if _is_array(x) and not (weak(x) and np.ndim(x) == 0):
     return torch.empty(np.shape(x), dtype=torch_dtype(x.dtype), device="meta")
   dtype = np.dtype(getattr(x, "dtype", type(x)))
   if dtype.kind == "b":
@@ -278,7 +326,8 @@ def result_dtypes(*args: Any, kind: str = "default") -> tuple[Any, Any]:
   fakes = [_as_torch_arg(a) for a in args if a is not None]
   compute, result = elementwise_dtypes(
       *fakes, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind.upper()))
-  return _TORCH_TO_JAX[compute], _TORCH_TO_JAX[result]
+  to_jax = _dtype_map("to_jax")
+  return to_jax[compute], to_jax[result]
 
 
 def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable]:
@@ -297,7 +346,7 @@ def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable
       compute, _ = result_dtypes(*values, kind=kind)
       for n in names:
         v = bound.arguments.get(n)
-        if _is_array(v) and not (_weak(v) and np.ndim(v) == 0):
+        if _is_array(v) and not (weak(v) and np.ndim(v) == 0):
           bound.arguments[n] = jnp.asarray(v).astype(compute)
       return fn(*bound.args, **bound.kwargs)
     return wrapper

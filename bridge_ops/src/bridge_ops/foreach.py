@@ -1,9 +1,10 @@
 """Foreach family: the `_foreach_*` ops (torch.optim's `foreach=True` path, grad clipping).
 
-Each lowering takes lists and returns a list, one element per tensor, computed as
-the single-tensor op would be: torch's type promotion per tensor (Python and
-traced scalars are weak), half types computed in float32. The in-place forms
-(`_foreach_add_`, `_foreach_zero_`, ...) are derived by the core from these.
+Each lowering takes lists and returns a list, one element per tensor, computed by the
+single-tensor op's lowering (`arithmetic`, `math_ops`, `special`): its torch type
+promotion per tensor, its opmath, its derivative rules (`abs` at 0 has gradient 0), then
+torch's result dtype for that tensor. The in-place forms (`_foreach_add_`,
+`_foreach_zero_`, ...) are derived by the core from these.
 
 A `Tensor scalars` argument (the `.Tensor` overloads of addcmul/addcdiv) holds
 one value per tensor; torch reads them as Python scalars, so here they are cast
@@ -12,70 +13,41 @@ to each tensor's computation dtype rather than promoting it.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, jax_dtype, lowering, result_dtypes
+from bridge_ops import arithmetic, math_ops, special
+from bridge_ops._lowering import aten, jax_dtype, lowering, opmath, result_dtypes
 
 
-def _weak(x) -> bool:
-  return bool(getattr(getattr(x, "aval", x), "weak_type", False))
+def _each(op, *args, kind="default", **kwargs):
+  """The single-tensor lowering `op` on one tensor's arguments (its dtype rules and derivative
+  rules come with it), in torch's result dtype for them (`kind`: their promotion kind)."""
+  _, result = result_dtypes(*args, kind=kind)
+  return op(*args, **kwargs).astype(result)
 
 
-def _is_tensor(x) -> bool:
-  return hasattr(x, "dtype") and hasattr(x, "shape") and not (_weak(x) and np.ndim(x) == 0)
-
-
-def _cast(x, dtype):
-  """Tensors to `dtype`; Python and weak scalars stay weak (they follow the tensors)."""
-  return x.astype(dtype) if _is_tensor(x) else x
-
-
-def _as_scalar(x, dtype):
-  """An element of a `Tensor scalars` argument, used as a scalar of `dtype`."""
-  return jnp.reshape(x, ()).astype(dtype)
-
-
-def _elementwise(fn, *args, kind="default"):
-  compute, result = result_dtypes(*args, kind=kind)
-  return fn(*[_cast(a, compute) for a in args]).astype(result)
-
-
-def _unary(fn, self, kind="int_to_float"):
-  return [_elementwise(fn, t, kind=kind) for t in self]
-
-
-def _integral(x) -> bool:
-  return np.dtype(x.dtype).kind in "iub"
-
-
-def _keep_ints(fn):
-  """Rounding ops leave integer tensors unchanged."""
-  return lambda x: x if _integral(x) else fn(x)
+def _unary(op, self, kind="int_to_float"):
+  return [_each(op, t, kind=kind) for t in self]
 
 
 # --- binary arithmetic ------------------------------------------------------------------------
 
 
-def _unit(alpha) -> bool:
-  return isinstance(alpha, (int, float)) and alpha == 1
-
-
 def _add(a, b, alpha=1):
-  return _elementwise(lambda x, y: x + y if _unit(alpha) else x + y * alpha, a, b)
+  return _each(arithmetic.add, a, b, alpha=alpha)
 
 
 def _sub(a, b, alpha=1):
-  return _elementwise(lambda x, y: x - y if _unit(alpha) else x - y * alpha, a, b)
+  return _each(arithmetic.sub, a, b, alpha=alpha)
 
 
 def _mul(a, b):
-  return _elementwise(lambda x, y: x * y, a, b)
+  return _each(arithmetic.mul, a, b)
 
 
 def _div(a, b):
-  return _elementwise(lambda x, y: x / y, a, b, kind="int_to_float")
+  return _each(arithmetic.div, a, b, kind="int_to_float")
 
 
 @lowering(aten._foreach_add.List)
@@ -157,15 +129,16 @@ def _foreach_div_Tensor(self, other):
 
 
 def _addcmul(s, t1, t2, value):
-  return _elementwise(lambda a, b, c: a + value * b * c, s, t1, t2)
+  return _each(arithmetic.addcmul, s, t1, t2, value=value)
 
 
 def _addcdiv(s, t1, t2, value):
-  return _elementwise(lambda a, b, c: a + value * b / c, s, t1, t2)
+  return _each(arithmetic.addcdiv, s, t1, t2, value=value)
 
 
-def _compute_dtype(*args):
-  return result_dtypes(*args)[0]
+def _scalar(scalars, i):
+  """Element `i` of a `Tensor scalars` argument, a 0-d value (cast like a Scalar)."""
+  return jnp.reshape(scalars[i], ())
 
 
 @lowering(aten._foreach_addcmul.Scalar)
@@ -180,7 +153,7 @@ def _foreach_addcmul_ScalarList(self, tensor1, tensor2, scalars):
 
 @lowering(aten._foreach_addcmul.Tensor)
 def _foreach_addcmul_Tensor(self, tensor1, tensor2, scalars):
-  return [_addcmul(s, a, b, _as_scalar(scalars[i], _compute_dtype(s, a, b)))
+  return [_addcmul(s, a, b, _scalar(scalars, i))
           for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
 
 
@@ -196,7 +169,7 @@ def _foreach_addcdiv_ScalarList(self, tensor1, tensor2, scalars):
 
 @lowering(aten._foreach_addcdiv.Tensor)
 def _foreach_addcdiv_Tensor(self, tensor1, tensor2, scalars):
-  return [_addcdiv(s, a, b, _as_scalar(scalars[i], _compute_dtype(s, a, b)))
+  return [_addcdiv(s, a, b, _scalar(scalars, i))
           for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
 
 
@@ -204,11 +177,8 @@ def _foreach_addcdiv_Tensor(self, tensor1, tensor2, scalars):
 
 
 def _lerp(start, end, weight):
-  def fn(a, b, w):
-    small = jnp.abs(w) < 0.5
-    return jnp.where(small, a + w * (b - a), b - (b - a) * (1 - w))
-  compute, result = result_dtypes(start, end)
-  return fn(start.astype(compute), end.astype(compute), _cast(weight, compute)).astype(result)
+  _, result = result_dtypes(start, end)  # (the weight does not promote)
+  return arithmetic.lerp(start, end, weight).astype(result)
 
 
 @lowering(aten._foreach_lerp.List)
@@ -230,80 +200,106 @@ def _foreach_lerp_ScalarList(self, tensors1, weight):
 
 
 def _max(a, b):
-  return _elementwise(jnp.maximum, a, b)
+  return _each(arithmetic.maximum, a, b)
 
 
 def _min(a, b):
-  return _elementwise(jnp.minimum, a, b)
+  return _each(arithmetic.minimum, a, b)
 
 
-@lowering(aten._foreach_maximum.List, aten._foreach_clamp_min.List)
+def _clamp_min(a, b):
+  return _each(arithmetic.clamp_min, a, b)
+
+
+def _clamp_max(a, b):
+  return _each(arithmetic.clamp_max, a, b)
+
+
+@lowering(aten._foreach_maximum.List)
 def _foreach_maximum_List(self, other):
   return [_max(a, b) for a, b in zip(self, other)]
 
 
-@lowering(aten._foreach_maximum.Scalar, aten._foreach_clamp_min.Scalar)
+@lowering(aten._foreach_maximum.Scalar)
 def _foreach_maximum_Scalar(self, scalar):
   return [_max(a, scalar) for a in self]
 
 
-@lowering(aten._foreach_maximum.ScalarList, aten._foreach_clamp_min.ScalarList)
+@lowering(aten._foreach_maximum.ScalarList)
 def _foreach_maximum_ScalarList(self, scalars):
   return [_max(a, s) for a, s in zip(self, scalars)]
 
 
-@lowering(aten._foreach_minimum.List, aten._foreach_clamp_max.List)
+@lowering(aten._foreach_minimum.List)
 def _foreach_minimum_List(self, other):
   return [_min(a, b) for a, b in zip(self, other)]
 
 
-@lowering(aten._foreach_minimum.Scalar, aten._foreach_clamp_max.Scalar)
+@lowering(aten._foreach_minimum.Scalar)
 def _foreach_minimum_Scalar(self, scalar):
   return [_min(a, scalar) for a in self]
 
 
-@lowering(aten._foreach_minimum.ScalarList, aten._foreach_clamp_max.ScalarList)
+@lowering(aten._foreach_minimum.ScalarList)
 def _foreach_minimum_ScalarList(self, scalars):
   return [_min(a, s) for a, s in zip(self, scalars)]
+
+
+@lowering(aten._foreach_clamp_min.List)
+def _foreach_clamp_min_List(self, other):
+  return [_clamp_min(a, b) for a, b in zip(self, other)]
+
+
+@lowering(aten._foreach_clamp_min.Scalar)
+def _foreach_clamp_min_Scalar(self, scalar):
+  return [_clamp_min(a, scalar) for a in self]
+
+
+@lowering(aten._foreach_clamp_min.ScalarList)
+def _foreach_clamp_min_ScalarList(self, scalars):
+  return [_clamp_min(a, s) for a, s in zip(self, scalars)]
+
+
+@lowering(aten._foreach_clamp_max.List)
+def _foreach_clamp_max_List(self, other):
+  return [_clamp_max(a, b) for a, b in zip(self, other)]
+
+
+@lowering(aten._foreach_clamp_max.Scalar)
+def _foreach_clamp_max_Scalar(self, scalar):
+  return [_clamp_max(a, scalar) for a in self]
+
+
+@lowering(aten._foreach_clamp_max.ScalarList)
+def _foreach_clamp_max_ScalarList(self, scalars):
+  return [_clamp_max(a, s) for a, s in zip(self, scalars)]
 
 
 # --- pow --------------------------------------------------------------------------------------
 
 
-def _power(a, b):
-  """jnp.power, with torch's integer rule for negative exponents (1, +-1 or 0)."""
-  if not jnp.issubdtype(jnp.result_type(a, b), jnp.integer):
-    return jnp.power(a, b)
-  b_arr = jnp.asarray(b)
-  neg = b_arr < 0
-  pos = jnp.power(a, jnp.where(neg, jnp.zeros((), b_arr.dtype), b_arr))
-  odd = (b_arr % 2) != 0
-  at_neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(odd, -1, 1), 0))
-  return jnp.where(neg, at_neg.astype(pos.dtype), pos)
-
-
-def _pow(a, b):
-  return _elementwise(_power, a, b, kind="bool_to_long")
+def _pow(op, a, b):
+  return _each(op, a, b, kind="bool_to_long")
 
 
 @lowering(aten._foreach_pow.List)
 def _foreach_pow_List(self, exponent):
-  return [_pow(a, b) for a, b in zip(self, exponent)]
+  return [_pow(arithmetic.pow, a, b) for a, b in zip(self, exponent)]
 
 
 @lowering(aten._foreach_pow.Scalar)
 def _foreach_pow_Scalar(self, exponent):
-  return [_pow(a, exponent) for a in self]
+  return [_pow(arithmetic.pow_tensor_scalar, a, exponent) for a in self]
 
 
 @lowering(aten._foreach_pow.ScalarList)
 def _foreach_pow_ScalarList(self, exponent):
-  return [_pow(a, e) for a, e in zip(self, exponent)]
+  return [_pow(arithmetic.pow_tensor_scalar, a, e) for a, e in zip(self, exponent)]
 
 
 @lowering(aten._foreach_pow.ScalarAndTensor)
 def _foreach_pow_ScalarAndTensor(self, exponent):
-  return [_pow(self, e) for e in exponent]
+  return [_pow(arithmetic.pow_scalar, self, e) for e in exponent]
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -314,7 +310,7 @@ def _norm_dtypes(x, dtype):
   if out is None:
     out = {np.dtype(jnp.complex64): jnp.float32,
            np.dtype(jnp.complex128): jnp.float64}.get(np.dtype(x.dtype), x.dtype)
-  compute = jnp.float32 if np.dtype(out).itemsize < 4 else out
+  compute = opmath(out)
   return compute, out
 
 
@@ -377,157 +373,151 @@ def _foreach_clone(self, *, memory_format=None):
 # --- unary ------------------------------------------------------------------------------------
 
 
-def _sign(x):
-  if np.dtype(x.dtype) == np.bool_:
-    return x
-  return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)  # NaN -> 0, -0.0 -> 0.0
-
-
 @lowering(aten._foreach_abs.default)
 def _foreach_abs(self):
-  return _unary(jnp.abs, self, kind="complex_to_float")
+  return _unary(arithmetic.abs, self, kind="complex_to_float")
 
 
 @lowering(aten._foreach_neg.default)
 def _foreach_neg(self):
-  return _unary(jnp.negative, self, kind="default")
+  return _unary(arithmetic.neg, self, kind="default")
 
 
 @lowering(aten._foreach_sign.default)
 def _foreach_sign(self):
-  return _unary(_sign, self, kind="default")
+  return _unary(arithmetic.sign, self, kind="default")
 
 
 @lowering(aten._foreach_ceil.default)
 def _foreach_ceil(self):
-  return _unary(_keep_ints(jnp.ceil), self, kind="default")
+  return _unary(math_ops.ceil, self, kind="default")
 
 
 @lowering(aten._foreach_floor.default)
 def _foreach_floor(self):
-  return _unary(_keep_ints(jnp.floor), self, kind="default")
+  return _unary(math_ops.floor, self, kind="default")
 
 
 @lowering(aten._foreach_round.default)
 def _foreach_round(self):
-  return _unary(_keep_ints(jnp.round), self, kind="default")
+  return _unary(math_ops.round, self, kind="default")
 
 
 @lowering(aten._foreach_trunc.default)
 def _foreach_trunc(self):
-  return _unary(_keep_ints(jnp.trunc), self, kind="default")
+  return _unary(math_ops.trunc, self, kind="default")
 
 
 @lowering(aten._foreach_frac.default)
 def _foreach_frac(self):
-  return _unary(lambda x: x - jnp.trunc(x), self, kind="default")
+  return _unary(math_ops.frac, self, kind="default")
 
 
 @lowering(aten._foreach_sqrt.default)
 def _foreach_sqrt(self):
-  return _unary(jnp.sqrt, self)
+  return _unary(math_ops.sqrt, self)
 
 
 @lowering(aten._foreach_rsqrt.default)
 def _foreach_rsqrt(self):
-  return _unary(jax.lax.rsqrt, self)
+  return _unary(math_ops.rsqrt, self)
 
 
 @lowering(aten._foreach_reciprocal.default)
 def _foreach_reciprocal(self):
-  return _unary(lambda x: 1 / x, self)
+  return _unary(arithmetic.reciprocal, self)
 
 
 @lowering(aten._foreach_exp.default)
 def _foreach_exp(self):
-  return _unary(jnp.exp, self)
+  return _unary(math_ops.exp, self)
 
 
 @lowering(aten._foreach_expm1.default)
 def _foreach_expm1(self):
-  return _unary(jnp.expm1, self)
+  return _unary(math_ops.expm1, self)
 
 
 @lowering(aten._foreach_log.default)
 def _foreach_log(self):
-  return _unary(jnp.log, self)
+  return _unary(math_ops.log, self)
 
 
 @lowering(aten._foreach_log1p.default)
 def _foreach_log1p(self):
-  return _unary(jnp.log1p, self)
+  return _unary(math_ops.log1p, self)
 
 
 @lowering(aten._foreach_log2.default)
 def _foreach_log2(self):
-  return _unary(jnp.log2, self)
+  return _unary(math_ops.log2, self)
 
 
 @lowering(aten._foreach_log10.default)
 def _foreach_log10(self):
-  return _unary(jnp.log10, self)
+  return _unary(math_ops.log10, self)
 
 
 @lowering(aten._foreach_sigmoid.default)
 def _foreach_sigmoid(self):
-  return _unary(jax.nn.sigmoid, self)
+  return _unary(math_ops.sigmoid, self)
 
 
 @lowering(aten._foreach_tanh.default)
 def _foreach_tanh(self):
-  return _unary(jnp.tanh, self)
+  return _unary(math_ops.tanh, self)
 
 
 @lowering(aten._foreach_sin.default)
 def _foreach_sin(self):
-  return _unary(jnp.sin, self)
+  return _unary(math_ops.sin, self)
 
 
 @lowering(aten._foreach_cos.default)
 def _foreach_cos(self):
-  return _unary(jnp.cos, self)
+  return _unary(math_ops.cos, self)
 
 
 @lowering(aten._foreach_tan.default)
 def _foreach_tan(self):
-  return _unary(jnp.tan, self)
+  return _unary(math_ops.tan, self)
 
 
 @lowering(aten._foreach_asin.default)
 def _foreach_asin(self):
-  return _unary(jnp.arcsin, self)
+  return _unary(math_ops.asin, self)
 
 
 @lowering(aten._foreach_acos.default)
 def _foreach_acos(self):
-  return _unary(jnp.arccos, self)
+  return _unary(math_ops.acos, self)
 
 
 @lowering(aten._foreach_atan.default)
 def _foreach_atan(self):
-  return _unary(jnp.arctan, self)
+  return _unary(math_ops.atan, self)
 
 
 @lowering(aten._foreach_sinh.default)
 def _foreach_sinh(self):
-  return _unary(jnp.sinh, self)
+  return _unary(math_ops.sinh, self)
 
 
 @lowering(aten._foreach_cosh.default)
 def _foreach_cosh(self):
-  return _unary(jnp.cosh, self)
+  return _unary(math_ops.cosh, self)
 
 
 @lowering(aten._foreach_erf.default)
 def _foreach_erf(self):
-  return _unary(jax.lax.erf, self)
+  return _unary(math_ops.erf, self)
 
 
 @lowering(aten._foreach_erfc.default)
 def _foreach_erfc(self):
-  return _unary(jax.lax.erfc, self)
+  return _unary(math_ops.erfc, self)
 
 
 @lowering(aten._foreach_lgamma.default)
 def _foreach_lgamma(self):
-  return _unary(jax.lax.lgamma, self)
+  return _unary(special.lgamma, self)

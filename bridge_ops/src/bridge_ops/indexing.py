@@ -1,4 +1,4 @@
-"""Indexing family: advanced indexing, gather/scatter, index_* and searches.
+"""Indexing family: advanced indexing, gather/scatter, index_*, masks and nonzero.
 
 Index values follow torch for valid inputs: negative indices count from the end
 where torch allows them (advanced indexing, `take`/`put`, `index_fill`). An index out
@@ -14,9 +14,6 @@ mask becomes `nonzero(mask, size=N)` with N read from the static shapes of the
 values (or, when the values broadcast, the mask's size padded with indices that
 are out of range and so dropped). `index.Tensor` is one overload for integer and
 boolean indices alike, so integer indexing runs eagerly too.
-
-`searchsorted`/`bucketize` run torch's own binary search (not `jnp.searchsorted`):
-NaN compares false there, where JAX's sort order would put it last.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import (aten, check, check_index, lowering, result_dtypes,
+from bridge_ops._lowering import (aten, check, check_index, highest, lowering, lowest, weak,
                                   with_derivative)
 
 
@@ -393,17 +390,13 @@ def _as_1d(out):
     def wrapped(self, dim, index, *args, **kwargs):
       if self.ndim:
         return fn(self, dim, index, *args, **kwargs)
-      args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not _weak(a) else a for a in args]
+      args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not weak(a) else a for a in args]
       result = fn(jnp.reshape(self, (1,)), 0, jnp.reshape(index, (-1,)), *args, **kwargs)
       return jnp.reshape(result, self.shape if out == "self" else index.shape)
     wrapped.__name__, wrapped.__qualname__ = fn.__name__, fn.__qualname__
     wrapped.__module__ = fn.__module__
     return wrapped
   return decorate
-
-
-def _weak(x) -> bool:
-  return bool(getattr(getattr(x, "aval", x), "weak_type", False))
 
 
 def _check_scatter(self, dim, index):
@@ -463,24 +456,6 @@ def scatter_add(self, dim, index, src):
   return _add_at(self, _scatter_index(self, dim, index), _src_part(src, index).astype(self.dtype))
 
 
-def _lowest(dtype):
-  dtype = np.dtype(dtype)
-  if dtype.kind == "f" or dtype == jnp.bfloat16:
-    return -np.inf
-  if dtype.kind == "b":
-    return False
-  return np.iinfo(dtype).min
-
-
-def _highest(dtype):
-  dtype = np.dtype(dtype)
-  if dtype.kind == "f" or dtype == jnp.bfloat16:
-    return np.inf
-  if dtype.kind == "b":
-    return True
-  return np.iinfo(dtype).max
-
-
 @jax.custom_vjp
 def _scatter_prod(base, idx, src):
   """`base.at[idx].multiply(src)`, differentiable with repeated indices (JAX's scatter-multiply
@@ -533,9 +508,9 @@ def _scatter_reduce_two(self, dim, index, src, reduce, include_self):
       return _mul_at(base(1), idx, src)
     return _scatter_prod(base(1), idx, src)
   if reduce == "amax":
-    return base(_lowest(dt)).at[idx].max(src)
+    return base(lowest(dt)).at[idx].max(src)
   if reduce == "amin":
-    return base(_highest(dt)).at[idx].min(src)
+    return base(highest(dt)).at[idx].min(src)
   if reduce == "mean":
     total = base(0).at[idx].add(src)
     count = (jnp.ones if include_self else jnp.zeros)(self.shape, dt).at[idx].add(
@@ -583,68 +558,3 @@ def nonzero_static(self, *, size, fill_value=-1):
     return jnp.zeros((size, 0), jnp.int64)
   parts = jnp.nonzero(self, size=size, fill_value=fill_value)
   return jnp.stack(parts, axis=1).astype(jnp.int64)
-
-
-# --- sorted search ----------------------------------------------------------------------------
-
-
-def _binary_search(seq, values, right):
-  """torch's lower/upper bound loop, vectorized: the first i with seq[i] >= v (> v if right).
-
-  Written out rather than `jnp.searchsorted` so comparisons with NaN behave as in torch
-  (a NaN compares false, so NaNs at the end of a sorted row are never "above" a value).
-  `seq` is (n,) or (rows, n); `values` then has any shape, or (rows, m).
-  """
-  n = seq.shape[-1]
-  start = jnp.zeros(values.shape, jnp.int64)
-  end = jnp.full(values.shape, n, jnp.int64)
-  for _ in range(n.bit_length()):  # each step at least halves end - start
-    active = start < end
-    mid = start + ((end - start) >> 1)
-    safe = jnp.clip(mid, 0, n - 1)
-    mid_val = seq[safe] if seq.ndim == 1 else jnp.take_along_axis(seq, safe, axis=-1)
-    go_right = ~(mid_val > values) if right else ~(mid_val >= values)
-    start = jnp.where(active & go_right, mid + 1, start)
-    end = jnp.where(active & ~go_right, mid, end)
-  return start
-
-
-def _searchsorted(seq, values, out_int32, side, sorter=None):
-  if sorter is not None:
-    seq = jnp.take_along_axis(seq, sorter, axis=-1)
-  compute, _ = result_dtypes(seq, values)
-  seq = seq.astype(compute)
-  values = jnp.asarray(values).astype(compute)
-  out_dtype = jnp.int32 if out_int32 else jnp.int64
-  right = side == "right"
-  if seq.ndim == 1:
-    return _binary_search(seq, values, right).astype(out_dtype)
-  rows = jnp.reshape(seq, (-1, seq.shape[-1]))
-  vals = jnp.reshape(values, (rows.shape[0], -1))
-  return jnp.reshape(_binary_search(rows, vals, right), values.shape).astype(out_dtype)
-
-
-def _side(right, side):
-  return side if side is not None else ("right" if right else "left")
-
-
-@lowering(aten.searchsorted.Tensor)
-def searchsorted_Tensor(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
-  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
-
-
-@lowering(aten.searchsorted.Scalar)
-def searchsorted_Scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
-  return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
-
-
-@lowering(aten.bucketize.Tensor)
-def bucketize_Tensor(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
-
-
-@lowering(aten.bucketize.Scalar)
-def bucketize_Scalar(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")

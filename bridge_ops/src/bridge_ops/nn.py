@@ -23,21 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, check_index, lowering
+from bridge_ops._lowering import aten, check_index, expand_param, lowering, opmath
 from bridge_ops.indexing import _embedding
 
 _HIGHEST = lax.Precision.HIGHEST
-
-
-def _expand(param, n: int) -> list[int]:
-  """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
-  param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
-  return param * n if len(param) == 1 else param
-
-
-def _opmath(dtype):
-  """torch's computation dtype: float32 for the half types, else the dtype itself."""
-  return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
 def _conv_dn(lhs_shape, rhs_shape):
@@ -48,8 +37,8 @@ def _conv_dn(lhs_shape, rhs_shape):
 
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
   nd = input.ndim - 2
-  stride, padding = _expand(stride, nd), _expand(padding, nd)
-  dilation, output_padding = _expand(dilation, nd), _expand(output_padding, nd)
+  stride, padding = expand_param(stride, nd), expand_param(padding, nd)
+  dilation, output_padding = expand_param(dilation, nd), expand_param(output_padding, nd)
   weight = weight.astype(input.dtype)
   if not transposed:
     return lax.conv_general_dilated(
@@ -74,7 +63,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
 def _real_convolution(input, weight, bias, *params):
   """A real convolution; 16-bit floats accumulate in float32 (bias included) and round once,
   as torch's CPU kernels do."""
-  ct = _opmath(input.dtype)
+  ct = opmath(input.dtype)
   out = _conv(input.astype(ct), weight.astype(ct), *params)
   if bias is not None:
     out = out + bias.astype(ct).reshape((1, -1) + (1,) * (out.ndim - 2))
@@ -123,7 +112,7 @@ def _channel_shape(ndim: int) -> tuple[int, ...]:
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
   """(out, save_mean, save_invstd, new_running_mean, new_running_var), as torch's kernels."""
-  ct = _opmath(input.dtype)
+  ct = opmath(input.dtype)
   x = input.astype(ct)
   shape = _channel_shape(input.ndim)
   if training:
@@ -193,7 +182,7 @@ def _batch_norm_no_update(input, weight, bias, running_mean, running_var, moment
 
 @lowering(aten.native_layer_norm.default)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
-  ct = _opmath(input.dtype)
+  ct = opmath(input.dtype)
   x = input.astype(ct)
   axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
   mean = jnp.mean(x, axis=axes, keepdims=True)
@@ -210,7 +199,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 
 @lowering(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-  ct = _opmath(input.dtype)
+  ct = opmath(input.dtype)
   x = input.astype(ct).reshape(N, group, (C // group) * HxW)
   mean = jnp.mean(x, axis=-1)
   var = jnp.mean(jnp.square(x - mean[..., None]), axis=-1)
@@ -274,7 +263,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
   n_offsets = offsets.shape[0]
   n_bags = n_offsets - 1 if include_last_offset else n_offsets
   pos, bag, valid, segment = _bags(indices, offsets, n_bags, include_last_offset, padding_idx)
-  ct = _opmath(weight.dtype)
+  ct = opmath(weight.dtype)
   if scale_grad_by_freq and mode != _BAG_MAX and jnp.issubdtype(weight.dtype, jnp.inexact):
     # torch divides each row's gradient by its count in `indices` ("sum", "mean")
     rows = _embedding(-1, True, weight, indices).astype(ct)
@@ -321,7 +310,7 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
                      "`jax` device; use sparse=False (dense gradients).")
   n_bags, width = grad.shape[0], grad.shape[1]
   include_last_offset = offsets.shape[0] == n_bags + 1
-  ct = _opmath(grad.dtype)
+  ct = opmath(grad.dtype)
   g = grad.astype(ct)
   out = jnp.zeros((num_weights, width), ct)
   if mode == _BAG_MAX:

@@ -12,10 +12,15 @@ REGISTRY_API_VERSION = 1
 # that does not know it ignores it.
 TRACE_JIT_FREE = True
 
-# One module per op family; each registers its lowerings with `@lowering` on import.
-FAMILIES = ("elementwise", "reduction", "linalg", "shape", "indexing", "creation", "random",
-            "nn", "loss", "foreach", "attention", "recurrent", "special", "fft", "pooling",
-            "interpolation")
+# One module per op family; each registers its lowerings with `@lowering` on import (in this
+# order; no two register the same op: the registry refuses a duplicate without `override=`).
+# The modules whose names start with "_" hold helpers shared within a group of families.
+FAMILIES = ("arithmetic", "math_ops", "comparison", "activation",  # elementwise
+            "reduction", "sorting", "histogram",
+            "products", "linalg", "ldl", "spectral",
+            "shape", "indexing", "creation", "random", "nn", "loss", "foreach", "attention",
+            "recurrent", "special", "bessel", "polynomials", "fft", "pooling", "interpolation",
+            "grid_sample")
 
 
 def import_families() -> list:
@@ -34,7 +39,21 @@ def install_checks(report: Callable[..., None]) -> None:
   _lowering._REPORT[0] = report
 
 
+def install_dtypes(torch_to_jax: Any) -> None:
+  """The core's torch -> JAX dtype map, which the lowerings use (`register` installs the
+  registry's; a lowering called outside the core needs one installed first)."""
+  from bridge_ops import _lowering
+  _lowering.install_dtypes(torch_to_jax)
+
+
 def register(registry: Any) -> None:
-  """Adds bridge-ops' lowerings to the core's registry."""
+  """Adds bridge-ops' lowerings to the core's registry, after taking its dtype map."""
+  torch_to_jax = getattr(registry, "dtypes", None)
+  if torch_to_jax is None:
+    raise RuntimeError(
+        "bridge_ops: this bridge core's registry has no `dtypes` (the torch -> JAX dtype map "
+        "bridge-ops takes from the core instead of keeping a copy). Upgrade bridge to the "
+        "version that ships with this bridge-ops.")
+  install_dtypes(torch_to_jax)
   for record in import_families():
     registry.register(record.op, record.fn, **record.options)

@@ -25,24 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
-
-
-def _expand(param, n: int) -> list[int]:
-  """torch's `expand_param_if_needed`: a one-element list stands for all `n` spatial dims."""
-  param = [int(param)] if isinstance(param, int) else [int(p) for p in param]
-  return param * n if len(param) == 1 else param
-
-
-def _acc(x):
-  """`x` in torch's accumulation dtype: float32 for the 16-bit floats."""
-  return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
-
-
-def _lowest(dtype):
-  if jnp.issubdtype(dtype, jnp.floating):
-    return -jnp.inf
-  return jnp.iinfo(dtype).min
+from bridge_ops._lowering import aten, expand_param, lowering, lowest, opmath
 
 
 # ---------------------------------------------------------------------------- windows
@@ -56,10 +39,10 @@ def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
 
 
 def _pool_params(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
-  k = _expand(kernel_size, nd)
-  s = _expand(stride, nd) if stride else k  # an empty stride means stride = kernel_size
-  p = _expand(padding, nd)
-  d = _expand(dilation, nd)
+  k = expand_param(kernel_size, nd)
+  s = expand_param(stride, nd) if stride else k  # an empty stride means stride = kernel_size
+  p = expand_param(padding, nd)
+  d = expand_param(dilation, nd)
   sizes = x.shape[-nd:]
   out = [_pool_out(n, kk, ss, pp, dd, ceil_mode) for n, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
   # Padding on the high side: enough for the last (ceil_mode) window, never negative.
@@ -111,7 +94,7 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
   x = self
   k, s, p, d, out, hi = _pool_params(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
   h, w = x.shape[-2:]
-  v = _windows(x, k, s, p, d, out, hi, _lowest(x.dtype))
+  v = _windows(x, k, s, p, d, out, hi, lowest(x.dtype))
   # Static geometry: row/column of every window element, and whether it is inside the input.
   ki, kj = np.divmod(np.arange(k[0] * k[1]), k[1])
   rows = np.arange(out[0])[None, :, None] * s[0] - p[0] + ki[:, None, None] * d[0]
@@ -126,7 +109,7 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
               divisor_override):
   k, s, p, _, out, hi = _pool_params(x, nd, kernel_size, stride, padding, 1, ceil_mode)
   lead = x.ndim - nd
-  y = _acc(x)
+  y = x.astype(opmath(x.dtype))
   summed = lax.reduce_window(  # a concrete 0 init keeps it a differentiable window sum
       y, np.zeros((), y.dtype), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
       [(0, 0)] * lead + list(zip(p, hi)))
@@ -200,7 +183,7 @@ def _adaptive_avg(x, output_size):
   """Window sums one axis at a time (only the window's own elements: an inf elsewhere does
   not leak in), divided by the window sizes; in float32 for the 16-bit floats."""
   nd = len(output_size)
-  y = _acc(x)
+  y = x.astype(opmath(x.dtype))
   count = np.ones((), np.int64)
   for a, o in enumerate(output_size):
     axis = x.ndim - nd + a
@@ -219,14 +202,14 @@ def _adaptive_avg(x, output_size):
 
 @lowering(aten._adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(self, output_size):
-  return _adaptive_avg(self, _expand(output_size, 2))
+  return _adaptive_avg(self, expand_param(output_size, 2))
 
 
 @lowering(aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool3d(self, output_size):
-  if self.dtype in (jnp.float16, jnp.bfloat16) and self.size and all(_expand(output_size, 3)):
-    return _adaptive_avg3d_half(self, _expand(output_size, 3))
-  return _adaptive_avg(self, _expand(output_size, 3))
+  if self.dtype in (jnp.float16, jnp.bfloat16) and self.size and all(expand_param(output_size, 3)):
+    return _adaptive_avg3d_half(self, expand_param(output_size, 3))
+  return _adaptive_avg(self, expand_param(output_size, 3))
 
 
 @lowering(aten._adaptive_avg_pool2d_backward.default)
@@ -290,25 +273,25 @@ def _adaptive_max(x, output_size):
   nd = len(output_size)
   flat, valid = _adaptive_windows(x.shape[-nd:], output_size)
   v = _gather_windows(x, flat, nd)
-  v = jnp.where(jnp.asarray(valid), v, jnp.asarray(_lowest(x.dtype), x.dtype))
+  v = jnp.where(jnp.asarray(valid), v, jnp.asarray(lowest(x.dtype), x.dtype))
   return _select_max(v, valid, flat, axis=-1)
 
 
 @lowering(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(self, output_size):
-  return _adaptive_max(self, _expand(output_size, 2))
+  return _adaptive_max(self, expand_param(output_size, 2))
 
 
 @lowering(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(self, output_size):
-  return _adaptive_max(self, _expand(output_size, 3))
+  return _adaptive_max(self, expand_param(output_size, 3))
 
 
 def _scatter_back(grad_output, self, indices, nd):
   """The gradient of a pooling that picked `indices` (flat offsets per plane): each output's
   gradient added at its index, in float32 for the 16-bit floats."""
   lead = self.shape[:-nd]
-  g = _acc(grad_output).reshape(lead + (-1,))
+  g = grad_output.astype(opmath(grad_output.dtype)).reshape(lead + (-1,))
   idx = indices.reshape(lead + (-1,))
   plane = int(np.prod(self.shape[-nd:]))
   zeros = jnp.zeros(lead + (plane,), g.dtype)
@@ -334,7 +317,7 @@ def _intervals(sample, n_in: int, n_out: int, pool: int):
   `alpha = (in - pool) / (out - 1)`, the last window at `in - pool`. torch computes in the
   input's dtype; for the 16-bit floats each step is rounded to it here as well."""
   dt = sample.dtype
-  u = sample.astype(jnp.float32) if dt in (jnp.float16, jnp.bfloat16) else sample
+  u = sample.astype(opmath(dt))
 
   def r(v):  # round to the sample's dtype, as torch's scalar arithmetic does
     return v.astype(dt).astype(u.dtype)
@@ -352,8 +335,8 @@ def _fractional_max(x, kernel_size, output_size, samples, nd):
   batched = x.ndim == nd + 2
   if not batched:
     x = x[None]
-  k = _expand(kernel_size, nd)
-  out = _expand(output_size, nd)
+  k = expand_param(kernel_size, nd)
+  out = expand_param(output_size, nd)
   spatial = x.shape[2:]
   # samples (N, C, nd): 2-D uses [w, h], 3-D [t, h, w].
   order = [1, 0] if nd == 2 else [0, 1, 2]

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, default_float, jax_dtype, lowering, result_dtypes
+from bridge_ops._lowering import (aten, default_float, jax_dtype, lowering, opmath,
+                                  result_dtypes)
 
 
 def _is_complex(dtype) -> bool:
@@ -283,7 +284,7 @@ def native_dropout(input, p, train, *, key):
   mask = jax.random.bernoulli(key, keep_prob, input.shape)
   # torch: input.mul(mask).mul_(scale), the scalar product in float for half types.
   kept = input * mask.astype(input.dtype)
-  compute = jnp.float32 if np.dtype(input.dtype).itemsize < 4 else input.dtype
+  compute = opmath(input.dtype)
   return (kept.astype(compute) * scale.astype(compute)).astype(input.dtype), mask
 
 
@@ -292,7 +293,7 @@ def native_dropout_backward(grad_output, mask, scale):
   """torch's kernel: `grad_output * mask * scale`; the scalar product in float for half types,
   an integer or bool gradient giving the default float dtype (a float `scale` promotes it)."""
   _, out = result_dtypes(grad_output, scale)
-  compute = jnp.float32 if np.dtype(out).itemsize < 4 else out
+  compute = opmath(out)
   kept = jnp.where(mask.astype(jnp.bool_), grad_output, jnp.zeros((), grad_output.dtype))
   return (kept.astype(compute) * scale).astype(out)
 
@@ -302,7 +303,7 @@ def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, train
                                 generator=None, *, key):
   """torch `rrelu`: training, each x <= 0 is scaled by r ~ U(lower, upper) and `noise` records
   r (1 elsewhere); otherwise a leaky relu of slope (lower + upper) / 2 and `noise` unchanged."""
-  compute = jnp.float32 if np.dtype(self.dtype).itemsize < 4 else self.dtype
+  compute = opmath(self.dtype)
   x = self.astype(compute)
   if not training:
     slope = (lower + upper) / 2

@@ -29,12 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bridge_ops._lowering import aten, lowering
-
-
-def _opmath(dtype):
-  """torch's accumulate dtype on CUDA: float32 for the half types, else the dtype itself."""
-  return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+from bridge_ops._lowering import aten, lowering, opmath
 
 
 def _chunks(x, n: int, dtype):
@@ -44,7 +39,7 @@ def _chunks(x, n: int, dtype):
 
 @lowering(aten._thnn_fused_gru_cell.default)
 def _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
-  f = _opmath(input_gates.dtype)
+  f = opmath(input_gates.dtype)
   ir, ii, in_ = _chunks(input_gates, 3, f)
   hr, hi, hn = _chunks(hidden_gates, 3, f)
   b1r, b1i, b1n = _chunks(input_bias, 3, f)
@@ -61,7 +56,7 @@ def _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_
 @lowering(aten._thnn_fused_gru_cell_backward.default, static_argnames=("has_bias",))
 def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
   dtype = grad_hy.dtype
-  r, z, n, hx, hn = _chunks(workspace, 5, _opmath(dtype))
+  r, z, n, hx, hn = _chunks(workspace, 5, opmath(dtype))
   go = grad_hy.astype(r.dtype)
   gz = go * (hx - n) * (1 - z) * z
   gn = go * (1 - z) * (1 - n * n)
@@ -77,7 +72,7 @@ def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
 
 @lowering(aten._thnn_fused_lstm_cell.default)
 def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
-  f = _opmath(input_gates.dtype)
+  f = opmath(input_gates.dtype)
   gates = [x + h + b1 + b2 for x, h, b1, b2 in zip(
       _chunks(input_gates, 4, f), _chunks(hidden_gates, 4, f),
       _chunks(input_bias, 4, f), _chunks(hidden_bias, 4, f))]
@@ -93,7 +88,7 @@ def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden
 def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
   if grad_hy is None and grad_cy is None:
     return None, None, None
-  i, fg, g, o = _chunks(workspace, 4, _opmath(workspace.dtype))
+  i, fg, g, o = _chunks(workspace, 4, opmath(workspace.dtype))
   go = 0.0 if grad_hy is None else grad_hy.astype(i.dtype)
   goc = 0.0 if grad_cy is None else grad_cy.astype(i.dtype)
   t = jnp.tanh(cy.astype(i.dtype))

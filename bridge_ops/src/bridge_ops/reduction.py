@@ -1,4 +1,5 @@
-"""Reductions: sum/mean/prod, max/min/arg*, var/std, norms, all/any, scans, sort/topk, softmax.
+"""Reductions: sum/mean/prod, max/min/arg*, var/std, norms, all/any, scans, logsumexp and
+softmax, covariance.
 
 torch semantics kept here (each checked against torch on CPU in tests/ops/test_reduction.py):
 * `dim` is None, an int or a list; None and `[]` mean every dim (except `all.dims`/`any.dims`,
@@ -7,8 +8,6 @@ torch semantics kept here (each checked against torch on CPU in tests/ops/test_r
   float16/bfloat16 accumulate in float32 and round once, as torch's CPU kernels do.
 * max/min/argmax/argmin propagate NaN and pick the first NaN or the first tie; cummax/cummin
   pick the *last* tie (and the last NaN), as torch does.
-* sort is stable in both directions (NaN sorts as the largest value); median, nanmedian,
-  kthvalue and mode take their values and indices from that stable order.
 """
 
 from __future__ import annotations
@@ -16,76 +15,13 @@ from __future__ import annotations
 import functools
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, check, fori_loop, jax_dtype, lowering, p_norm,
-                                  result_dtypes, torch_abs, while_loop, with_derivative)
-
-_LOW_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def _axes(x, dim, empty_means_all: bool = True) -> tuple[int, ...]:
-  """`dim` (None, int or list) as sorted non-negative axes of `x`."""
-  if dim is None:
-    return tuple(range(x.ndim))
-  dims = [dim] if isinstance(dim, int) else list(dim)
-  if not dims:
-    return tuple(range(x.ndim)) if empty_means_all else ()
-  if x.ndim == 0:  # torch accepts dim 0 / -1 on a 0-d tensor; nothing to reduce
-    return ()
-  return tuple(sorted(d % x.ndim for d in dims))
-
-
-def _one_axis(x, dim: int):
-  """(x with at least one dim, its axis for `dim`): 0-d tensors are treated as shape (1,)."""
-  if x.ndim == 0:
-    return x.reshape(1), 0
-  return x, dim % x.ndim
-
-
-def _is_int(dtype) -> bool:
-  return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)
-
-
-def _acc(dtype):
-  """The dtype torch's CPU kernels accumulate `dtype` in (float32 for 16-bit floats)."""
-  return jnp.dtype(jnp.float32) if np.dtype(dtype) in _LOW_FLOATS else jnp.dtype(dtype)
-
-
-def _real(dtype):
-  return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
-
-
-def _sum_dtype(x, dtype):
-  """torch's result dtype of sum/prod/cumsum: `dtype`, else int64 for integers and bools."""
-  if dtype is not None:
-    return jax_dtype(dtype)
-  return jnp.dtype(jnp.int64) if _is_int(x.dtype) else x.dtype
-
-
-def _count(x, axes) -> int:
-  return math.prod(x.shape[a] for a in axes)
-
-
-def _squeeze(x, axis: int, keepdim: bool, was_0d: bool):
-  if was_0d:
-    return x.reshape(())
-  return x if keepdim else jnp.squeeze(x, axis)
-
-
-def _sort(x, axis: int, descending: bool):
-  """torch's stable sort along `axis`: NaN largest, ties keep their order; int64 indices."""
-  idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
-  if not descending:
-    return lax.sort((x, idx), dimension=axis, num_keys=1, is_stable=True)
-  # Descending and stable = ascending by (value, -index), reversed.
-  v, neg = lax.sort((x, -idx), dimension=axis, num_keys=2)
-  return jnp.flip(v, axis), -jnp.flip(neg, axis)
+from bridge_ops._lowering import (aten, jax_dtype, lowering, opmath, p_norm, result_dtypes,
+                                  torch_abs, with_derivative)
+from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _real, _squeeze, _sum_dtype
 
 
 # ----------------------------------------------------------------------------- sum, mean, prod
@@ -93,14 +29,14 @@ def _sort(x, axis: int, descending: bool):
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def sum_dim_IntList(self, dim=None, keepdim=False, *, dtype=None):
   out = _sum_dtype(self, dtype)
-  r = jnp.sum(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=_acc(out))
+  r = jnp.sum(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
   return r.astype(out)
 
 
 @lowering(aten.trace.default)
 def trace(self):
   out = _sum_dtype(self, None)
-  return jnp.trace(self.astype(out), dtype=_acc(out)).astype(out)
+  return jnp.trace(self.astype(out), dtype=opmath(out)).astype(out)
 
 
 @lowering(aten.nansum.default)
@@ -113,14 +49,14 @@ def nansum(self, dim=None, keepdim=False, *, dtype=None):
 def mean_dim(self, dim=None, keepdim=False, *, dtype=None):
   out = jax_dtype(dtype, self.dtype)
   axes = _axes(self, dim)
-  s = jnp.sum(self.astype(out), axis=axes, keepdims=keepdim, dtype=_acc(out))
+  s = jnp.sum(self.astype(out), axis=axes, keepdims=keepdim, dtype=opmath(out))
   return (s / _count(self, axes)).astype(out)
 
 
 @lowering(aten.prod.default, aten.prod.dim_int)
 def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
   out = _sum_dtype(self, dtype)
-  r = jnp.prod(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=_acc(out))
+  r = jnp.prod(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
   return r.astype(out)
 
 
@@ -201,7 +137,7 @@ def _var_mean(x, dim, correction, keepdim, sqrt=False):
   variance is real for complex inputs."""
   axes = _axes(x, dim)
   n = _count(x, axes)
-  xa = x.astype(_acc(x.dtype))
+  xa = x.astype(opmath(x.dtype))
   mean = jnp.sum(xa, axis=axes, keepdims=True) / n
   d = xa - mean
   sq = (d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d
@@ -242,7 +178,7 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   if dtype is not None:
     x = x.astype(jax_dtype(dtype))
   out = _real(x.dtype)
-  a = torch_abs(x).astype(_acc(out))
+  a = torch_abs(x).astype(opmath(out))
   axes = _axes(x, dim)
   if ord == math.inf:
     r = jnp.max(a, axis=axes, keepdims=keepdim)
@@ -306,7 +242,7 @@ def count_nonzero(self, dim=None):
 
 def _scan(fn, x, dim, out):
   x1, axis = _one_axis(x.astype(out), dim)
-  return fn(x1.astype(_acc(out)), axis=axis).astype(out).reshape(x.shape)
+  return fn(x1.astype(opmath(out)), axis=axis).astype(out).reshape(x.shape)
 
 
 @lowering(aten.cumsum.default)
@@ -378,7 +314,7 @@ def cummin(self, dim):
 @lowering(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
   _, out = result_dtypes(self, kind="int_to_float")
-  x = self.astype(_acc(out))
+  x = self.astype(opmath(out))
   axes = _axes(x, dim)
   # torch shifts by the max real part (-inf for an empty reduction, so it gives -inf)
   m = jnp.max(x.real, axis=axes, keepdims=True, initial=-jnp.inf)
@@ -389,7 +325,7 @@ def logsumexp(self, dim, keepdim=False):
 
 @lowering(aten._softmax.default)
 def _softmax(self, dim, half_to_float):
-  x = self.astype(_acc(self.dtype))
+  x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
   e = jnp.exp(x - jnp.max(x, axis=axes, keepdims=True))
   out = jnp.float32 if half_to_float else self.dtype
@@ -400,7 +336,7 @@ def _softmax(self, dim, half_to_float):
 def _safe_softmax(self, dim, dtype=None):
   """softmax, except that a slice of only -inf gives zeros instead of NaN (SDPA's masked rows)."""
   out_dtype = jax_dtype(dtype, self.dtype)
-  x = self.astype(out_dtype).astype(_acc(out_dtype))
+  x = self.astype(out_dtype).astype(opmath(out_dtype))
   axes = _axes(x, dim)
   # No pass of its own finds the masked rows: the shift is the max of the row with -inf raised
   # to the lowest finite value, so a row of only -inf is shifted by that finite value and
@@ -419,7 +355,7 @@ def _safe_softmax(self, dim, dtype=None):
 
 @lowering(aten._log_softmax.default)
 def _log_softmax(self, dim, half_to_float):
-  x = self.astype(_acc(self.dtype))
+  x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
   shifted = x - jnp.max(x, axis=axes, keepdims=True)
   total = jnp.sum(jnp.exp(shifted), axis=axes, keepdims=True)
@@ -433,7 +369,7 @@ def _log_softmax(self, dim, half_to_float):
 
 @lowering(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
-  g, y = grad_output.astype(_acc(grad_output.dtype)), output.astype(_acc(output.dtype))
+  g, y = grad_output.astype(opmath(grad_output.dtype)), output.astype(opmath(output.dtype))
   axes = _axes(g, dim)
   r = y * (g - jnp.sum(g * y, axis=axes, keepdims=True))
   return r.astype(jax_dtype(input_dtype))
@@ -441,698 +377,10 @@ def _softmax_backward_data(grad_output, output, dim, input_dtype):
 
 @lowering(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
-  g, y = grad_output.astype(_acc(grad_output.dtype)), output.astype(_acc(output.dtype))
+  g, y = grad_output.astype(opmath(grad_output.dtype)), output.astype(opmath(output.dtype))
   axes = _axes(g, dim)
   r = g - jnp.exp(y) * jnp.sum(g, axis=axes, keepdims=True)
   return r.astype(jax_dtype(input_dtype))
-
-
-# ---------------------------------------------------------------- sort, topk, order statistics
-
-def _order_keys(x, descending: bool):
-  """int32 keys whose `<` is torch's sort comparator on `x`: dense ranks with every NaN equal and
-  largest, -0.0 == 0.0; negated for a descending sort (NaN first)."""
-  v, idx = _sort(x, 0, descending=False)
-  same = v[1:] == v[:-1]
-  if jnp.issubdtype(x.dtype, jnp.inexact):
-    same = same | (jnp.isnan(v[1:]) & jnp.isnan(v[:-1]))
-  rank = jnp.cumsum(jnp.concatenate([jnp.zeros((1,), jnp.int32), (~same).astype(jnp.int32)]))
-  keys = jnp.zeros(x.shape, jnp.int32).at[idx].set(rank)
-  return -keys if descending else keys
-
-
-def _segment_cumsum(flags, first):
-  """Exclusive count of `flags` before each position, counted from its segment's `first`."""
-  c = jnp.cumsum(flags.astype(jnp.int32)) - flags.astype(jnp.int32)
-  return c - c[first]
-
-
-def _introsort_order(key):
-  """The permutation libstdc++'s `std::sort` (introsort, as torch's CPU sort kernel runs it for
-  stable=False) leaves a 1-d int `key` in, `<` as comparator: median-of-3 Hoare partitions of
-  every segment longer than 16, one tree level at a time (the k-th left stopper swaps with the
-  k-th right stopper while they have not crossed), then the final insertion sort, which is a
-  stable sort of the partitioned order. Segments still longer than 16 when the depth limit is
-  reached (heapsort in libstdc++, for median-of-3-killer inputs only) are sorted stably here."""
-  n = key.shape[0]
-  pos = jnp.arange(n, dtype=jnp.int32)
-  if n > 16:
-    def level(state):
-      a, perm, head, depth = state
-      seg = jnp.cumsum(head.astype(jnp.int32)) - 1
-      starts = jax.ops.segment_min(pos, seg, n)
-      ends = jax.ops.segment_max(pos, seg, n) + 1
-      first, last = starts[seg], ends[seg]
-      active = last - first > 16
-      mid = first + (last - first) // 2
-      # __move_median_to_first(first, first + 1, mid, last - 1)
-      ia, ib, ic = first + 1, mid, jnp.maximum(last - 1, 0)
-      va, vb, vc = a[jnp.minimum(ia, n - 1)], a[ib], a[ic]
-      chosen = jnp.where(va < vb, jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
-                         jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)))
-      src = jnp.where(active & (pos == first), chosen, pos)
-      src = jnp.where(active & (pos == chosen[first]), first, src)
-      a, perm = a[src], perm[src]
-      # __unguarded_partition(first + 1, last, pivot = *first)
-      pivot = a[first]
-      left = active & (pos > first) & ~(a < pivot)
-      right = active & ~(pivot < a)
-      lrank = _segment_cumsum(left, first)
-      rc = jnp.cumsum(right.astype(jnp.int32))
-      rrank = rc[jnp.maximum(last - 1, 0)] - rc            # right stoppers above, in the segment
-      drop = jnp.full_like(pos, n)
-      lpos = jnp.full((n,), n, jnp.int32).at[jnp.where(left, first + lrank, drop)].set(
-          pos, mode="drop")
-      rpos = jnp.full((n,), -1, jnp.int32).at[jnp.where(right, first + rrank, drop)].set(
-          pos, mode="drop")
-      k = pos - first                                        # position t holds pair k of its segment
-      pair = active & (lpos < n) & (rpos >= 0) & (lpos < rpos)
-      npairs = jax.ops.segment_sum(pair.astype(jnp.int32), seg, n)[seg]
-      pair = pair & (k < npairs)
-      src = pos.at[jnp.where(pair, lpos, drop)].set(rpos, mode="drop")
-      src = src.at[jnp.where(pair, rpos, drop)].set(lpos, mode="drop")
-      a, perm = a[src], perm[src]
-      # the cut: the left pointer's stop, min(L_K, R_{K-1}) (R_{-1} = last)
-      l_k = lpos[jnp.minimum(first + npairs, n - 1)]
-      l_k = jnp.where(first + npairs < last, l_k, n)
-      r_prev = jnp.where(npairs > 0, rpos[jnp.maximum(first + npairs - 1, 0)], last)
-      cut = jnp.minimum(l_k, r_prev)
-      head = head | (active & (pos == cut))
-      return a, perm, head, depth + 1
-
-    def more(state):
-      a, perm, head, depth = state
-      seg = jnp.cumsum(head.astype(jnp.int32)) - 1
-      sizes = jax.ops.segment_sum(jnp.ones_like(pos), seg, n)
-      return (depth < 2 * (n.bit_length() - 1)) & jnp.any(sizes > 16)
-
-    state = (key, pos, pos == 0, 0)
-    key, order, _, _ = while_loop(more, level, state)
-  else:
-    order = pos
-  _, final = lax.sort((key, pos), num_keys=1, is_stable=True)
-  return order[final]
-
-
-# torch's CPU sort runs x86-simd-sort for these when stable=False: an order of ties this lowering
-# cannot reproduce (it gives the stable order); the other dtypes go through std::sort.
-_XSS_DTYPES = tuple(np.dtype(t) for t in (jnp.int32, jnp.int64, jnp.float32, jnp.float64))
-
-
-@lowering(aten.sort.default, aten.sort.stable)
-def sort(self, dim=-1, descending=False, *, stable=None):
-  """torch.sort: NaN sorts as the largest value. stable=True keeps ties in order; stable=False
-  reproduces the order of ties torch's CPU kernel (std::sort) leaves (stable up to 16 elements)."""
-  x1, axis = _one_axis(self, dim)
-  if stable or np.dtype(self.dtype) in _XSS_DTYPES or x1.shape[axis] <= 16:
-    v, i = _sort(x1, axis, descending)
-    return v.reshape(self.shape), i.reshape(self.shape)
-  xm = jnp.moveaxis(x1, axis, -1)
-  rows = xm.reshape(-1, xm.shape[-1])
-  order = jax.vmap(lambda r: _introsort_order(_order_keys(r, descending)))(rows)
-  i = order.astype(jnp.int64).reshape(xm.shape)
-  v = jnp.take_along_axis(xm, i, -1)
-  v, i = jnp.moveaxis(v, -1, axis), jnp.moveaxis(i, -1, axis)
-  return v.reshape(self.shape), i.reshape(self.shape)
-
-
-def _pointer_stops(left, right, pos, n, big):
-  """Hoare partition's pointer stops, vectorised: the positions where the left pointer stops
-  (ascending, `big` past the last) and where the right one stops (descending, `-big` past)."""
-  lrank = jnp.cumsum(left.astype(jnp.int32)) - left
-  rrank = jnp.sum(right.astype(jnp.int32)) - jnp.cumsum(right.astype(jnp.int32))
-  nl, nr = jnp.sum(left.astype(jnp.int32)), jnp.sum(right.astype(jnp.int32))
-  lpos = jnp.full((n,), big).at[jnp.where(left, lrank, n)].set(pos, mode="drop")
-  rpos = jnp.full((n,), -big).at[jnp.where(right, rrank, n)].set(pos, mode="drop")
-  return jnp.where(pos >= nl, big, lpos), jnp.where(pos >= nr, -big, rpos)
-
-
-def _introselect_order(key, nth: int):
-  """The permutation libstdc++'s `std::nth_element(first, first + nth, last)` (introselect)
-  leaves the 1-d int `key` in, `<` as comparator: median-of-3 Hoare partitions (as in
-  `_introsort_order`) of the part holding `nth` while it is longer than 3, then an insertion sort
-  of that part. (Past the depth limit libstdc++ heap-selects; that order is not reproduced.)"""
-  n = key.shape[0]
-  pos = jnp.arange(n, dtype=jnp.int32)
-  big = jnp.int32(n + 1)
-
-  def body(state):
-    a, perm, first, last, depth = state
-    mid = first + (last - first) // 2
-    ia, ib, ic = first + 1, mid, last - 1
-    va, vb, vc = a[ia], a[ib], a[ic]
-    chosen = jnp.where(va < vb, jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
-                       jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)))
-    a, perm = _swap((a, perm), first, chosen)
-    piv = a[first]
-    left = (pos > first) & (pos < last) & ~(a < piv)
-    right = (pos >= first) & (pos < last) & ~(piv < a)
-    lpos, rpos = _pointer_stops(left, right, pos, n, big)
-    swaps = jnp.sum((lpos < rpos).astype(jnp.int32))
-    l_k = jnp.where(swaps < n, lpos[jnp.minimum(swaps, n - 1)], big)
-    r_prev = jnp.where(swaps > 0, rpos[jnp.maximum(swaps - 1, 0)], last)
-    cut = jnp.minimum(l_k, r_prev)
-    pair = pos < swaps
-    src = pos.at[jnp.where(pair, lpos, n)].set(rpos, mode="drop")
-    src = src.at[jnp.where(pair, rpos, n)].set(lpos, mode="drop")
-    a, perm = a[src], perm[src]
-    return (a, perm, jnp.where(cut <= nth, cut, first), jnp.where(cut <= nth, last, cut),
-            depth + 1)
-
-  def more(state):
-    _, _, first, last, depth = state
-    return (last - first > 3) & (depth < 2 * (n.bit_length() - 1))
-
-  state = (key, pos, jnp.int32(0), jnp.int32(n), 0)
-  a, perm, first, last, _ = while_loop(more, body, state)
-  inside = (pos >= first) & (pos < last)
-  block = jnp.where(pos < first, 0, jnp.where(inside, 1, 2))
-  _, _, final = lax.sort((block, jnp.where(inside, a, pos), pos), num_keys=2, is_stable=True)
-  return perm[final]
-
-
-def _adjust_heap(a, p, hole, length, value, vp, steps: int):
-  """libstdc++'s __adjust_heap on the heap a[:length] (and its payload p): sift the hole at
-  `hole` down to a leaf, then push `value` up from there (`<` on keys as comparator). `length`
-  may be traced; `steps` bounds the depth of the heap."""
-  top = hole
-  child = hole
-  last = jnp.maximum(length - 1, 0)
-  for _ in range(steps):
-    go = child < (length - 1) // 2
-    c2 = 2 * (child + 1)
-    c2 = jnp.where(a[jnp.minimum(c2, last)] < a[jnp.clip(c2 - 1, 0, last)], c2 - 1, c2)
-    c2 = jnp.minimum(c2, last)
-    a = jnp.where(go, a.at[hole].set(a[c2]), a)
-    p = jnp.where(go, p.at[hole].set(p[c2]), p)
-    hole = jnp.where(go, c2, hole)
-    child = jnp.where(go, c2, child)
-  odd_child = ((length & 1) == 0) & (child == (length - 2) // 2)
-  c2 = jnp.clip(2 * (child + 1) - 1, 0, last)
-  a = jnp.where(odd_child, a.at[hole].set(a[c2]), a)
-  p = jnp.where(odd_child, p.at[hole].set(p[c2]), p)
-  hole = jnp.where(odd_child, c2, hole)
-  for _ in range(steps):  # __push_heap
-    parent = jnp.maximum((hole - 1) // 2, 0)
-    go = (hole > top) & (a[parent] < value)
-    a = jnp.where(go, a.at[hole].set(a[parent]), a)
-    p = jnp.where(go, p.at[hole].set(p[parent]), p)
-    hole = jnp.where(go, parent, hole)
-  return a.at[hole].set(value), p.at[hole].set(vp)
-
-
-def _partial_sort_order(key, k: int):
-  """The first k of the permutation libstdc++'s `std::partial_sort(first, first + k, last)`
-  leaves the 1-d int `key` in (`<` as comparator): make_heap of the first k, each later element
-  smaller than the heap's top replaces it (pop_heap), then sort_heap."""
-  n = key.shape[0]
-  steps = k.bit_length() + 1
-  a, p = key[:k], jnp.arange(k, dtype=jnp.int32)
-
-  def make(t, state):  # __make_heap: parents (k - 2) // 2 down to 0
-    a, p = state
-    parent = (k - 2) // 2 - t
-    return _adjust_heap(a, p, parent, k, a[parent], p[parent], steps)
-  if k >= 2:
-    a, p = fori_loop(0, (k - 2) // 2 + 1, make, (a, p))
-
-  def select(i, state):  # __heap_select
-    a, p = state
-    na, np_ = _adjust_heap(a, p, jnp.int32(0), k, key[i], i.astype(jnp.int32), steps)
-    take = key[i] < a[0]
-    return jnp.where(take, na, a), jnp.where(take, np_, p)
-  a, p = fori_loop(k, n, select, (a, p))
-
-  def pop(t, state):  # __sort_heap
-    a, p = state
-    last = k - 1 - t
-    va, vp = a[last], p[last]
-    a, p = a.at[last].set(a[0]), p.at[last].set(p[0])
-    return _adjust_heap(a, p, jnp.int32(0), last, va, vp, steps)
-  a, p = fori_loop(0, k - 1, pop, (a, p))
-  return p
-
-
-def _topk_row(x, k: int, largest: bool, sorted: bool):
-  """torch's CPU topk of one row: std::partial_sort when k * 64 <= n, else std::nth_element to
-  put the k-th in place, then std::sort of the k - 1 before it when `sorted`."""
-  n = x.shape[0]
-  keys = _order_keys(x, descending=largest)
-  if k * 64 <= n:
-    return _partial_sort_order(keys, k)
-  order = _introselect_order(keys, k - 1)[:k]
-  if sorted and k > 1:
-    head = _introsort_order(keys[order[:k - 1]])
-    order = jnp.concatenate([order[:k - 1][head], order[k - 1:]])
-  return order
-
-
-@lowering(aten.topk.default)
-def topk(self, k, dim=-1, largest=True, sorted=True):
-  """The k largest (smallest) values, NaN largest, with the order of ties (and, for
-  sorted=False, of the values) that torch's CPU kernel (libstdc++ partial_sort, or nth_element
-  then sort) gives."""
-  x1, axis = _one_axis(self, dim)
-  n = x1.shape[axis]
-  if k == 0:
-    if largest:
-      xm = jnp.moveaxis(x1, axis, -1)
-      v, i = lax.top_k(xm.astype(jnp.uint8) if xm.dtype == jnp.bool_ else xm, k)
-      v, i = jnp.moveaxis(v.astype(xm.dtype), -1, axis), jnp.moveaxis(i.astype(jnp.int64), -1, axis)
-    else:
-      v, i = _sort(x1, axis, descending=False)
-      v, i = lax.slice_in_dim(v, 0, k, axis=axis), lax.slice_in_dim(i, 0, k, axis=axis)
-  else:
-    xm = jnp.moveaxis(x1, axis, -1)
-    rows = xm.reshape(-1, n)
-    order = jax.vmap(lambda r: _topk_row(r, k, largest, sorted))(rows)
-    i = order.astype(jnp.int64).reshape(xm.shape[:-1] + (k,))
-    v = jnp.take_along_axis(xm, i, -1)
-    v, i = jnp.moveaxis(v, -1, axis), jnp.moveaxis(i, -1, axis)
-  if self.ndim == 0:
-    v, i = v.reshape(()), i.reshape(())
-  return v, i
-
-
-def _pick(v, i, pos, axis, keepdim, was_0d):
-  """Values and indices at per-slice position `pos` (shape of v with `axis` of size 1)."""
-  pv = jnp.take_along_axis(v, pos, axis)
-  pi = jnp.take_along_axis(i, pos, axis)
-  return _squeeze(pv, axis, keepdim, was_0d), _squeeze(pi, axis, keepdim, was_0d)
-
-
-def _swap(arrays, i, j):
-  """Swaps positions i and j (0-d int arrays) of every 1-d array in `arrays`."""
-  out = []
-  for a in arrays:
-    ai, aj = a[i], a[j]
-    out.append(a.at[i].set(aj).at[j].set(ai))
-  return out
-
-
-def _quickselect_order(key, kth: int):
-  """The permutation torch's CPU `quick_select_template` (Sedgewick's quickselect, used by
-  kthvalue) leaves the 1-d int `key` in when it selects position `kth`. Each round is one
-  vectorized Hoare partition: the k-th left stopper (key >= pivot, from L + 2 up) swaps with the
-  k-th right stopper (key <= pivot, from R - 1 down) until they cross; a stopper met by both
-  pointers at once is swapped with itself and the scan goes on, as in the C++ loop."""
-  n = key.shape[0]
-  pos = jnp.arange(n, dtype=jnp.int32)
-  big = jnp.int32(n + 1)
-
-  def body(state):
-    a, perm, lo, hi, _ = state
-    two = hi == lo + 1
-    # two elements: order them and stop
-    a2, perm2 = _swap((a, perm), jnp.where(two & (a[lo] > a[hi]), lo, hi), hi)
-    # median of three into L, L + 1, R
-    p = (lo + hi) >> 1
-    a, perm = _swap((a, perm), p, lo + 1)
-    for x, y in ((lo + 1, hi), (lo, hi), (lo + 1, lo)):
-      a, perm = _swap((a, perm), jnp.where(a[x] > a[y], x, y), y)
-    piv = a[lo]
-    left = (pos >= lo + 2) & (pos <= hi) & (a >= piv)
-    right = (pos >= lo + 1) & (pos <= hi - 1) & (a <= piv)
-    lpos, rpos = _pointer_stops(left, right, pos, n, big)
-    swaps = jnp.sum((lpos < rpos).astype(jnp.int32))      # pairs swapped before the pointers meet
-    meet = (lpos[jnp.minimum(swaps, n - 1)] == rpos[jnp.minimum(swaps, n - 1)]) & (swaps < n)
-    t = swaps + meet.astype(jnp.int32)                     # the round in which they cross
-
-    def at(arr, idx, missing):
-      return jnp.where((idx >= 0) & (idx < n), arr[jnp.clip(idx, 0, n - 1)], missing)
-    i = jnp.minimum(at(lpos, t, big), at(rpos, swaps - 1, big))
-    j = jnp.maximum(at(rpos, t, -big), at(lpos, swaps - 1, -big))
-    pair = pos < swaps
-    src = pos.at[jnp.where(pair, lpos, n)].set(rpos, mode="drop")
-    src = src.at[jnp.where(pair, rpos, n)].set(lpos, mode="drop")
-    a, perm = a[src], perm[src]
-    a, perm = _swap((a, perm), lo, j)
-    new_lo = jnp.where(j <= kth, i, lo)
-    new_hi = jnp.where(j >= kth, j - 1, hi)
-    a = jnp.where(two, a2, a)
-    perm = jnp.where(two, perm2, perm)
-    return a, perm, jnp.where(two, lo, new_lo), jnp.where(two, hi, new_hi), two
-
-  def more(state):
-    _, _, lo, hi, done = state
-    return ~done & (hi > lo)
-
-  state = (key, pos, jnp.int32(0), jnp.int32(n - 1), jnp.bool_(False))
-  return while_loop(more, body, state)[1]
-
-
-@lowering(aten.kthvalue.default)
-def kthvalue(self, k, dim=-1, keepdim=False):
-  """The k-th smallest value (NaN largest) and the index torch's CPU quickselect gives it
-  among equal values."""
-  x1, axis = _one_axis(self, dim)
-  xm = jnp.moveaxis(x1, axis, -1)
-  rows = xm.reshape(-1, xm.shape[-1])
-  order = jax.vmap(lambda r: _quickselect_order(_order_keys(r, False), k - 1)[k - 1])(rows)
-  i = order.astype(jnp.int64).reshape(xm.shape[:-1] + (1,))
-  v = jnp.take_along_axis(xm, i, -1)
-  v, i = jnp.moveaxis(v, -1, axis), jnp.moveaxis(i, -1, axis)
-  return _squeeze(v, axis, keepdim, self.ndim == 0), _squeeze(i, axis, keepdim, self.ndim == 0)
-
-
-def _median(x, axis, keepdim, was_0d, ignore_nan):
-  """Lower median along `axis`. median: any NaN -> the first NaN (value and index);
-  nanmedian: the lower median of the non-NaN values (all NaN -> the first NaN)."""
-  v, i = _sort(x, axis, descending=False)  # NaN last, ties in index order
-  n = x.shape[axis]
-  shape1 = x.shape[:axis] + (1,) + x.shape[axis + 1:]
-  if not jnp.issubdtype(x.dtype, jnp.inexact):
-    return _pick(v, i, jnp.full(shape1, (n - 1) // 2, jnp.int64), axis, keepdim, was_0d)
-  nan = jnp.isnan(x)
-  if ignore_nan:
-    valid = n - jnp.sum(nan, axis=axis, keepdims=True, dtype=jnp.int64)
-    pos = jnp.maximum(valid - 1, 0) // 2
-    return _pick(v, i, pos, axis, keepdim, was_0d)
-  pos = jnp.full(shape1, (n - 1) // 2, jnp.int64)
-  pv, pi = _pick(v, i, pos, axis, True, False)
-  has_nan = jnp.any(nan, axis=axis, keepdims=True)
-  first_nan = jnp.argmax(nan, axis=axis, keepdims=True).astype(jnp.int64)
-  pv = jnp.where(has_nan, jnp.full_like(pv, jnp.nan), pv)
-  pi = jnp.where(has_nan, first_nan, pi)
-  return _squeeze(pv, axis, keepdim, was_0d), _squeeze(pi, axis, keepdim, was_0d)
-
-
-def _median_all(x, ignore_nan):
-  if x.size == 0:  # torch returns NaN for an empty input
-    return jnp.full((), jnp.nan, x.dtype)
-  if not jnp.issubdtype(x.dtype, jnp.inexact):
-    return _median(x.reshape(-1), 0, False, True, ignore_nan)[0]
-  return _MEDIAN_SPREAD[ignore_nan](x)
-
-
-def _evenly_distributed(out, primals, tangents):
-  """torch's derivative of a full `median`/`nanmedian` (`evenly_distribute_backward`): the
-  mean tangent of the elements equal to the result (NaN ones if it is NaN), not one of them."""
-  x, t = primals[0], tangents[0]
-  hits = jnp.where(jnp.isnan(out), jnp.isnan(x), x == out)
-  return jnp.sum(jnp.where(hits, t, jnp.zeros((), t.dtype))) / jnp.sum(hits).astype(t.dtype)
-
-
-_MEDIAN_SPREAD = {  # by `ignore_nan`
-    flag: with_derivative(functools.partial(
-        lambda x, flag: _median(x.reshape(-1), 0, False, True, flag)[0], flag=flag),
-        _evenly_distributed)
-    for flag in (False, True)}
-
-
-@lowering(aten.median.default)
-def median(self):
-  return _median_all(self, ignore_nan=False)
-
-
-@lowering(aten.nanmedian.default)
-def nanmedian(self):
-  return _median_all(self, ignore_nan=True)
-
-
-@lowering(aten.median.dim)
-def median_dim(self, dim, keepdim=False):
-  x1, axis = _one_axis(self, dim)
-  return _median(x1, axis, keepdim, self.ndim == 0, ignore_nan=False)
-
-
-@lowering(aten.nanmedian.dim)
-def nanmedian_dim(self, dim, keepdim=False):
-  x1, axis = _one_axis(self, dim)
-  return _median(x1, axis, keepdim, self.ndim == 0, ignore_nan=True)
-
-
-@lowering(aten.mode.default)
-def mode(self, dim=-1, keepdim=False):
-  """Most frequent value (the smallest on a tie) and the index of its last occurrence, as
-  torch's CPU kernel gives while its sort keeps equal values in order."""
-  x1, axis = _one_axis(self, dim)
-  v, i = _sort(x1, axis, descending=False)
-  n = x1.shape[axis]
-  pos = lax.broadcasted_iota(jnp.int64, v.shape, axis)
-  head = lax.slice_in_dim(v, 0, n - 1, axis=axis)
-  tail = lax.slice_in_dim(v, 1, n, axis=axis)
-  edge = jnp.ones_like(lax.slice_in_dim(v, 0, 1, axis=axis), dtype=jnp.bool_)
-  starts = jnp.concatenate([edge, tail != head], axis=axis)  # a run of equal values starts
-  ends = jnp.concatenate([tail != head, edge], axis=axis)    # a run ends
-  run_start = lax.cummax(jnp.where(starts, pos, 0), axis=axis)
-  length = jnp.where(ends, pos - run_start + 1, 0)            # run length, at each run's end
-  best = jnp.argmax(length, axis=axis, keepdims=True)         # first longest = smallest value
-  return _pick(v, i, best, axis, keepdim, self.ndim == 0)
-
-
-# ----------------------------------------------------------------------------- histograms
-
-def _upper_bound(edges, x, first, length):
-  """std::upper_bound(edges + first, edges + first + length, x) - edges, elementwise over `x`,
-  step for step (so an unsorted `edges` gives what torch's CPU kernel gives)."""
-  for _ in range(int(edges.shape[0]).bit_length() + 1):
-    half = length // 2
-    middle = first + half
-    right = ~(x < edges[jnp.clip(middle, 0, edges.shape[0] - 1)])
-    live = length > 0
-    first = jnp.where(live & right, middle + 1, first)
-    length = jnp.where(live, jnp.where(right, length - half - 1, half), 0)
-  return first
-
-
-def _linspace(left, right, steps: int, dtype):
-  """torch's CPU linspace in `dtype`: start + step * i for the first half, end - step * (steps -
-  1 - i) for the rest (so both ends are exact)."""
-  start, end = left.astype(dtype), right.astype(dtype)
-  step = (end - start) / jnp.asarray(max(steps - 1, 1), dtype)
-  i = jnp.arange(steps)
-  lo = start + step * i.astype(dtype)
-  hi = end - step * (steps - 1 - i).astype(dtype)
-  return jnp.where(i < steps // 2, lo, hi)
-
-
-def _histdd(x, edges, weight, density, algorithm):
-  """torch's CPU histogramdd kernel on `x` (M, D) with per-dim bin `edges`: elements outside
-  [edges[0], edges[-1]] (and NaN) are skipped, the last bin includes its right edge; `algorithm`
-  "linear" (histc), "local" (linear then a search of the neighbouring edges: histogram with a bin
-  count) or "search" (upper_bound over the edges: bin tensors). The counts are in x's dtype."""
-  m, d = x.shape
-  keep = jnp.ones((m,), jnp.bool_)
-  flat = jnp.zeros((m,), jnp.int64)
-  for k in range(d):
-    e, elt = edges[k], x[:, k]
-    n_edges = e.shape[0]
-    left, right = e[0], e[n_edges - 1]
-    keep = keep & (elt >= left) & (elt <= right)
-    if algorithm == "search":
-      pos = _upper_bound(e, elt, jnp.zeros_like(flat), jnp.full_like(flat, n_edges)) - 1
-    else:
-      q = (elt - left) * jnp.asarray(n_edges - 1, x.dtype) / (right - left)
-      pos = jnp.where(keep, q, 0).astype(jnp.int64)
-      if algorithm == "local":
-        lo = jnp.maximum(pos - 1, 0)
-        hi = jnp.minimum(pos + 2, n_edges)
-        pos = _upper_bound(e, elt, lo, hi - lo) - 1
-    pos = jnp.where(pos == n_edges - 1, pos - 1, pos)
-    flat = flat * (n_edges - 1) + jnp.clip(pos, 0, n_edges - 2)
-  shape = tuple(int(e.shape[0]) - 1 for e in edges)
-  w = jnp.ones((m,), x.dtype) if weight is None else weight.reshape(m).astype(x.dtype)
-  w = jnp.where(keep, w, jnp.zeros_like(w)).astype(_acc(x.dtype))
-  hist = jnp.zeros((math.prod(shape),), w.dtype).at[flat].add(w).reshape(shape).astype(x.dtype)
-  if density:
-    hist = hist / jnp.sum(hist.astype(_acc(x.dtype))).astype(x.dtype)
-    for k, e in enumerate(edges):
-      lengths = (e[1:] - e[:-1]).reshape(tuple(-1 if j == k else 1 for j in range(d)))
-      hist = hist / lengths
-  return hist
-
-
-def _outer_edges(x, bins, limits):
-  """histogramdd's bin edges per dim: the outer edges are `limits` (the `range` argument), else the data's
-  min/max (0 and 1 for an empty input); an empty interval is widened by 0.5 each side."""
-  d = x.shape[1]
-  if limits is not None:
-    left = jnp.stack([jnp.asarray(limits[2 * k], jnp.float64) for k in range(d)])
-    right = jnp.stack([jnp.asarray(limits[2 * k + 1], jnp.float64) for k in range(d)])
-  elif x.shape[0] > 0:
-    left, right = jnp.min(x, axis=0).astype(jnp.float64), jnp.max(x, axis=0).astype(jnp.float64)
-  else:
-    left, right = jnp.zeros((d,), jnp.float64), jnp.ones((d,), jnp.float64)
-  same = left == right
-  left, right = jnp.where(same, left - 0.5, left), jnp.where(same, right + 0.5, right)
-  return [_linspace(left[k], right[k], bins[k] + 1, x.dtype) for k in range(d)]
-
-
-@lowering(aten.histc.default)
-def histc(self, bins=100, min=0, max=0):
-  """torch.histc: `bins` equal bins over [min, max] (the data's range when min == max, widened by
-  1 each side when still empty); out-of-range elements are ignored. A non-finite or empty range,
-  which torch refuses, gives NaN counts here."""
-  x = self.reshape(-1, 1)
-  lo, hi = jnp.asarray(min, jnp.float64), jnp.asarray(max, jnp.float64)
-  if x.shape[0] > 0:
-    data_lo, data_hi = jnp.min(x).astype(jnp.float64), jnp.max(x).astype(jnp.float64)
-    lo, hi = jnp.where(lo == hi, data_lo, lo), jnp.where(lo == hi, data_hi, hi)
-  same = lo == hi
-  lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
-  edges = _linspace(lo, hi, bins + 1, self.dtype)
-  hist = _histdd(x, [edges], None, False, "linear")
-  if not jnp.issubdtype(hist.dtype, jnp.inexact):  # integer data (CUDA's histc takes it):
-    return hist  # its range is finite and widened to lo < hi, and NaN has no integer value
-  bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi) & (lo < hi))
-  return jnp.where(bad, jnp.full_like(hist, jnp.nan), hist)
-
-
-@lowering(aten.histogram.bin_ct)
-def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
-  x = self.reshape(-1, 1)
-  edges = _outer_edges(x, [bins], range)
-  return _histdd(x, edges, weight, density, "local"), edges[0]
-
-
-@lowering(aten.histogram.bins_tensor)
-def histogram_bins_tensor(self, bins, *, weight=None, density=False):
-  return _histdd(self.reshape(-1, 1), [bins], weight, density, "search"), bins
-
-
-@lowering(aten._histogramdd_bin_edges.default)
-def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
-  return _outer_edges(self.reshape(-1, self.shape[-1]), list(bins), range)
-
-
-@lowering(aten._histogramdd_from_bin_cts.default)
-def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
-  x = self.reshape(-1, self.shape[-1])
-  return _histdd(x, _outer_edges(x, list(bins), range), weight, density, "local")
-
-
-@lowering(aten._histogramdd_from_bin_tensors.default)
-def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
-  return _histdd(self.reshape(-1, self.shape[-1]), list(bins), weight, density, "search")
-
-
-@lowering(aten.bincount.default, dynamic_shape=True)
-def bincount(self, weights=None, minlength=0):
-  """Counts (int64), or sums of `weights`, of each value 0..max(self); at least `minlength` bins.
-  The length depends on the values, so this runs on concrete arrays (not under `jax.jit`)."""
-  check(self < 0, self, RuntimeError, "bincount only supports 1-d non-negative integral inputs.")
-  n = max(int(jnp.max(self)) + 1 if self.size else 0, minlength)
-  if weights is None:
-    return jnp.zeros((n,), jnp.int64).at[self].add(1)
-  w = weights.astype(jnp.float32 if weights.dtype == jnp.float32 else jnp.float64)
-  return jnp.zeros((n,), w.dtype).at[self].add(w)
-
-
-# ----------------------------------------------------------------------------- segment_reduce
-
-@lowering(aten.segment_reduce.default)
-def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
-                   unsafe=False, initial=None):
-  """Reduces consecutive segments of `data` along `axis` (segment sizes from `lengths`, or
-  `offsets` with lengths = diff(offsets)). `initial` joins every segment as one more element
-  (mean: (initial + sum) / count); empty segments give `initial`, else sum 0, prod 1,
-  max -inf, min inf, mean NaN."""
-  if indices is not None:
-    raise NotImplementedError("bridge: `segment_reduce` with `indices` is not supported (torch "
-                              "does not implement it either); pass `lengths` or `offsets`.")
-  if lengths is None:
-    lengths = offsets[..., 1:] - offsets[..., :-1]
-  axis = axis % data.ndim
-  if lengths.ndim != axis + 1:
-    raise NotImplementedError("bridge: `segment_reduce`: `lengths`/`offsets` must have the "
-                              "leading dims of `data` up to `axis`.")
-  s = lengths.shape[-1]
-  x = jnp.moveaxis(data, axis, -1)                             # (..., n, *rest) -> (..., rest, n)
-  x = x.reshape(lengths.shape[:-1] + (-1, data.shape[axis]))   # (lead, rest, n)
-  rows = x.reshape(-1, x.shape[-2], x.shape[-1])
-  lens = lengths.reshape(-1, s).astype(jnp.int64)
-  ids = jnp.sum(jnp.arange(data.shape[axis])[None, :, None] >= jnp.cumsum(lens, -1)[:, None, :],
-                axis=-1)                                       # (batch, n) segment of each element
-  acc = _acc(data.dtype)
-
-  def one(r, seg, ln):  # r: (rest, n); seg: (n,); ln: (s,)
-    r = r.T.astype(acc)                                        # (n, rest)
-    if reduce in ("sum", "mean"):
-      out = jax.ops.segment_sum(r, seg, s)
-    elif reduce == "prod":
-      out = jax.ops.segment_prod(r, seg, s)
-    elif reduce == "max":
-      out = jax.ops.segment_max(r, seg, s)
-    elif reduce == "min":
-      out = jax.ops.segment_min(r, seg, s)
-    else:
-      raise ValueError(f"bridge: `segment_reduce`: unknown reduction {reduce!r}.")
-    ln = ln[:, None]
-    empty = ln == 0
-    if initial is not None:
-      init = jnp.asarray(initial, acc)
-      out = {"sum": lambda: out + init, "mean": lambda: out + init,
-             "prod": lambda: out * init, "max": lambda: jnp.maximum(out, init),
-             "min": lambda: jnp.minimum(out, init)}[reduce]()
-      if reduce == "mean":
-        out = jnp.where(empty, init, out / jnp.maximum(ln, 1).astype(acc))
-      out = jnp.where(empty, jnp.broadcast_to(init, out.shape), out)
-    elif reduce == "mean":
-      out = out / ln.astype(acc)                               # empty: 0 / 0 = NaN, as torch
-    elif reduce in ("max", "min"):
-      fill = -jnp.inf if reduce == "max" else jnp.inf
-      out = jnp.where(empty, jnp.full_like(out, fill), out)
-    return out.T                                               # (rest, s)
-
-  out = jax.vmap(one)(rows, ids, lens).astype(data.dtype)      # (batch, rest, s)
-  out = out.reshape(x.shape[:-1] + (s,))
-  out = out.reshape(lengths.shape[:-1] + data.shape[axis + 1:] + (s,))
-  return jnp.moveaxis(out, -1, axis)
-
-
-# ----------------------------------------------------------------------------- unique
-
-def _unique_flat(x, sorted_values, consecutive, return_inverse, return_counts):
-  """Unique values of the flat concrete `x`: sorted (NaNs all distinct, last) or consecutive runs;
-  empty int64 tensors for the inverse/counts that are not asked for, as torch's CPU kernel."""
-  x = x.reshape(-1)
-  n = x.shape[0]
-  if consecutive:
-    v, perm = x, jnp.arange(n)
-  else:
-    v, perm = _sort(x, 0, descending=False)
-  new = v[1:] != v[:-1]                                        # NaN != NaN: each NaN its own run
-  starts = jnp.concatenate([jnp.ones((min(n, 1),), jnp.bool_), new])
-  group = jnp.cumsum(starts) - 1
-  k = int(jnp.sum(starts))
-  values = v[jnp.nonzero(starts, size=k)[0]]
-  empty = jnp.zeros((0,), jnp.int64)
-  inverse = jnp.zeros((n,), jnp.int64).at[perm].set(group) if return_inverse else empty
-  counts = jnp.zeros((k,), jnp.int64).at[group].add(1) if return_counts else empty
-  return values, inverse, counts
-
-
-@lowering(aten._unique2.default, dynamic_shape=True)
-def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
-  """torch.unique without dim: torch's CPU kernel always sorts (NaNs stay distinct)."""
-  v, inv, cnt = _unique_flat(self, True, False, return_inverse, return_counts)
-  return v, inv.reshape(self.shape) if return_inverse else inv, cnt
-
-
-@lowering(aten._unique.default, dynamic_shape=True)
-def _unique(self, sorted=True, return_inverse=False):
-  v, inv, _ = _unique_flat(self, True, False, return_inverse, False)
-  return v, inv.reshape(self.shape) if return_inverse else inv
-
-
-@lowering(aten.unique_consecutive.default, dynamic_shape=True)
-def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-  """Collapses runs of equal values (of equal slices along `dim`)."""
-  if dim is None:
-    v, inv, cnt = _unique_flat(self, False, True, return_inverse, return_counts)
-    return v, inv.reshape(self.shape) if return_inverse else inv, cnt
-  axis = dim % self.ndim
-  x = jnp.moveaxis(self, axis, 0)
-  n = x.shape[0]
-  flat = x.reshape(n, -1)
-  new = jnp.any(flat[1:] != flat[:-1], axis=1)
-  starts = jnp.concatenate([jnp.ones((min(n, 1),), jnp.bool_), new])
-  group = jnp.cumsum(starts) - 1
-  k = int(jnp.sum(starts))
-  values = jnp.moveaxis(x[jnp.nonzero(starts, size=k)[0]], 0, axis)
-  # with `dim`, torch's CPU kernel returns the inverse and the counts whether asked or not
-  return values, group.astype(jnp.int64), jnp.zeros((k,), jnp.int64).at[group].add(1)
 
 
 # ----------------------------------------------------------------------------- covariance
@@ -1209,7 +457,7 @@ def cov(self, correction=1, fweights=None, aweights=None):
   else:
     centred = sub(x, avg[:, None])
   other = centred if w is None else mul(centred, w)
-  acc = _acc(centred.dtype)
+  acc = opmath(centred.dtype)
   c = jnp.matmul(centred, jnp.conj(other).T, precision=lax.Precision.HIGHEST,
                  preferred_element_type=acc).astype(centred.dtype)
   if jnp.iscomplexobj(c) and 1 in centred.shape:  # torch zeroes a vector's imaginary part

@@ -1,4 +1,4 @@
-"""How much of torch's OpInfo database the lowerings get right: `python -m bridge_ops.coverage`.
+"""How much of torch's OpInfo database the lowerings get right: `python -m bridge_ops.testing.coverage`.
 
 Every OpInfo entry of `torch.testing._internal.common_methods_invocations.op_db`
 (variants included, by `name.variant_test_name`) is run, for each dtype of
@@ -26,6 +26,8 @@ Random ops (`RANDOM`) and uninitialized memory (`UNINITIALIZED`) compare shapes 
 dtypes only: their values are checked statistically in the op tests.
 
 Needs `expecttest` (torch's OpInfo module imports it): the test extras have it.
+
+(Over 600 lines: one tool, its per-op tolerance tables beside the comparison that reads them.)
 """
 
 from __future__ import annotations
@@ -577,7 +579,7 @@ def _worker(names: list[str], modes: tuple) -> list[Outcome]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m bridge_ops.coverage", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m bridge_ops.testing.coverage", description=__doc__.split("\n")[0])
   parser.add_argument("--ops", nargs="*", help="only these OpInfo names (default: all)")
   parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
   parser.add_argument("--out", default=None,
@@ -624,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _default_page() -> str:
   import pathlib
-  checkout = pathlib.Path(__file__).resolve().parents[2]
+  checkout = pathlib.Path(__file__).resolve().parents[3]
   if (checkout / "pyproject.toml").exists() and checkout.name == "bridge_ops":
     return str(checkout / "COVERAGE.md")
   return "COVERAGE.md"
@@ -636,7 +638,7 @@ def _page(table: str, n_ops: int) -> str:
   dtypes = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
   return (
       "# bridge_ops coverage of torch's OpInfo database\n\n"
-      f"Written by `python -m bridge_ops.coverage` (torch {torch.__version__}, JAX {jax.__version__}, "
+      f"Written by `python -m bridge_ops.testing.coverage` (torch {torch.__version__}, JAX {jax.__version__}, "
       f"{platform.machine()} CPU). Each of the {n_ops} OpInfo entries of `op_db` (variants "
       f"included) runs for every dtype torch supports for it on CPU among {dtypes}, on up to "
       f"{SAMPLES['eager']} sample inputs eagerly on the `jax` device, {SAMPLES['jit']} under "
