@@ -134,7 +134,7 @@ def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
   with pytest.raises(NotImplementedError, match="aten::an_op_of_a_later_torch does not exist"):
     missing.default(1)
   with pytest.raises(AttributeError):
-    ops.__wrapped__  # noqa: B018 - Python's own questions about the object are not ops
+    ops.__wrapped__  # (Python's own questions about the object are not ops)
   before = len(_lowering.RECORDS)
   try:
     @_lowering.lowering(missing.default, ops.add.Tensor)

@@ -224,7 +224,7 @@ _LCE = torch.ops.torch_nn  # defined by torch.nn.modules.linear_cross_entropy (b
 def _lce_args(n, ignore_index, weighted, biased, all_ignored, dtype, g):
   """(input (n, 5), linear_weight (4, 5), target (n,), linear_bias, weight) with some targets
   equal to `ignore_index` (all of them for `all_ignored`)."""
-  import torch.nn.modules.linear_cross_entropy  # noqa: F401
+  import torch.nn.modules.linear_cross_entropy
   x, lw = _randn((n, 5), dtype, g), _randn((4, 5), dtype, g)
   target = torch.randint(0, 4, (n,), generator=g)
   target[::3] = ignore_index

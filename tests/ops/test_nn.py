@@ -26,14 +26,14 @@ def _randn(shape, dtype, g):
 def _check_some(op, keep, *args):
   """Like `check`, but compares only the outputs `keep` with CPU; where CPU's other outputs differ
   from torch's meta kernel (which the core checks against), those are checked for shape there."""
-  to_jax = lambda a: jnp.asarray(a.numpy()) if isinstance(a, torch.Tensor) else a  # noqa: E731
+  to_jax = lambda a: jnp.asarray(a.numpy()) if isinstance(a, torch.Tensor) else a
   with jax.enable_x64(True):
     out = lowering_of(op).fn(*[to_jax(a) for a in args])
     out = [None if o is None else torch.from_numpy(np.array(o)) for o in out]
   expected = op(*args)
   torch.testing.assert_close([out[i] for i in keep], [expected[i] for i in keep])
   meta = op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-  shapes = lambda outs: [None if o is None else o.shape for o in outs]  # noqa: E731
+  shapes = lambda outs: [None if o is None else o.shape for o in outs]
   assert shapes(out) == shapes(meta)
   if device_available():
     dev = op(*[a.to("jax") if isinstance(a, torch.Tensor) else a for a in args])

@@ -11,14 +11,13 @@ so does a fix that leaves its entry in the list (the lists only shrink).
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("expecttest")  # torch's OpInfo module needs it (a test extra)
 
-import bridge  # noqa: E402,F401 - registers the `jax` device
-from bridge_ops.testing import coverage  # noqa: E402
+import bridge  # noqa: F401 - registers the `jax` device
+from bridge_ops.testing import coverage
 
-from tests.ops import opinfo_known  # noqa: E402
+from tests.ops import opinfo_known
 
 _INFOS = coverage.op_db()
 _EXPECTED = opinfo_known.expected()

@@ -11,15 +11,14 @@ must be one the `jit` mode (64-bit types on) also lists in `tests/ops/opinfo_kno
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("expecttest")  # torch's OpInfo module needs it (a test extra)
 
-import bridge  # noqa: E402,F401 - registers the `jax` device
-from bridge._src import dtypes  # noqa: E402
-from bridge_ops.testing import coverage  # noqa: E402
+import bridge  # noqa: F401 - registers the `jax` device
+from bridge._src import dtypes
+from bridge_ops.testing import coverage
 
-from tests.ops import opinfo_known  # noqa: E402
+from tests.ops import opinfo_known
 
 pytestmark = pytest.mark.skipif(dtypes.x64_enabled(), reason="needs JAX's 64-bit types off")
 

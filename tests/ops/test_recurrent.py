@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import bridge
-from bridge._src.errors import OperatorNotFound
 from tests.ops.harness import lowering_of
 
 aten = torch.ops.aten
@@ -82,7 +81,7 @@ def _cpu_cell(factor, ig, hg, state, bi):
   weights, zero hidden weights, the row's hidden gates (bias included) as the hidden bias."""
   eye = torch.eye(factor * H, dtype=torch.float64)
   zeros = torch.zeros(factor * H, H, dtype=torch.float64)
-  d = lambda t: None if t is None else t.double()  # noqa: E731
+  d = lambda t: None if t is None else t.double()
   rows = []
   for r in range(B):
     s = [t[r:r + 1].double() for t in state]
@@ -100,7 +99,7 @@ def _hidden_gates_with_bias(hg, bh):
 
 def _gru_ref(ig, hg, hx, bi, bh):
   """RNN.cu's gru_cell_forward in float64: (hy, workspace [r, z, n, hx, h_n + b_hn])."""
-  f = lambda t: torch.zeros(3 * H, dtype=torch.float64) if t is None else t.double()  # noqa: E731
+  f = lambda t: torch.zeros(3 * H, dtype=torch.float64) if t is None else t.double()
   (ir, ii, in_), (hr, hi, hn) = ig.double().chunk(3, 1), hg.double().chunk(3, 1)
   (b1r, b1i, b1n), (b2r, b2i, b2n) = f(bi).chunk(3), f(bh).chunk(3)
   r, z = torch.sigmoid(ir + hr + b1r + b2r), torch.sigmoid(ii + hi + b1i + b2i)
@@ -127,7 +126,7 @@ def test_fused_gru_cell_backward(dtype, has_bias):
   args = _cell_args(3, dtype, has_bias)
   ws = _gru_ref(*args)[1].to(dtype)
   grad_hy = _randn(B, H, dtype=dtype, g=_gen(1))
-  d = lambda t: None if t is None else t.double()  # noqa: E731
+  d = lambda t: None if t is None else t.double()
   expected = aten._thnn_differentiable_gru_cell_backward(d(grad_hy), *[d(a) for a in args])
   expected = [None if e is None else e.to(dtype) for e in expected]
   for out in _runs(aten._thnn_fused_gru_cell_backward.default, grad_hy, ws, has_bias):
@@ -138,7 +137,7 @@ def test_fused_gru_cell_backward(dtype, has_bias):
 
 def _lstm_ref(ig, hg, cx, bi, bh):
   """RNN.cu's lstm_cell_forward in float64: (hy, cy, workspace [i, f, g, o])."""
-  f = lambda t: torch.zeros(4 * H, dtype=torch.float64) if t is None else t.double()  # noqa: E731
+  f = lambda t: torch.zeros(4 * H, dtype=torch.float64) if t is None else t.double()
   gates = (ig.double() + hg.double() + f(bi) + f(bh)).chunk(4, 1)
   i, fg, g, o = gates[0].sigmoid(), gates[1].sigmoid(), gates[2].tanh(), gates[3].sigmoid()
   cy = fg * cx.double() + i * g
@@ -169,7 +168,7 @@ def test_fused_lstm_cell_backward(dtype, has_bias, grads):
   g = _gen(1)
   grad_hy = _randn(B, H, dtype=dtype, g=g) if grads in ("hy_and_cy", "hy") else None
   grad_cy = _randn(B, H, dtype=dtype, g=g) if grads in ("hy_and_cy", "cy") else None
-  d = lambda t: None if t is None else t.double()  # noqa: E731
+  d = lambda t: None if t is None else t.double()
   ig, hg, cx, bi, bh = args
   expected = aten._thnn_differentiable_lstm_cell_backward(
       d(grad_hy), d(grad_cy), d(ig), d(hg), d(bi), d(bh), d(cx), d(cy))

@@ -405,7 +405,7 @@ def test_safe_softmax_gradient_is_torchs_with_masked_rows():
   x[1, 2, :3] = -inf
   x[1, 1, 1:] = -inf  # one element left: its sum of exps is exactly 1
   w = make(SHAPE, F32, seed=1)
-  loss = lambda t: (torch.ops.aten._safe_softmax(t, -1) * w).sum()  # noqa: E731
+  loss = lambda t: (torch.ops.aten._safe_softmax(t, -1) * w).sum()
   xr = x.clone().requires_grad_(True)
   loss(xr).backward()
   got = jax.grad(lambda a: bridge.call_torch(loss, a))(jax.numpy.asarray(x.numpy()))
@@ -541,7 +541,6 @@ def test_unique(inverse, counts):
 def test_cov_under_jit_matches_torch(kwargs, dtype):
   # torch's `cov` reads values (weight checks) in its composite code; under jax.jit it runs
   # whole through its lowering, in torch's dtypes.
-  import jax.numpy as jnp
   import bridge
   gen = torch.Generator().manual_seed(0)
   x = (torch.randn(3, 6, generator=gen) * 5).to(dtype)

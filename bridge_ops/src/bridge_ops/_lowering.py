@@ -346,7 +346,7 @@ def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable
       compute, _ = result_dtypes(*values, kind=kind)
       for n in names:
         v = bound.arguments.get(n)
-        if _is_array(v) and not (weak(v) and np.ndim(v) == 0):
+        if v is not None and _is_array(v) and not (weak(v) and np.ndim(v) == 0):
           bound.arguments[n] = jnp.asarray(v).astype(compute)
       return fn(*bound.args, **bound.kwargs)
     return wrapper

@@ -119,7 +119,7 @@ def neg(self):
 
 
 @lowering(aten.abs.default)
-def abs(self):  # noqa: A001 - named after the op
+def abs(self):  # (named after the op)
   return self if self.dtype == jnp.bool_ else torch_abs(self)  # (derivative 0 at 0)
 
 
@@ -157,7 +157,7 @@ _real_pow = with_derivative(jnp.power, _pow_tangent)
 
 @lowering(aten.pow.Tensor_Tensor)
 @_promote("self", "exponent")
-def pow(self, exponent):  # noqa: A001 - named after the op
+def pow(self, exponent):  # (named after the op)
   if jnp.issubdtype(self.dtype, jnp.floating):
     self, exponent = jnp.broadcast_arrays(self, exponent)
     return _real_pow(self, exponent)
@@ -221,19 +221,19 @@ def reciprocal(self):
 
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 @_promote("self", "min", "max")
-def clamp(self, min=None, max=None):  # noqa: A002 - schema names
+def clamp(self, min=None, max=None):  # (schema names)
   return _clamp(self, min, max)
 
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
 @_promote("self", "min")
-def clamp_min(self, min):  # noqa: A002
+def clamp_min(self, min):
   return _clamp(self, min, None)
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
 @_promote("self", "max")
-def clamp_max(self, max):  # noqa: A002
+def clamp_max(self, max):
   return _clamp(self, None, max)
 
 

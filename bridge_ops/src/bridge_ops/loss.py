@@ -35,7 +35,7 @@ from bridge_ops._lowering import (Ops, aten, check, lowering, p_norm, promote, r
 try:
   # Defines the `torch_nn` library ops of the chunked `F.linear_cross_entropy` (torch imports
   # it lazily, on the first chunked call); a torch without it has no chunked path to lower.
-  import torch.nn.modules.linear_cross_entropy  # noqa: F401
+  import torch.nn.modules.linear_cross_entropy
 except ImportError:
   pass
 

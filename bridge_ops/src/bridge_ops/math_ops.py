@@ -270,7 +270,7 @@ def trunc(self):
 
 @lowering(aten.round.default)
 @promote("self")
-def round(self):  # noqa: A001 - named after the op
+def round(self):  # (named after the op)
   # Half to even, like std::nearbyint.
   return jnp.round(self) if _inexact(self) else self
 
@@ -411,14 +411,14 @@ def _no_complex32(name: str, x: jax.Array) -> None:
 
 
 @lowering(aten.complex.default)
-def complex(real, imag):  # noqa: A001 - named after the op
+def complex(real, imag):  # (named after the op)
   _no_complex32("complex", real)
   real, imag = jnp.broadcast_arrays(real, imag)
   return lax.complex(real, imag)
 
 
 @lowering(aten.polar.default)
-def polar(abs, angle):  # noqa: A002 - schema names
+def polar(abs, angle):  # (schema names)
   _no_complex32("polar", abs)
   return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
 

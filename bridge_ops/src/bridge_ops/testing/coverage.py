@@ -269,7 +269,7 @@ def _compare(name: str, dtype: torch.dtype, actual: Any, expected: Any, values: 
     raise _Mismatch(f"{len(act)} outputs where torch gives {len(exp)}")
   status = "pass"
   tol = TOLERANCES.get((name, dtype)) or TOLERANCES.get((name, None))
-  kw = {"atol": tol[0], "rtol": tol[1]} if tol else {}
+  kw: dict[str, Any] = {"atol": tol[0], "rtol": tol[1]} if tol else {}
   for i, (a, e) in enumerate(zip(act, exp)):
     if not isinstance(e, torch.Tensor):
       if values and not _same_value(a, e):
@@ -318,7 +318,7 @@ CPU_ARGS = frozenset({"tensor_split"})
 def _reference(info: Any, tree: tuple) -> Any:
   try:
     return _call(info, _map(_clone, tree))
-  except Exception as err:  # noqa: BLE001 - torch refuses the sample
+  except Exception as err:  # (torch refuses the sample)
     raise _TorchRefused() from err
 
 
@@ -404,7 +404,7 @@ def _grad(info: Any, tree: tuple, seed: int, post: Callable = lambda out: out
   ins = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
   try:
     floats = _differentiable(post(_call(info, rebuild(ins))))
-  except Exception as err:  # noqa: BLE001 - torch refuses the sample
+  except Exception as err:  # (torch refuses the sample)
     raise _TorchRefused() from err
   keep = [i for i, o in enumerate(floats) if o.requires_grad]  # torch's differentiable outputs
   outs = [floats[i] for i in keep]
@@ -418,8 +418,8 @@ def _grad(info: Any, tree: tuple, seed: int, post: Callable = lambda out: out
       return sum((got[i] * c).sum() for i, c in zip(keep, cots))
     expected = _numeric_vjp(torch_loss, ins, wrt)
   else:
-    expected = torch.autograd.grad(outs, [ins[i] for i in wrt], cots, allow_unused=True)
-    expected = [torch.zeros_like(ins[i]) if g is None else g for i, g in zip(wrt, expected)]
+    grads = torch.autograd.grad(outs, [ins[i] for i in wrt], cots, allow_unused=True)
+    expected = [torch.zeros_like(ins[i]) if g is None else g for i, g in zip(wrt, grads)]
 
   def loss(*ts):
     got = _differentiable(post(_call(info, rebuild(ts))))
