@@ -16,6 +16,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (~40 us here), which a tight loop of bare JAX calls never does; set before any JAX backend
 # is created.
 if os.environ.get("BENCH_SYNC_CPU_DISPATCH") == "1":
-    import jax
+  import jax
 
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+  jax.config.update("jax_cpu_enable_async_dispatch", False)

@@ -34,47 +34,50 @@ import traceback
 
 # Workload -> (model builder name in benchmarks.models and its arguments, MHA fast path allowed).
 MODELS = {
-    "transformer_first_call": (("transformer",), True),
-    "transformer_first_call_composite": (("transformer",), False),
-    "gpt2_first_call_s64": (("gpt2", 64), True),
+  "transformer_first_call": (("transformer",), True),
+  "transformer_first_call_composite": (("transformer",), False),
+  "gpt2_first_call_s64": (("gpt2", 64), True),
 }
 
 
 def measure(name: str, workload: str) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import torch
+  import jax
+  import jax.numpy as jnp
+  import torch
 
-    from . import models, workloads
-    from .common import _contains_jax_array
+  from . import models, workloads
+  from .common import _contains_jax_array
 
-    system = importlib.import_module(f"benchmarks.systems.{name}").make()
-    jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.zeros(())))
-    forward = workloads._need(system, "forward", workload)
-    clock = time.perf_counter
+  system = importlib.import_module(f"benchmarks.systems.{name}").make()
+  jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.zeros(())))
+  forward = workloads._need(system, "forward", workload)
+  clock = time.perf_counter
 
-    def first_call(module: torch.nn.Module, x: torch.Tensor) -> tuple:
-        t0 = clock()
-        run, to_cpu = forward(module, x)
-        t1 = clock()
-        out = run()
-        if _contains_jax_array(out):
-            jax.block_until_ready(out)
-        t2 = clock()
-        return to_cpu(out), t1 - t0, t2 - t1
+  def first_call(module: torch.nn.Module, x: torch.Tensor) -> tuple:
+    t0 = clock()
+    run, to_cpu = forward(module, x)
+    t1 = clock()
+    out = run()
+    if _contains_jax_array(out):
+      jax.block_until_ready(out)
+    t2 = clock()
+    return to_cpu(out), t1 - t0, t2 - t1
 
-    (builder, *args), fastpath = MODELS[workload]
-    build = lambda: getattr(models, builder)(*args)
-    with torch.no_grad(), models.mha_fastpath(fastpath):
-        with models.seeded(0):
-            tiny = torch.nn.Linear(2, 3)
-        _, warm_setup, warm_call = first_call(tiny, torch.ones(1, 2))
-        module, x = build()
-        out, setup, first = first_call(module, x)
-        reference, x_ref = build()
-        workloads._check(out, reference(x_ref), "output", workloads.MODEL_RTOL, workloads.MODEL_ATOL)
-    return {"first_call_us": first * 1e6, "setup_us": setup * 1e6,
-            "warmup_us": (warm_setup + warm_call) * 1e6}
+  (builder, *args), fastpath = MODELS[workload]
+  build = lambda: getattr(models, builder)(*args)
+  with torch.no_grad(), models.mha_fastpath(fastpath):
+    with models.seeded(0):
+      tiny = torch.nn.Linear(2, 3)
+    _, warm_setup, warm_call = first_call(tiny, torch.ones(1, 2))
+    module, x = build()
+    out, setup, first = first_call(module, x)
+    reference, x_ref = build()
+    workloads._check(out, reference(x_ref), "output", workloads.MODEL_RTOL, workloads.MODEL_ATOL)
+  return {
+    "first_call_us": first * 1e6,
+    "setup_us": setup * 1e6,
+    "warmup_us": (warm_setup + warm_call) * 1e6,
+  }
 
 
 PROCESSES = {True: 2, False: 5}  # fresh processes per sample set, by quick
@@ -82,57 +85,71 @@ TIMEOUT_S = 300
 
 
 def sample(python: str, system: str, workload: str, env: dict[str, str]) -> dict:
-    """Run one first-call process; its result: {"first_call_us", ...} or {"skip": reason}.
+  """Run one first-call process; its result: {"first_call_us", ...} or {"skip": reason}.
 
-    JAX's persistent compilation cache is off in it, so no cache of any library is warm.
-    """
-    import subprocess
-    from pathlib import Path
+  JAX's persistent compilation cache is off in it, so no cache of any library is warm.
+  """
+  import subprocess
+  from pathlib import Path
 
-    env = dict(env, JAX_ENABLE_COMPILATION_CACHE="false")
-    try:
-        proc = subprocess.run([python, "-m", "benchmarks.first_call", system, workload],
-                              cwd=Path(__file__).resolve().parent.parent, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"skip": f"error: first-call process timed out after {TIMEOUT_S}s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return {"skip": f"error: first-call process failed (rc={proc.returncode}): {tail}"}
-    return json.loads(lines[-1])
+  env = dict(env, JAX_ENABLE_COMPILATION_CACHE="false")
+  try:
+    proc = subprocess.run(
+      [python, "-m", "benchmarks.first_call", system, workload],
+      cwd=Path(__file__).resolve().parent.parent,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_S,
+    )
+  except subprocess.TimeoutExpired:
+    return {"skip": f"error: first-call process timed out after {TIMEOUT_S}s"}
+  lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+  if proc.returncode != 0 or not lines:
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"skip": f"error: first-call process failed (rc={proc.returncode}): {tail}"}
+  return json.loads(lines[-1])
 
 
 def summary(system: str, workload: str, samples: list[dict]) -> tuple[dict, str]:
-    """The result row ({"median_us", "min_us", "max_us", "n"}) of `samples` and its note."""
-    import statistics
+  """The result row ({"median_us", "min_us", "max_us", "n"}) of `samples` and its note."""
+  import statistics
 
-    firsts = [s["first_call_us"] for s in samples]
-    ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"
-    note = (f"{system}: {workload}: {len(firsts)} fresh processes; not included (medians): "
-            f"warm-up on a tiny nn.Linear (library start-up) {ms('warmup_us')}, placing the "
-            f"model and input and building the wrapper {ms('setup_us')}.")
-    return ({"median_us": statistics.median(firsts), "min_us": min(firsts),
-             "max_us": max(firsts), "n": len(firsts)}, note)
+  firsts = [s["first_call_us"] for s in samples]
+  ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"
+  note = (
+    f"{system}: {workload}: {len(firsts)} fresh processes; not included (medians): "
+    f"warm-up on a tiny nn.Linear (library start-up) {ms('warmup_us')}, placing the "
+    f"model and input and building the wrapper {ms('setup_us')}."
+  )
+  return (
+    {
+      "median_us": statistics.median(firsts),
+      "min_us": min(firsts),
+      "max_us": max(firsts),
+      "n": len(firsts),
+    },
+    note,
+  )
 
 
 def main() -> None:
-    from . import workloads
-    from .worker import _short
+  from . import workloads
+  from .worker import _short
 
-    real_stdout, sys.stdout = sys.stdout, sys.stderr  # keep stdout for the one JSON line
-    try:
-        result = measure(sys.argv[1], sys.argv[2])
-    except workloads.Skip as skip:
-        result = {"skip": str(skip)}
-    except Exception as err:
-        result = {"skip": f"error: {_short(err)}"}
-        if os.environ.get("BENCH_DEBUG"):
-            traceback.print_exc(file=sys.stderr)
-    finally:
-        sys.stdout = real_stdout
-    print(json.dumps(result), flush=True)
+  real_stdout, sys.stdout = sys.stdout, sys.stderr  # keep stdout for the one JSON line
+  try:
+    result = measure(sys.argv[1], sys.argv[2])
+  except workloads.Skip as skip:
+    result = {"skip": str(skip)}
+  except Exception as err:
+    result = {"skip": f"error: {_short(err)}"}
+    if os.environ.get("BENCH_DEBUG"):
+      traceback.print_exc(file=sys.stderr)
+  finally:
+    sys.stdout = real_stdout
+  print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -21,27 +21,29 @@ from .run import HERE, merge
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python -m benchmarks.merge_gpu GPU_OUT")
-    out = Path(args[0])
-    new = json.loads((out / "bench" / "results.json").read_text())
-    old = json.loads((HERE / "results.json").read_text())
-    names = [r["system"] for r in new["reports"]]
-    for r in new["reports"]:  # (the header's versions stay the CPU run's: the GPU machine's
-        r["versions"] = {}     # CUDA builds are named in each system's notes)
-    run = dict(new["meta"], systems=names, workloads=list(GPU_WORKLOADS))
-    results = merge(old, new["reports"], run)
-    figures = out / "gpu_figures.md"
-    if figures.exists():
-        results["meta"]["gpu_figures"] = figures.read_text().rstrip("\n").split("\n")
-    (HERE / "results.json").write_text(json.dumps(results, indent=1))
-    markdown = report.markdown(results["reports"], results["meta"],
-                               plots=report.plots(results["reports"], HERE / "plots"))
-    (HERE / "RESULTS.md").write_text(markdown)
-    print(f"[benchmarks] merged {len(names)} systems' CUDA rows from {out}; wrote "
-          f"{HERE / 'RESULTS.md'}")
+  args = sys.argv[1:] if argv is None else argv
+  if len(args) != 1:
+    raise SystemExit("usage: python -m benchmarks.merge_gpu GPU_OUT")
+  out = Path(args[0])
+  new = json.loads((out / "bench" / "results.json").read_text())
+  old = json.loads((HERE / "results.json").read_text())
+  names = [r["system"] for r in new["reports"]]
+  for r in new["reports"]:  # (the header's versions stay the CPU run's: the GPU machine's
+    r["versions"] = {}  # CUDA builds are named in each system's notes)
+  run = dict(new["meta"], systems=names, workloads=list(GPU_WORKLOADS))
+  results = merge(old, new["reports"], run)
+  figures = out / "gpu_figures.md"
+  if figures.exists():
+    results["meta"]["gpu_figures"] = figures.read_text().rstrip("\n").split("\n")
+  (HERE / "results.json").write_text(json.dumps(results, indent=1))
+  markdown = report.markdown(
+    results["reports"], results["meta"], plots=report.plots(results["reports"], HERE / "plots")
+  )
+  (HERE / "RESULTS.md").write_text(markdown)
+  print(
+    f"[benchmarks] merged {len(names)} systems' CUDA rows from {out}; wrote {HERE / 'RESULTS.md'}"
+  )
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -23,11 +23,23 @@ LR = 0.01  # plain SGD, no momentum
 # Hugging Face models of issue 7, built offline from configs with random weights.
 # GPT-2-small-shaped layers (768 wide, 12 heads) but 2 of them and an 8192-token
 # vocabulary (GPT-2 has 12 layers and 50257 tokens), to keep runs short on small CPUs.
-HF_GPT2 = dict(n_embd=768, n_head=12, n_layer=2, vocab_size=8192, n_positions=1024,
-               bos_token_id=0, eos_token_id=0)
+HF_GPT2 = dict(
+  n_embd=768,
+  n_head=12,
+  n_layer=2,
+  vocab_size=8192,
+  n_positions=1024,
+  bos_token_id=0,
+  eos_token_id=0,
+)
 # BERT-small-shaped: 4 layers, hidden 512, 8 heads, intermediate 2048 (BERT's vocabulary).
-HF_BERT = dict(hidden_size=512, num_attention_heads=8, num_hidden_layers=4, intermediate_size=2048,
-               vocab_size=30522)
+HF_BERT = dict(
+  hidden_size=512,
+  num_attention_heads=8,
+  num_hidden_layers=4,
+  intermediate_size=2048,
+  vocab_size=30522,
+)
 HF_BATCH = 1
 # The call_torch (trace mode) workloads: f(x) = x*2+1 on (16, 16), and a 2-layer tanh MLP of
 # 256x256 weights on a (64, 256) batch (the vmap row maps it over the 64 examples).
@@ -38,253 +50,271 @@ DP_SIZES, DP_BATCH = (512, 1024, 1024, 10), 256
 
 
 def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+  return torch.Generator().manual_seed(seed)
 
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """Seed torch's global generator (which nn.Module initializers use) inside, restore it after."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+  """Seed torch's global generator (which nn.Module initializers use) inside, restore it after."""
+  with torch.random.fork_rng(devices=[]):
+    torch.manual_seed(seed)
+    yield
 
 
 def linear() -> tuple[torch.nn.Module, torch.Tensor]:
-    """`nn.Linear(16, 16)` and an (8, 16) float32 input."""
-    with seeded(10):
-        module = torch.nn.Linear(LINEAR_IN, LINEAR_IN)
-    return module, torch.randn(LINEAR_BATCH, LINEAR_IN, generator=_gen(11))
+  """`nn.Linear(16, 16)` and an (8, 16) float32 input."""
+  with seeded(10):
+    module = torch.nn.Linear(LINEAR_IN, LINEAR_IN)
+  return module, torch.randn(LINEAR_BATCH, LINEAR_IN, generator=_gen(11))
 
 
-def _relu_mlp(sizes: tuple[int, ...], batch: int, seed: int
-              ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """`nn.Sequential` of Linear layers of `sizes` with ReLU between, a float32 batch and int64 labels."""
-    layers: list[torch.nn.Module] = []
-    with seeded(seed):
-        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-            layers += [torch.nn.Linear(n_in, n_out)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
-    g = _gen(seed + 1)
-    x = torch.randn(batch, sizes[0], generator=g)
-    y = torch.randint(0, sizes[-1], (batch,), generator=g)
-    return torch.nn.Sequential(*layers), x, y
+def _relu_mlp(
+  sizes: tuple[int, ...], batch: int, seed: int
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+  """`nn.Sequential` of Linear layers of `sizes` with ReLU between, a float32 batch and int64 labels."""
+  layers: list[torch.nn.Module] = []
+  with seeded(seed):
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+      layers += [torch.nn.Linear(n_in, n_out)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+  g = _gen(seed + 1)
+  x = torch.randn(batch, sizes[0], generator=g)
+  y = torch.randint(0, sizes[-1], (batch,), generator=g)
+  return torch.nn.Sequential(*layers), x, y
 
 
 def mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """784-256-256-10 ReLU MLP, a (64, 784) float32 batch and int64 labels."""
-    return _relu_mlp(MLP_SIZES, MLP_BATCH, 20)
+  """784-256-256-10 ReLU MLP, a (64, 784) float32 batch and int64 labels."""
+  return _relu_mlp(MLP_SIZES, MLP_BATCH, 20)
 
 
 def dp_mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """512-1024-1024-10 ReLU MLP, a (256, 512) float32 batch and int64 labels (the sharded workloads)."""
-    return _relu_mlp(DP_SIZES, DP_BATCH, 70)
+  """512-1024-1024-10 ReLU MLP, a (256, 512) float32 batch and int64 labels (the sharded workloads)."""
+  return _relu_mlp(DP_SIZES, DP_BATCH, 70)
 
 
 def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
-    """`nn.TransformerEncoderLayer(128, 4, 256, batch_first, dropout=0)` in eval mode, (4, 32, 128) input."""
-    with seeded(30):
-        layer = torch.nn.TransformerEncoderLayer(**TRANSFORMER).eval()
-    return layer, torch.randn(*TRANSFORMER_INPUT, generator=_gen(31))
+  """`nn.TransformerEncoderLayer(128, 4, 256, batch_first, dropout=0)` in eval mode, (4, 32, 128) input."""
+  with seeded(30):
+    layer = torch.nn.TransformerEncoderLayer(**TRANSFORMER).eval()
+  return layer, torch.randn(*TRANSFORMER_INPUT, generator=_gen(31))
 
 
 def _transformers():
-    """Import transformers offline (nothing is downloaded: configs only, random weights)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
+  """Import transformers offline (nothing is downloaded: configs only, random weights)."""
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  import transformers
 
-    transformers.logging.set_verbosity_error()
-    return transformers
+  transformers.logging.set_verbosity_error()
+  return transformers
 
 
 class HFOutput(torch.nn.Module):
-    """A Hugging Face model called on ``input_ids`` alone, returning one output field as a tensor.
+  """A Hugging Face model called on ``input_ids`` alone, returning one output field as a tensor.
 
-    The field (``logits`` for GPT-2, ``last_hidden_state`` for BERT) is flattened
-    to ``(batch * seq, features)``, so that every system's forward returns one
-    tensor and the shared cross-entropy training step applies unchanged.
-    """
+  The field (``logits`` for GPT-2, ``last_hidden_state`` for BERT) is flattened
+  to ``(batch * seq, features)``, so that every system's forward returns one
+  tensor and the shared cross-entropy training step applies unchanged.
+  """
 
-    def __init__(self, model: torch.nn.Module, field: str):
-        super().__init__()
-        self.model, self.field = model, field
+  def __init__(self, model: torch.nn.Module, field: str):
+    super().__init__()
+    self.model, self.field = model, field
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return getattr(self.model(input_ids=input_ids), self.field).flatten(0, 1)
+  def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    return getattr(self.model(input_ids=input_ids), self.field).flatten(0, 1)
 
 
 def _ids(seq: int, vocab: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (HF_BATCH, seq), generator=_gen(seed))
+  return torch.randint(0, vocab, (HF_BATCH, seq), generator=_gen(seed))
 
 
 def gpt2(seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
-    """`GPT2LMHeadModel(HF_GPT2)`, eval, no dropout, logits of a (1, seq) int64 input."""
-    tf = _transformers()
-    config = tf.GPT2Config(**HF_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           use_cache=False)
-    with seeded(40):
-        model = tf.GPT2LMHeadModel(config).eval()
-    return HFOutput(model, "logits").eval(), _ids(seq, HF_GPT2["vocab_size"], 41)
+  """`GPT2LMHeadModel(HF_GPT2)`, eval, no dropout, logits of a (1, seq) int64 input."""
+  tf = _transformers()
+  config = tf.GPT2Config(
+    **HF_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False
+  )
+  with seeded(40):
+    model = tf.GPT2LMHeadModel(config).eval()
+  return HFOutput(model, "logits").eval(), _ids(seq, HF_GPT2["vocab_size"], 41)
 
 
 def gpt2_train(seq: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """`gpt2(seq)` and (seq,) int64 next-token labels (the input shifted by one)."""
-    module, x = gpt2(seq)
-    y = torch.cat([x[0, 1:], torch.randint(0, HF_GPT2["vocab_size"], (1,), generator=_gen(42))])
-    return module, x, y
+  """`gpt2(seq)` and (seq,) int64 next-token labels (the input shifted by one)."""
+  module, x = gpt2(seq)
+  y = torch.cat([x[0, 1:], torch.randint(0, HF_GPT2["vocab_size"], (1,), generator=_gen(42))])
+  return module, x, y
 
 
 def bert(seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
-    """`BertModel(HF_BERT)`, eval, no dropout, last_hidden_state of a (1, seq) int64 input."""
-    tf = _transformers()
-    config = tf.BertConfig(**HF_BERT, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    with seeded(50):
-        model = tf.BertModel(config, add_pooling_layer=False).eval()
-    return HFOutput(model, "last_hidden_state").eval(), _ids(seq, HF_BERT["vocab_size"], 51)
+  """`BertModel(HF_BERT)`, eval, no dropout, last_hidden_state of a (1, seq) int64 input."""
+  tf = _transformers()
+  config = tf.BertConfig(**HF_BERT, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  with seeded(50):
+    model = tf.BertModel(config, add_pooling_layer=False).eval()
+  return HFOutput(model, "last_hidden_state").eval(), _ids(seq, HF_BERT["vocab_size"], 51)
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)  # compared and hashed by identity
 class TorchFn:
-    """A torch function of the call_torch workloads: ``apply(weights, x)``, written in torch ops.
+  """A torch function of the call_torch workloads: ``apply(weights, x)``, written in torch ops.
 
-    Calling it runs ``apply(self.weights, x)``: the weights (CPU torch tensors) are
-    closed over, not arguments, as in a user's function. A system that needs its
-    weights elsewhere (torchax: on its jax device) binds `apply` to its own copy;
-    plain_jax writes the same math in JAX, by `name`.
-    """
+  Calling it runs ``apply(self.weights, x)``: the weights (CPU torch tensors) are
+  closed over, not arguments, as in a user's function. A system that needs its
+  weights elsewhere (torchax: on its jax device) binds `apply` to its own copy;
+  plain_jax writes the same math in JAX, by `name`.
+  """
 
-    name: str  # "small" or "mlp"
-    apply: Callable[[dict, Any], Any]
-    weights: dict[str, torch.Tensor]
+  name: str  # "small" or "mlp"
+  apply: Callable[[dict, Any], Any]
+  weights: dict[str, torch.Tensor]
 
-    def __call__(self, x):
-        return self.apply(self.weights, x)
+  def __call__(self, x):
+    return self.apply(self.weights, x)
 
-    def __repr__(self) -> str:
-        # Short: torch.func.vmap names a callable without __name__ by its repr on every call
-        # (torch/_functorch/vmap.py, _get_name); the dataclass repr would format the weight
-        # tensors, ~3 ms per call here.
-        return f"TorchFn({self.name!r})"
+  def __repr__(self) -> str:
+    # Short: torch.func.vmap names a callable without __name__ by its repr on every call
+    # (torch/_functorch/vmap.py, _get_name); the dataclass repr would format the weight
+    # tensors, ~3 ms per call here.
+    return f"TorchFn({self.name!r})"
 
 
 def _times_two_plus_one(weights: dict, x):
-    return x * 2 + 1
+  return x * 2 + 1
 
 
 def _tanh_mlp(w: dict, x):
-    """Two layers, ``tanh(x @ w1 + b1) @ w2 + b2``: on a batch (n, 256) or one example (256,)."""
-    return torch.tanh(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+  """Two layers, ``tanh(x @ w1 + b1) @ w2 + b2``: on a batch (n, 256) or one example (256,)."""
+  return torch.tanh(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
 
 
 def call_torch_small() -> tuple[TorchFn, torch.Tensor]:
-    """f(x) = x*2+1 (no weights) and a (16, 16) float32 input."""
-    return TorchFn("small", _times_two_plus_one, {}), torch.randn(*CALL_TORCH_SMALL, generator=_gen(60))
+  """f(x) = x*2+1 (no weights) and a (16, 16) float32 input."""
+  return TorchFn("small", _times_two_plus_one, {}), torch.randn(
+    *CALL_TORCH_SMALL, generator=_gen(60)
+  )
 
 
 def call_torch_mlp() -> tuple[TorchFn, torch.Tensor]:
-    """The 256-256-256 tanh MLP (weights ~ N(0, 1/256), biases ~ N(0, 0.01)) and a (64, 256) batch."""
-    g, n = _gen(61), CALL_TORCH_WIDTH
-    weights = {"w1": torch.randn(n, n, generator=g) / n ** 0.5, "b1": torch.randn(n, generator=g) / 10,
-               "w2": torch.randn(n, n, generator=g) / n ** 0.5, "b2": torch.randn(n, generator=g) / 10}
-    return TorchFn("mlp", _tanh_mlp, weights), torch.randn(CALL_TORCH_BATCH, n, generator=_gen(62))
+  """The 256-256-256 tanh MLP (weights ~ N(0, 1/256), biases ~ N(0, 0.01)) and a (64, 256) batch."""
+  g, n = _gen(61), CALL_TORCH_WIDTH
+  weights = {
+    "w1": torch.randn(n, n, generator=g) / n**0.5,
+    "b1": torch.randn(n, generator=g) / 10,
+    "w2": torch.randn(n, n, generator=g) / n**0.5,
+    "b2": torch.randn(n, generator=g) / 10,
+  }
+  return TorchFn("mlp", _tanh_mlp, weights), torch.randn(CALL_TORCH_BATCH, n, generator=_gen(62))
 
 
 @contextlib.contextmanager
 def mha_fastpath(enabled: bool) -> Iterator[None]:
-    """Allow or forbid torch's fused inference kernel for the attention layers, then restore."""
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(before)
+  """Allow or forbid torch's fused inference kernel for the attention layers, then restore."""
+  before = torch.backends.mha.get_fastpath_enabled()
+  torch.backends.mha.set_fastpath_enabled(enabled)
+  try:
+    yield
+  finally:
+    torch.backends.mha.set_fastpath_enabled(before)
 
 
-def torch_sgd_reference(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict]:
-    """One torch eager SGD step on a copy of `module`: (loss, updated state dict as numpy)."""
-    m = copy.deepcopy(module)
-    loss = torch.nn.functional.cross_entropy(m(x), y)
-    loss.backward()
-    with torch.no_grad():
-        for p in m.parameters():
-            p -= LR * p.grad
-    return loss.item(), {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+def torch_sgd_reference(
+  module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, dict]:
+  """One torch eager SGD step on a copy of `module`: (loss, updated state dict as numpy)."""
+  m = copy.deepcopy(module)
+  loss = torch.nn.functional.cross_entropy(m(x), y)
+  loss.backward()
+  with torch.no_grad():
+    for p in m.parameters():
+      p -= LR * p.grad
+  return loss.item(), {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
 
 
-def jax_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor, y: torch.Tensor
-                   ) -> tuple[Callable[[], Any], Callable[[Any], tuple[float, dict]]]:
-    """A `train_step` capability built on a pure JAX `forward(params, x) -> logits`.
+def jax_train_step(
+  forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor, y: torch.Tensor
+) -> tuple[Callable[[], Any], Callable[[Any], tuple[float, dict]]]:
+  """A `train_step` capability built on a pure JAX `forward(params, x) -> logits`.
 
-    The step is ``jax.jit(jax.value_and_grad(loss))`` followed by the SGD update,
-    all in one jitted function; `params` (a dict by state-dict name) is carried
-    from call to call. run() returns ``(loss, params)`` as JAX arrays.
-    """
-    import jax
-    import jax.numpy as jnp
+  The step is ``jax.jit(jax.value_and_grad(loss))`` followed by the SGD update,
+  all in one jitted function; `params` (a dict by state-dict name) is carried
+  from call to call. run() returns ``(loss, params)`` as JAX arrays.
+  """
+  import jax
+  import jax.numpy as jnp
 
-    def loss_fn(p, xs, ys):
-        logp = jax.nn.log_softmax(forward(p, xs))
-        return -jnp.mean(jnp.take_along_axis(logp, ys[:, None], axis=1))
+  def loss_fn(p, xs, ys):
+    logp = jax.nn.log_softmax(forward(p, xs))
+    return -jnp.mean(jnp.take_along_axis(logp, ys[:, None], axis=1))
 
-    @jax.jit
-    def step(p, xs, ys):
-        loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
-        return loss, jax.tree_util.tree_map(lambda w, g: w - LR * g, p, grads)
+  @jax.jit
+  def step(p, xs, ys):
+    loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
+    return loss, jax.tree_util.tree_map(lambda w, g: w - LR * g, p, grads)
 
-    # (on JAX's default device: the GPU in the CUDA workloads' worker)
-    xs, ys = jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype("int32"))
-    state = {"params": params}
+  # (on JAX's default device: the GPU in the CUDA workloads' worker)
+  xs, ys = jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype("int32"))
+  state = {"params": params}
 
-    def run():
-        loss, state["params"] = step(state["params"], xs, ys)
-        return loss, state["params"]
+  def run():
+    loss, state["params"] = step(state["params"], xs, ys)
+    return loss, state["params"]
 
-    def read(out):
-        loss, p = out
-        return float(loss), {k: jax.device_get(v) for k, v in p.items()}
+  def read(out):
+    loss, p = out
+    return float(loss), {k: jax.device_get(v) for k, v in p.items()}
 
-    return run, read
+  return run, read
 
 
-def jax_sharded_train_step(forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor,
-                           y: torch.Tensor, batch_sharding: Any
-                           ) -> tuple[Callable[[], Any], Callable[[Any], tuple], Any]:
-    """A `sharded_train_step` capability built on a pure JAX `forward(params, x) -> logits`.
+def jax_sharded_train_step(
+  forward: Callable[[Any, Any], Any],
+  params: Any,
+  x: torch.Tensor,
+  y: torch.Tensor,
+  batch_sharding: Any,
+) -> tuple[Callable[[], Any], Callable[[Any], tuple], Any]:
+  """A `sharded_train_step` capability built on a pure JAX `forward(params, x) -> logits`.
 
-    `params` (a dict by state-dict name) come placed by the system (replicated over the
-    mesh, or on one device); x and int32 labels y are placed with `batch_sharding`. The
-    step is one ``jax.jit`` of ``jax.value_and_grad`` of the cross-entropy and an
-    ``optax.sgd(LR)`` update; JAX's SPMD partitioner derives the data-parallel program
-    (per-device forward and backward on its rows, gradients all-reduced) from the
-    argument shardings. Parameters and optimizer state are carried from call to call.
-    Returns (run, read, compiled): run() -> (loss, params, opt_state) as JAX arrays;
-    read(out) -> (loss, {name: ndarray}, {name: sharding}); compiled is the step lowered
-    and compiled for these arguments (for its `memory_analysis()`).
-    """
-    import jax
-    import optax
+  `params` (a dict by state-dict name) come placed by the system (replicated over the
+  mesh, or on one device); x and int32 labels y are placed with `batch_sharding`. The
+  step is one ``jax.jit`` of ``jax.value_and_grad`` of the cross-entropy and an
+  ``optax.sgd(LR)`` update; JAX's SPMD partitioner derives the data-parallel program
+  (per-device forward and backward on its rows, gradients all-reduced) from the
+  argument shardings. Parameters and optimizer state are carried from call to call.
+  Returns (run, read, compiled): run() -> (loss, params, opt_state) as JAX arrays;
+  read(out) -> (loss, {name: ndarray}, {name: sharding}); compiled is the step lowered
+  and compiled for these arguments (for its `memory_analysis()`).
+  """
+  import jax
+  import optax
 
-    opt = optax.sgd(LR)
+  opt = optax.sgd(LR)
 
-    def loss_fn(p, xs, ys):
-        return optax.softmax_cross_entropy_with_integer_labels(forward(p, xs), ys).mean()
+  def loss_fn(p, xs, ys):
+    return optax.softmax_cross_entropy_with_integer_labels(forward(p, xs), ys).mean()
 
-    @jax.jit
-    def step(p, s, xs, ys):
-        loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
-        updates, s = opt.update(grads, s, p)
-        return loss, optax.apply_updates(p, updates), s
+  @jax.jit
+  def step(p, s, xs, ys):
+    loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
+    updates, s = opt.update(grads, s, p)
+    return loss, optax.apply_updates(p, updates), s
 
-    xs = jax.device_put(x.numpy(), batch_sharding)
-    ys = jax.device_put(y.numpy().astype("int32"), batch_sharding)
-    state = {"params": params, "opt": opt.init(params)}
-    compiled = step.lower(state["params"], state["opt"], xs, ys).compile()
+  xs = jax.device_put(x.numpy(), batch_sharding)
+  ys = jax.device_put(y.numpy().astype("int32"), batch_sharding)
+  state = {"params": params, "opt": opt.init(params)}
+  compiled = step.lower(state["params"], state["opt"], xs, ys).compile()
 
-    def run():
-        loss, state["params"], state["opt"] = step(state["params"], state["opt"], xs, ys)
-        return loss, state["params"], state["opt"]
+  def run():
+    loss, state["params"], state["opt"] = step(state["params"], state["opt"], xs, ys)
+    return loss, state["params"], state["opt"]
 
-    def read(out):
-        loss, p, _ = out
-        return (float(loss), {k: jax.device_get(v) for k, v in p.items()},
-                {k: v.sharding for k, v in p.items()})
+  def read(out):
+    loss, p, _ = out
+    return (
+      float(loss),
+      {k: jax.device_get(v) for k, v in p.items()},
+      {k: v.sharding for k, v in p.items()},
+    )
 
-    return run, read, compiled
+  return run, read, compiled

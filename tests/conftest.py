@@ -35,5 +35,6 @@ def _bounded_memory_mappings():
     mappings = f.read().count(b"\n")
   if mappings > _MAX_MAPPINGS:
     import jax
+
     jax.clear_caches()
     gc.collect()

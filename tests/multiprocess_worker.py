@@ -37,8 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--num-processes", type=int, default=2)
   p.add_argument("--port", type=int, default=0)
   p.add_argument("--out", required=True)
-  p.add_argument("--local-devices", type=int, default=1,
-                 help="CPU devices of this process (jax_num_cpu_devices)")
+  p.add_argument(
+    "--local-devices", type=int, default=1, help="CPU devices of this process (jax_num_cpu_devices)"
+  )
   return p.parse_args(argv)
 
 
@@ -52,8 +53,12 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 def local_rows(sharding, shape: tuple[int, ...]) -> slice:
   """The rows of a row-sharded global array that this process's devices hold (contiguous)."""
-  slices = sorted({(idx[0].start or 0, idx[0].stop or shape[0])
-                   for idx in sharding.addressable_devices_indices_map(shape).values()})
+  slices = sorted(
+    {
+      (idx[0].start or 0, idx[0].stop or shape[0])
+      for idx in sharding.addressable_devices_indices_map(shape).values()
+    }
+  )
   for (_, stop), (start, _) in zip(slices, slices[1:]):
     assert stop == start, f"this process's rows are not contiguous: {slices}"
   return slice(slices[0][0], slices[-1][1])
@@ -72,8 +77,12 @@ def gloo_on_loopback() -> str:
     from jax._src.lib import _jax
 
     def cpu_client():
-      return xla_bridge.make_cpu_client(collectives=_jax.make_gloo_tcp_collectives(
-          distributed_client=distributed.global_state.client, hostname="127.0.0.1"))
+      return xla_bridge.make_cpu_client(
+        collectives=_jax.make_gloo_tcp_collectives(
+          distributed_client=distributed.global_state.client, hostname="127.0.0.1"
+        )
+      )
+
     xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
     return "127.0.0.1"
   except (ImportError, AttributeError, TypeError) as e:
@@ -94,11 +103,12 @@ def main(argv: list[str]) -> None:
   if args.num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{args.port}",
-        coordinator_bind_address=f"127.0.0.1:{args.port}",  # loopback only
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-        initialization_timeout=60)
+      coordinator_address=f"127.0.0.1:{args.port}",
+      coordinator_bind_address=f"127.0.0.1:{args.port}",  # loopback only
+      num_processes=args.num_processes,
+      process_id=args.process_id,
+      initialization_timeout=60,
+    )
     gloo_host = gloo_on_loopback()
 
   import jax.numpy as jnp
@@ -108,8 +118,9 @@ def main(argv: list[str]) -> None:
   import bridge
 
   torch.manual_seed(0)
-  model = torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, 16), torch.nn.Tanh(),
-                              torch.nn.Linear(16, 1))
+  model = torch.nn.Sequential(
+    torch.nn.Linear(IN_FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+  )
   trained = copy.deepcopy(model)  # a CPU module to load the trained values back into
   init = {f"init/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
   params, fn = bridge.extract_jax(model)

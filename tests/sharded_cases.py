@@ -29,8 +29,9 @@ import bridge
 from bridge._src.sharding import sharding_of
 
 assert len(jax.devices()) == 8, (
-    f"these cases need 8 devices, JAX has {len(jax.devices())}: run them with "
-    "XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py does)")
+  f"these cases need 8 devices, JAX has {len(jax.devices())}: run them with "
+  "XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py does)"
+)
 
 DEVICES = jax.devices()
 MESH = Mesh(np.array(DEVICES).reshape(4, 2), ("data", "model"))
@@ -51,7 +52,8 @@ def _named(mesh: Mesh, specs: dict[str, P]):
 def _assert_placed(t: torch.Tensor, sharding: NamedSharding, what: str = "") -> None:
   actual = sharding_of(t)
   assert actual is not None and actual.is_equivalent_to(sharding, t.dim()), (
-      f"{what}: placed {actual}, expected {sharding}")
+    f"{what}: placed {actual}, expected {sharding}"
+  )
 
 
 def _assert_state_placed(module: torch.nn.Module, rule) -> None:
@@ -69,15 +71,25 @@ def _assert_state_close(actual: torch.nn.Module, expected: torch.nn.Module) -> N
 
 
 def _mlp() -> torch.nn.Module:
-  return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
-                             torch.nn.GELU(), torch.nn.Linear(32, 3))
+  return torch.nn.Sequential(
+    torch.nn.Linear(8, 32),
+    torch.nn.Tanh(),
+    torch.nn.Linear(32, 32),
+    torch.nn.GELU(),
+    torch.nn.Linear(32, 3),
+  )
 
 
 def _cnn() -> torch.nn.Module:
   return torch.nn.Sequential(
-      # no bias before BatchNorm: its true gradient is 0, and Adam would amplify float noise
-      torch.nn.Conv2d(1, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-      torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    # no bias before BatchNorm: its true gradient is 0, and Adam would amplify float noise
+    torch.nn.Conv2d(1, 4, 3, padding=1, bias=False),
+    torch.nn.BatchNorm2d(4),
+    torch.nn.ReLU(),
+    torch.nn.MaxPool2d(2),
+    torch.nn.Flatten(),
+    torch.nn.Linear(4 * 4 * 4, 3),
+  )
 
 
 MODELS = {"mlp": _mlp, "cnn": _cnn}
@@ -204,14 +216,19 @@ class _Attention(torch.nn.Module):
 
   def forward(self, x: torch.Tensor) -> torch.Tensor:
     b, t, d = x.shape
-    q, k, v = (proj(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
-               for proj in (self.q, self.k, self.v))
+    q, k, v = (
+      proj(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+      for proj in (self.q, self.k, self.v)
+    )
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return self.out(a.transpose(1, 2).reshape(b, t, d))
 
 
-HEADS = {**{f"{n}.weight": P("model", None) for n in "qkv"},
-         **{f"{n}.bias": P("model") for n in "qkv"}, "out.weight": P(None, "model")}
+HEADS = {
+  **{f"{n}.weight": P("model", None) for n in "qkv"},
+  **{f"{n}.bias": P("model") for n in "qkv"},
+  "out.weight": P(None, "model"),
+}
 
 
 class _MHA(torch.nn.Module):
@@ -223,15 +240,18 @@ class _MHA(torch.nn.Module):
     return self.attn(x, x, x, need_weights=False)[0]
 
 
-MHA = {"attn.in_proj_weight": P("model", None), "attn.in_proj_bias": P("model"),
-       "attn.out_proj.weight": P(None, "model")}
+MHA = {
+  "attn.in_proj_weight": P("model", None),
+  "attn.in_proj_bias": P("model"),
+  "attn.out_proj.weight": P(None, "model"),
+}
 
 TENSOR_PARALLEL = {  # model, its specs, input shape, whether the output keeps the batch split
-    "megatron_mlp": (_megatron_mlp, MEGATRON, (8, 16), True),
-    "attention_heads": (_Attention, HEADS, (4, 6, 16), True),
-    # MHA folds batch and heads into one dimension ((T, B * heads, d) views): GSPMD then
-    # gives a replicated output (still correct, and computed on the mesh)
-    "multihead_attention": (_MHA, MHA, (4, 6, 16), False),
+  "megatron_mlp": (_megatron_mlp, MEGATRON, (8, 16), True),
+  "attention_heads": (_Attention, HEADS, (4, 6, 16), True),
+  # MHA folds batch and heads into one dimension ((T, B * heads, d) views): GSPMD then
+  # gives a replicated output (still correct, and computed on the mesh)
+  "multihead_attention": (_MHA, MHA, (4, 6, 16), False),
 }
 
 
@@ -280,14 +300,16 @@ def test_extract_jax_of_a_sharded_module_keeps_its_layout_under_jit():
     assert a.sharding.is_equivalent_to(NamedSharding(MESH, MEGATRON.get(name, P())), a.ndim), name
   x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
   loss, grads = jax.jit(jax.value_and_grad(lambda p, x: jnp.mean(fn(p, x) ** 2)))(
-      params, jax.device_put(bridge.to_jax(x), BATCH))
+    params, jax.device_put(bridge.to_jax(x), BATCH)
+  )
   expected = ref(x).pow(2).mean()
   expected.backward()
   torch.testing.assert_close(float(loss), expected.item(), **TOL)
   for name, p in ref.named_parameters():
     assert grads[name].sharding.device_set == set(DEVICES), name
-    torch.testing.assert_close(bridge.to_torch(grads[name]), p.grad, **TOL,
-                               msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+      bridge.to_torch(grads[name]), p.grad, **TOL, msg=lambda m: f"{name}: {m}"
+    )
 
 
 # --- 3. call_torch under jax.jit, bridge.constrain ---------------------------------------------
@@ -303,8 +325,11 @@ def test_call_torch_under_jit_with_in_and_out_shardings():
     return mlp[2](h)
 
   x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
-  f = jax.jit(lambda a: bridge.call_torch(block, a), in_shardings=BATCH,
-              out_shardings=NamedSharding(MESH, P("data", "model")))
+  f = jax.jit(
+    lambda a: bridge.call_torch(block, a),
+    in_shardings=BATCH,
+    out_shardings=NamedSharding(MESH, P("data", "model")),
+  )
   xs = jax.device_put(bridge.to_jax(x), BATCH)
   out = f(xs)
   assert out.sharding.is_equivalent_to(NamedSharding(MESH, P("data", "model")), 2)
@@ -367,9 +392,9 @@ def test_constrain_inside_bridge_compile():
 
 
 OTHER_MESHES = {
-    "2x4": lambda: Mesh(np.array(DEVICES).reshape(2, 4), ("data", "model")),
-    "8x1": lambda: Mesh(np.array(DEVICES).reshape(8, 1), ("data", "model")),
-    "reversed_4x2": lambda: Mesh(np.array(DEVICES[::-1]).reshape(4, 2), ("data", "model")),
+  "2x4": lambda: Mesh(np.array(DEVICES).reshape(2, 4), ("data", "model")),
+  "8x1": lambda: Mesh(np.array(DEVICES).reshape(8, 1), ("data", "model")),
+  "reversed_4x2": lambda: Mesh(np.array(DEVICES[::-1]).reshape(4, 2), ("data", "model")),
 }
 
 
@@ -428,8 +453,9 @@ def test_orbax_checkpoint_of_sharded_arrays_restores_onto_another_mesh(tmp_path,
 
   mesh = OTHER_MESHES[other]()
   rule = _named(mesh, MEGATRON)
-  target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rule(k, v))
-            for k, v in state.items()}
+  target = {
+    k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rule(k, v)) for k, v in state.items()
+  }
   loaded = checkpointer.restore(tmp_path / "ckpt", target)
   for k, v in loaded.items():
     assert v.sharding.is_equivalent_to(rule(k, v), v.ndim), k
@@ -472,10 +498,13 @@ def test_tensors_on_two_meshes_in_one_op_list_both_placements():
     torch.mm(a, b)
   message = str(info.value)
   assert "aten.mm" in message, message
-  assert ("argument 0: shape (8, 4), NamedSharding(mesh {data=4, model=2}, spec P('data',)), "
-          "devices [0, 1, 2, 3, 4, 5, 6, 7]") in message, message
-  assert ("argument 1: shape (4, 3), NamedSharding(mesh {x=4}, spec P()), "
-          "devices [0, 1, 2, 3]") in message, message
+  assert (
+    "argument 0: shape (8, 4), NamedSharding(mesh {data=4, model=2}, spec P('data',)), "
+    "devices [0, 1, 2, 3, 4, 5, 6, 7]"
+  ) in message, message
+  assert (
+    "argument 1: shape (4, 3), NamedSharding(mesh {x=4}, spec P()), devices [0, 1, 2, 3]"
+  ) in message, message
 
   # the same devices in another mesh shape are one device set: GSPMD reshards
   c = bridge.shard(torch.randn(8, 4), NamedSharding(OTHER_MESHES["2x4"](), P("data")))

@@ -23,17 +23,17 @@ def _t(*shape):
 
 
 OPS = {  # name: (function, inputs); the dtype each gives comes from torch's CPU autocast
-    "mm": (torch.mm, (_t(4, 8), _t(8, 3))),
-    "matmul": (torch.matmul, (_t(2, 4, 8), _t(8, 3))),
-    "linear": (F.linear, (_t(4, 8), _t(3, 8), _t(3))),
-    "bmm": (torch.bmm, (_t(2, 4, 8), _t(2, 8, 3))),
-    "conv2d": (F.conv2d, (_t(1, 2, 6, 6), _t(3, 2, 3, 3))),
-    "cross_entropy": (lambda x, y: F.cross_entropy(x, y), (_t(4, 5), torch.tensor([0, 1, 4, 2]))),
-    "mse_loss": (F.mse_loss, (_t(4, 5), _t(4, 5))),
-    "prod": (lambda x: x.prod(dim=1), (_t(3, 4),)),
-    "softmax": (lambda x: torch.softmax(x @ x.t(), -1), (_t(4, 8),)),
-    "cat": (lambda a, b: torch.cat([a.to(torch.bfloat16), b]), (_t(2, 3), _t(2, 3))),
-    "elementwise": (lambda a: (a * 2).exp(), (_t(3, 3),)),
+  "mm": (torch.mm, (_t(4, 8), _t(8, 3))),
+  "matmul": (torch.matmul, (_t(2, 4, 8), _t(8, 3))),
+  "linear": (F.linear, (_t(4, 8), _t(3, 8), _t(3))),
+  "bmm": (torch.bmm, (_t(2, 4, 8), _t(2, 8, 3))),
+  "conv2d": (F.conv2d, (_t(1, 2, 6, 6), _t(3, 2, 3, 3))),
+  "cross_entropy": (lambda x, y: F.cross_entropy(x, y), (_t(4, 5), torch.tensor([0, 1, 4, 2]))),
+  "mse_loss": (F.mse_loss, (_t(4, 5), _t(4, 5))),
+  "prod": (lambda x: x.prod(dim=1), (_t(3, 4),)),
+  "softmax": (lambda x: torch.softmax(x @ x.t(), -1), (_t(4, 8),)),
+  "cat": (lambda a, b: torch.cat([a.to(torch.bfloat16), b]), (_t(2, 3), _t(2, 3))),
+  "elementwise": (lambda a: (a * 2).exp(), (_t(3, 3),)),
 }
 
 
@@ -44,17 +44,24 @@ def test_op_policy_matches_cpu_autocast(name):
     expected = fn(*inputs)
   with torch.autocast("jax", dtype=torch.bfloat16):
     actual = fn(*(t.to("jax") for t in inputs))
-  assert actual.device.type == "jax" and actual.dtype == expected.dtype, (actual.dtype,
-                                                                          expected.dtype)
+  assert actual.device.type == "jax" and actual.dtype == expected.dtype, (
+    actual.dtype,
+    expected.dtype,
+  )
   torch.testing.assert_close(actual.cpu(), expected, **BF16)
 
 
 def _model():
   torch.manual_seed(0)
   return torch.nn.Sequential(
-      torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-      torch.nn.Linear(8 * 6 * 6, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
-      torch.nn.Linear(16, 5))
+    torch.nn.Conv2d(3, 8, 3),
+    torch.nn.ReLU(),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8 * 6 * 6, 16),
+    torch.nn.LayerNorm(16),
+    torch.nn.GELU(),
+    torch.nn.Linear(16, 5),
+  )
 
 
 def test_training_step_on_jax_device_matches_cpu_autocast():
@@ -96,12 +103,14 @@ def test_autocast_inside_call_torch_under_jit():
   def forward(x):
     with torch.autocast("jax", dtype=torch.bfloat16):
       return model(x)
+
   out = jax.jit(bridge.jax_view(forward))(jnp.asarray(x.numpy()))
   with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
     expected = model(x)
   assert out.dtype == jnp.bfloat16
-  torch.testing.assert_close(torch.from_numpy(np.array(out.astype(jnp.float32))),
-                             expected.float(), **BF16)
+  torch.testing.assert_close(
+    torch.from_numpy(np.array(out.astype(jnp.float32))), expected.float(), **BF16
+  )
 
 
 def test_whole_model_cast_to_bfloat16():

@@ -14,10 +14,10 @@ from benchmarks import report
 ROOT = pathlib.Path(__file__).parent.parent
 
 WORKER_CASES = [
-    ("bridge", "call_small,fwd_bwd_small,to_jax_1KiB,to_torch_1MiB"),
-    ("bridge", "compiled_linear,mlp_train_step,transformer_block"),
-    ("bridge_jax", "compiled_linear"),
-    ("bridge", "gpt2_forward_s64"),  # issue 7: a Hugging Face model (transformers, offline)
+  ("bridge", "call_small,fwd_bwd_small,to_jax_1KiB,to_torch_1MiB"),
+  ("bridge", "compiled_linear,mlp_train_step,transformer_block"),
+  ("bridge_jax", "compiled_linear"),
+  ("bridge", "gpt2_forward_s64"),  # issue 7: a Hugging Face model (transformers, offline)
 ]
 
 
@@ -26,8 +26,12 @@ def test_bridge_benchmark_worker_quick(system, workloads):
   if "gpt2" in workloads or "bert" in workloads:
     pytest.importorskip("transformers")
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.worker", system, "--quick", "--only", workloads],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [sys.executable, "-m", "benchmarks.worker", system, "--quick", "--only", workloads],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout)
   assert result["system"] == system
@@ -40,8 +44,12 @@ def test_bridge_benchmark_worker_quick(system, workloads):
 
 def test_first_call_process():
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.first_call", "bridge", "transformer_first_call"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [sys.executable, "-m", "benchmarks.first_call", "bridge", "transformer_first_call"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout)
   assert set(result) == {"first_call_us", "setup_us", "warmup_us"}, result
@@ -50,20 +58,35 @@ def test_first_call_process():
 
 def _fake_report(system: str, medians: dict[str, float], skipped: dict[str, str]) -> dict:
   results = {w: {"median_us": m, "min_us": m, "max_us": m, "n": 1} for w, m in medians.items()}
-  return {"system": system, "versions": {}, "env": {}, "results": results, "skipped": skipped,
-          "notes": []}
+  return {
+    "system": system,
+    "versions": {},
+    "env": {},
+    "results": results,
+    "skipped": skipped,
+    "notes": [],
+  }
 
 
 def test_report_goals_table():
   reports = [
-      _fake_report("bridge", {"compiled_linear": 30.0, "mlp_train_step": 100.0}, {}),
-      _fake_report("plain_jax", {"compiled_linear": 20.0}, {"mlp_train_step": "why not"}),
+    _fake_report("bridge", {"compiled_linear": 30.0, "mlp_train_step": 100.0}, {}),
+    _fake_report("plain_jax", {"compiled_linear": 20.0}, {"mlp_train_step": "why not"}),
   ]
-  meta = {"date": "now", "mode": "quick", "seconds": 1.0, "nproc": 2, "cpu": "cpu",
-          "memory_gib": 1.0, "platform": "linux"}
+  meta = {
+    "date": "now",
+    "mode": "quick",
+    "seconds": 1.0,
+    "nproc": 2,
+    "cpu": "cpu",
+    "memory_gib": 1.0,
+    "platform": "linux",
+  }
   text = report.markdown(reports, meta, plots=[])
   assert "| compiled_linear | bridge / plain_jax | 1.50 | <= 1.5 | met |" in text
-  assert "| mlp_train_step | bridge / plain_jax | n/a | <= 1.05 | plain_jax skipped: why not |" in text
+  assert (
+    "| mlp_train_step | bridge / plain_jax | n/a | <= 1.05 | plain_jax skipped: why not |" in text
+  )
   assert "### compiled_linear" in text
 
 
@@ -86,8 +109,13 @@ def test_gpu_workloads_with_the_cpu_standing_in(monkeypatch):
   monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
   monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
   table = gpu.workloads(quick=True)
-  names = ("cuda_to_jax_1MiB", "cuda_to_torch_1MiB", "cuda_pallas_softmax", "cuda_mlp_train_step",
-           "cuda_transformer_block")
+  names = (
+    "cuda_to_jax_1MiB",
+    "cuda_to_torch_1MiB",
+    "cuda_pallas_softmax",
+    "cuda_mlp_train_step",
+    "cuda_transformer_block",
+  )
   ran: dict[str, set] = {}
   for name in ("bridge", "dlpack_manual", "plain_jax", "torch_eager"):
     system = importlib.import_module(f"benchmarks.systems.{name}").make()
@@ -107,8 +135,11 @@ def test_gpu_workloads_with_the_cpu_standing_in(monkeypatch):
   assert ran["bridge"] == set(names)
   assert ran["dlpack_manual"] == {"cuda_to_jax_1MiB", "cuda_to_torch_1MiB", "cuda_pallas_softmax"}
   assert ran["plain_jax"] == {"cuda_pallas_softmax", "cuda_mlp_train_step"}
-  assert ran["torch_eager"] == {"cuda_pallas_softmax", "cuda_mlp_train_step",
-                                "cuda_transformer_block"}
+  assert ran["torch_eager"] == {
+    "cuda_pallas_softmax",
+    "cuda_mlp_train_step",
+    "cuda_transformer_block",
+  }
 
 
 def test_gpu_workloads_skip_without_a_gpu():
@@ -127,10 +158,13 @@ def _pipe_pair():
   import os
 
   from benchmarks import interleave
+
   a_r, b_w = os.pipe()
   b_r, a_w = os.pipe()
-  return (interleave.Channel(os.fdopen(a_r, "r"), os.fdopen(a_w, "w")),
-          interleave.Channel(os.fdopen(b_r, "r"), os.fdopen(b_w, "w")))
+  return (
+    interleave.Channel(os.fdopen(a_r, "r"), os.fdopen(a_w, "w")),
+    interleave.Channel(os.fdopen(b_r, "r"), os.fdopen(b_w, "w")),
+  )
 
 
 def test_interleaved_timing_alternates_blocks_and_waits_for_each_workload():
@@ -180,16 +214,31 @@ def test_interleaved_timing_alternates_blocks_and_waits_for_each_workload():
     assert set(blocks) == set(group)
     # each worker's blocks come in turns: while all are timing, no worker runs twice in a row
     n = min(blocks.count(name) for name in group)
-    head = blocks[:n * len(group)]
+    head = blocks[: n * len(group)]
     assert all(head[i] != head[i + 1] for i in range(len(head) - 1)), head
     assert n >= interleave.ROUNDS // 2
 
 
 def test_interleaved_run_end_to_end(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks", "--quick", "--interleave", "--only", "bridge,plain_jax",
-       "--workloads", "call_small,eager_add", "--out", str(tmp_path)],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "benchmarks",
+      "--quick",
+      "--interleave",
+      "--only",
+      "bridge,plain_jax",
+      "--workloads",
+      "call_small,eager_add",
+      "--out",
+      str(tmp_path),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "[benchmarks] interleaved: call_small: bridge, plain_jax" in out.stdout
   results = json.loads((tmp_path / "results.json").read_text())

@@ -30,6 +30,7 @@ def _fresh_cache():
 def test_forward_matches_torch_and_keeps_structure():
   def f(x, params, *, scale):
     return {"y": jnp.tanh(x @ params["w"] + params["b"]) * scale, "n": jnp.sum(x > 0)}
+
   x, w, b = torch.randn(4, 3), torch.randn(3, 2), torch.randn(2)
   out = bridge.call_jax(f, x, {"w": w, "b": b}, scale=2.0)
   assert set(out) == {"y", "n"}
@@ -48,6 +49,7 @@ def test_jitted_function_and_static_arguments():
   @functools.partial(jax.jit, static_argnames="axis")
   def norm(x, axis):
     return x / jnp.linalg.norm(x, axis=axis, keepdims=True)
+
   x = torch.randn(3, 4)
   torch.testing.assert_close(bridge.call_jax(norm, x, axis=1), x / x.norm(dim=1, keepdim=True))
   torch.testing.assert_close(bridge.call_jax(norm, x, axis=0), x / x.norm(dim=0, keepdim=True))
@@ -61,13 +63,16 @@ def test_static_string_and_dataclass_arguments():
 
   def f(batch):
     return batch.x * (2.0 if batch.mode == "double" else 1.0)
+
   x = torch.randn(3)
   torch.testing.assert_close(bridge.call_jax(f, Batch(x, "double")), x * 2)
   torch.testing.assert_close(bridge.call_jax(f, Batch(x, "same")), x)
 
 
 def test_jax_and_numpy_arrays_are_accepted_as_inputs():
-  out = bridge.call_jax(lambda a, b, c: a + b + c, torch.ones(2), jnp.ones(2), np.ones(2, np.float32))
+  out = bridge.call_jax(
+    lambda a, b, c: a + b + c, torch.ones(2), jnp.ones(2), np.ones(2, np.float32)
+  )
   torch.testing.assert_close(out, torch.full((2,), 3.0))
 
 
@@ -76,6 +81,7 @@ def test_torch_view_decorator():
   def gelu(x):
     """Docs."""
     return jax.nn.gelu(x, approximate=False)
+
   x = torch.randn(5)
   torch.testing.assert_close(gelu(x), torch.nn.functional.gelu(x))
   assert gelu.__name__ == "gelu" and gelu.__doc__ == "Docs." and gelu.__wrapped__ is not None
@@ -89,8 +95,9 @@ def test_torch_view_of_arrays_is_a_jax_device_tensor_and_views_cancel():
   assert bridge.jax_view(t) is a
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.uint8, torch.bool,
-                                   torch.complex64, torch.int16])
+@pytest.mark.parametrize(
+  "dtype", [torch.bfloat16, torch.float16, torch.uint8, torch.bool, torch.complex64, torch.int16]
+)
 def test_dtypes_are_preserved(dtype):
   x = torch.ones(3, dtype=dtype)
   out = bridge.call_jax(lambda x: x, x)
@@ -124,11 +131,12 @@ def test_compiled_once_per_signature():
   def f(x, k):
     traces.append(x.shape)
     return x * k
+
   for _ in range(5):
     bridge.call_jax(f, torch.ones(3), 2)
   assert len(traces) == 1
-  bridge.call_jax(f, torch.ones(4), 2)   # new shape: JAX retraces
-  bridge.call_jax(f, torch.ones(4), 3)   # new static value: a new entry
+  bridge.call_jax(f, torch.ones(4), 2)  # new shape: JAX retraces
+  bridge.call_jax(f, torch.ones(4), 3)  # new static value: a new entry
   bridge.call_jax(f, torch.ones(4), 3.0)  # 3 == 3.0 but another type: a new entry
   assert len(traces) == 4
   assert len(call_jax_lib._cache) == 3
@@ -139,6 +147,7 @@ def test_cache_is_bounded(monkeypatch):
 
   def f(x, k):
     return x + k
+
   for k in range(10):
     bridge.call_jax(f, torch.ones(1), k)
   assert len(call_jax_lib._cache) == 4
@@ -149,7 +158,8 @@ def test_cache_is_bounded(monkeypatch):
 
 def test_gradcheck_float64():
   def f(x, y):
-    return jnp.sin(x) * jnp.exp(y[None, :]) + jnp.sum(x ** 2, axis=1, keepdims=True)
+    return jnp.sin(x) * jnp.exp(y[None, :]) + jnp.sum(x**2, axis=1, keepdims=True)
+
   x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
   y = torch.randn(4, dtype=torch.float64, requires_grad=True)
   with jax.enable_x64(True):
@@ -159,6 +169,7 @@ def test_gradcheck_float64():
 def test_gradcheck_complex():
   def f(z, w):
     return (z * jnp.conj(w) + jnp.sin(z), jnp.abs(z) ** 2)
+
   z = torch.randn(3, dtype=torch.complex128, requires_grad=True)
   w = torch.randn(3, dtype=torch.complex128, requires_grad=True)
   with jax.enable_x64(True):
@@ -220,7 +231,7 @@ def test_unused_and_stride0_output_gradients():
 def test_backward_in_another_x64_setting_than_forward():
   x = torch.randn(3, dtype=torch.float64, requires_grad=True)
   with jax.enable_x64(True):
-    y = bridge.call_jax(lambda x: jnp.sum(x ** 3), x)
+    y = bridge.call_jax(lambda x: jnp.sum(x**3), x)
   y.backward()  # outside the x64 scope; the backward re-enters it
   assert x.grad.dtype is torch.float64
   torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
@@ -231,6 +242,7 @@ def test_no_grad_and_inference_mode_build_no_vjp():
 
   def f(x):
     return jnp.exp(x)
+
   with torch.no_grad():
     y = bridge.call_jax(f, x)
   with torch.inference_mode():
@@ -260,7 +272,7 @@ def test_function_without_derivative_runs_forward_and_fails_on_backward():
 
 def test_second_backward_with_retain_graph():
   x = torch.randn(3, requires_grad=True)
-  y = bridge.call_jax(lambda x: jnp.sum(x ** 2), x)
+  y = bridge.call_jax(lambda x: jnp.sum(x**2), x)
   y.backward(retain_graph=True)
   y.backward()
   torch.testing.assert_close(x.grad, 4 * x.detach())
@@ -306,6 +318,7 @@ def test_unsupported_dtype_argument():
 def test_errors_inside_fn_propagate_unchanged():
   def bad(x):
     raise ValueError("boom")
+
   with pytest.raises(ValueError, match="boom"):
     bridge.call_jax(bad, torch.ones(1))
   with pytest.raises(ValueError, match="boom"):
@@ -318,6 +331,7 @@ def test_errors_inside_fn_propagate_unchanged():
 def test_threads_calling_at_once_get_their_own_results():
   def f(x, w):
     return jnp.tanh(x @ w)
+
   w = torch.randn(8, 8)
   errors = []
 
@@ -332,6 +346,7 @@ def test_threads_calling_at_once_get_their_own_results():
         torch.testing.assert_close(x.grad, (1 - torch.tanh(x.detach() @ w) ** 2) @ w.t())
     except Exception as e:  # noqa: BLE001 - collected and re-raised by the test
       errors.append(e)
+
   threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
   for t in threads:
     t.start()
@@ -351,6 +366,7 @@ def test_no_memory_growth_over_10000_calls():
 
   def f(x):
     return jnp.sum(jnp.sin(x) ** 2)
+
   for _ in range(500):
     bridge.call_jax(f, x).backward()
   gc.collect()
@@ -393,6 +409,7 @@ print(grown // 1024)
 def test_call_jax_does_not_copy_a_large_input(layout):
   import subprocess
   import sys
+
   script = _ZERO_COPY_SCRIPT
   if layout == "transposed":
     script = script.replace("t = torch.ones(2**28)", "t = torch.ones(2**28).view(2**14, 2**14).t()")

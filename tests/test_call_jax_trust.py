@@ -41,11 +41,11 @@ def _imag_sign(x, z):
 
 # (function, a static value, another that compares equal to it but gives another result)
 _EQUAL_BUT_DISTINCT = {
-    "float -0.0": (_sign, 0.0, -0.0),
-    "float nan sign": (_sign, math.nan, -math.nan),
-    "complex -0.0 imag": (_imag_sign, complex(1.0, 0.0), complex(1.0, -0.0)),
-    "numpy float32 -0.0": (_sign, np.float32(0.0), np.float32(-0.0)),
-    "numpy complex64 -0.0 imag": (_imag_sign, np.complex64(1.0), np.complex64(complex(1.0, -0.0))),
+  "float -0.0": (_sign, 0.0, -0.0),
+  "float nan sign": (_sign, math.nan, -math.nan),
+  "complex -0.0 imag": (_imag_sign, complex(1.0, 0.0), complex(1.0, -0.0)),
+  "numpy float32 -0.0": (_sign, np.float32(0.0), np.float32(-0.0)),
+  "numpy complex64 -0.0 imag": (_imag_sign, np.complex64(1.0), np.complex64(complex(1.0, -0.0))),
 }
 
 
@@ -66,15 +66,18 @@ def test_bool_int_and_float_statics_keep_their_types():
   assert len(call_jax_lib._cache) == 3
 
 
-@pytest.mark.parametrize("make_nan", [lambda: float("nan"), lambda: np.float32("nan"),
-                                      lambda: complex(float("nan"), 0.0)],
-                         ids=["float", "numpy float32", "complex"])
+@pytest.mark.parametrize(
+  "make_nan",
+  [lambda: float("nan"), lambda: np.float32("nan"), lambda: complex(float("nan"), 0.0)],
+  ids=["float", "numpy float32", "complex"],
+)
 def test_a_nan_static_finds_its_entry_again(make_nan):
   traces = []
 
   def f(x, s):
     traces.append(1)
     return x + jnp.real(s)
+
   for _ in range(3):  # a new NaN object each time (nan != nan)
     assert torch.isnan(bridge.call_jax(f, torch.ones(2), make_nan())).all()
   assert len(traces) == 1 and len(call_jax_lib._cache) == 1
@@ -88,6 +91,7 @@ def test_a_dead_functions_entries_and_programs_are_dropped():
 
   def keep(x):
     return x * 2
+
   fn = lambda x: jnp.sin(x)  # (a fresh function, as in a loop)
   bridge.call_jax(fn, x).sum().backward()
   bridge.call_jax(fn, x.detach())
@@ -114,6 +118,7 @@ def test_bound_methods_share_an_entry_and_go_with_their_object():
 
     def apply(self, x):
       return x * self.k
+
   a, b = Scale(2.0), Scale(3.0)
   x = torch.ones(2)
   for _ in range(2):  # a new bound method object on each attribute access
@@ -133,13 +138,13 @@ def test_derivatives_of_any_order_after_the_function_died():
   x = torch.randn(3, requires_grad=True)
   y = bridge.call_jax(lambda x: jnp.sum(jnp.sin(x)), x)  # the lambda dies here
   gc.collect()
-  g, = torch.autograd.grad(y, x, create_graph=True)
+  (g,) = torch.autograd.grad(y, x, create_graph=True)
   del y
   gc.collect()
-  h, = torch.autograd.grad(g.sum(), x, create_graph=True)
+  (h,) = torch.autograd.grad(g.sum(), x, create_graph=True)
   del g
   gc.collect()
-  t, = torch.autograd.grad(h.sum(), x)
+  (t,) = torch.autograd.grad(h.sum(), x)
   torch.testing.assert_close(t, -torch.cos(x.detach()))
 
 
@@ -197,12 +202,12 @@ def test_fresh_lambdas_keep_memory_flat():
 
 
 _NUMPY_64 = {
-    "float64 array": (np.ones(3), torch.float64, "astype(np.float32)"),
-    "int64 array": (np.arange(3), torch.int64, "astype(np.int32)"),
-    "complex128 array": (np.ones(3, np.complex128), torch.complex128, "astype(np.complex64)"),
-    "float64 scalar": (np.float64(1.5), torch.float64, "np.float32(x)"),
-    "int64 scalar": (np.int64(7), torch.int64, "np.int32(x)"),
-    "uint64 scalar": (np.uint64(7), torch.uint64, "np.uint32(x)"),
+  "float64 array": (np.ones(3), torch.float64, "astype(np.float32)"),
+  "int64 array": (np.arange(3), torch.int64, "astype(np.int32)"),
+  "complex128 array": (np.ones(3, np.complex128), torch.complex128, "astype(np.complex64)"),
+  "float64 scalar": (np.float64(1.5), torch.float64, "np.float32(x)"),
+  "int64 scalar": (np.int64(7), torch.int64, "np.int32(x)"),
+  "uint64 scalar": (np.uint64(7), torch.uint64, "np.uint32(x)"),
 }
 
 
@@ -267,8 +272,9 @@ print("done")
 
 
 def test_deleting_an_array_that_torch_shares_does_not_abort():
-  out = subprocess.run([sys.executable, "-c", _DELETE_SCRIPT], capture_output=True, text=True,
-                       timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", _DELETE_SCRIPT], capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-3000:]}"
   assert out.stdout.strip().endswith("done"), out.stdout
 

@@ -40,6 +40,7 @@ def _assert_close(actual, expected, **kw):
 
 # --- functions: value and gradients under every transformation ------------------------------
 
+
 def _mlp_fn(x, w1, w2):
   return (torch.tanh(x @ w1) @ w2).pow(2).sum()
 
@@ -52,9 +53,9 @@ def _softmax_attention(x, w1, w2):
 
 def _views_and_inplace(x, w1, w2):
   y = x.clone()
-  y[:, 0].mul_(2.0)           # in-place through a view
+  y[:, 0].mul_(2.0)  # in-place through a view
   y.t()[1:].add_(1.0)
-  z = torch.zeros_like(y)     # a factory on the jax device
+  z = torch.zeros_like(y)  # a factory on the jax device
   z += y * w1[: y.shape[0], : y.shape[1]]
   return (z @ w2[: z.shape[1]]).exp().sum() + torch.arange(3.0).sum()  # a CPU constant
 
@@ -75,8 +76,10 @@ def _torch_grads(fn, arrays, create_graph=False):
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
-@pytest.mark.parametrize("transform", ["eager", "jit", "grad", "jit_grad", "value_and_grad",
-                                       "jacrev", "jacfwd", "checkpoint"])
+@pytest.mark.parametrize(
+  "transform",
+  ["eager", "jit", "grad", "jit_grad", "value_and_grad", "jacrev", "jacfwd", "checkpoint"],
+)
 def test_function_matches_torch(name, transform):
   fn = FUNCTIONS[name]
   arrays = _inputs()
@@ -88,9 +91,13 @@ def test_function_matches_torch(name, transform):
   elif transform == "jit":
     _assert_close(jax.jit(f)(*arrays), out.detach())
   elif transform in ("grad", "jit_grad", "jacrev", "jacfwd", "checkpoint"):
-    g = {"grad": jax.grad(f, argnums), "jit_grad": jax.jit(jax.grad(f, argnums)),
-         "jacrev": jax.jacrev(f, argnums), "jacfwd": jax.jacfwd(f, argnums),
-         "checkpoint": jax.grad(jax.checkpoint(f), argnums)}[transform](*arrays)
+    g = {
+      "grad": jax.grad(f, argnums),
+      "jit_grad": jax.jit(jax.grad(f, argnums)),
+      "jacrev": jax.jacrev(f, argnums),
+      "jacfwd": jax.jacfwd(f, argnums),
+      "checkpoint": jax.grad(jax.checkpoint(f), argnums),
+    }[transform](*arrays)
     for a, b in zip(g, grads):
       _assert_close(a, b, rtol=2e-5, atol=2e-5)
   elif transform == "value_and_grad":
@@ -102,7 +109,7 @@ def test_function_matches_torch(name, transform):
 
 def test_second_order_matches_torch():
   x = _np((5,)).astype(np.float64)
-  f = lambda t: (t.sin() * t.exp()).sum() + (t ** 3).prod()
+  f = lambda t: (t.sin() * t.exp()).sum() + (t**3).prod()
   with jax.enable_x64(True):
     h = jax.jit(jax.hessian(bridge.jax_view(f)))(x)
   expected = torch.autograd.functional.hessian(f, torch.tensor(x))
@@ -124,9 +131,11 @@ def test_per_example_gradients_with_vmap():
 
 def test_vmap_sees_per_example_shapes():
   seen = []
+
   def f(x):
     seen.append(tuple(x.shape))
     return x.sum(dim=-1) * x.shape[0]
+
   out = jax.vmap(bridge.jax_view(f))(jnp.ones((5, 3, 4)))
   assert seen == [(3, 4)]
   np.testing.assert_array_equal(out, np.full((5, 3), 12.0))
@@ -136,9 +145,11 @@ def test_scan_body():
   w = _np((4, 4)) * 0.3
   step = bridge.jax_view(lambda h, x, w: torch.tanh(h @ w + x))
   xs = _np((7, 2, 4))
+
   def body(h, x):
     h = step(h, x, w)
     return h, h.sum()
+
   h, sums = jax.lax.scan(body, jnp.zeros((2, 4)), xs)
   ht = torch.zeros(2, 4)
   for x in xs:
@@ -149,9 +160,11 @@ def test_scan_body():
 
 def test_jit_static_arguments_and_donation():
   calls = []
+
   def f(x, power, *, axis):
     calls.append((power, axis))
     return x.pow(power).sum(dim=axis)
+
   g = jax.jit(bridge.jax_view(f), static_argnums=1, static_argnames="axis", donate_argnums=0)
   x = _np((3, 4))
   _assert_close(g(jnp.asarray(x), 2, axis=1), torch.tensor(x).pow(2).sum(1))
@@ -162,9 +175,11 @@ def test_jit_static_arguments_and_donation():
 
 def test_retraces_only_when_shapes_change():
   traces = []
+
   def f(x):
     traces.append(tuple(x.shape))
     return torch.relu(x) * 2
+
   g = jax.jit(bridge.jax_view(f))
   for shape in [(2, 3), (2, 3), (2, 3), (4, 3), (2, 3), (4, 3)]:
     g(jnp.ones(shape))
@@ -173,12 +188,14 @@ def test_retraces_only_when_shapes_change():
 
 # --- inside fn: autograd, no_grad, factories --------------------------------------------------
 
+
 def test_torch_autograd_inside_traced_function():
   def f(x):
     x = x.detach().requires_grad_()
     y = (x.sin() * x).sum()
     (g,) = torch.autograd.grad(y, x, create_graph=True)
     return g
+
   x = _np((5,))
   xt = torch.tensor(x, requires_grad=True)
   expected = torch.autograd.grad((xt.sin() * xt).sum(), xt)[0]
@@ -190,6 +207,7 @@ def test_backward_inside_traced_function():
     w = w.detach().requires_grad_()
     ((x @ w) ** 2).sum().backward()
     return w.grad
+
   x, w = _np((3, 4)), _np((4, 2))
   wt = torch.tensor(w, requires_grad=True)
   ((torch.tensor(x) @ wt) ** 2).sum().backward()
@@ -202,6 +220,7 @@ def test_no_grad_and_factories_become_constants():
       mask = torch.ones(x.shape, dtype=torch.bool).tril()
     eye = torch.eye(x.shape[0])
     return torch.where(mask, x, 0.0) + eye + torch.randn(0).sum()
+
   x = _np((3, 3))
   expected = torch.tensor(x).tril() + torch.eye(3)
   _assert_close(jax.jit(bridge.jax_view(f))(x), expected)
@@ -237,15 +256,31 @@ def _detached_alias_written(w):
   return (w * w).sum()
 
 
-@pytest.mark.parametrize("fn", [
+@pytest.mark.parametrize(
+  "fn",
+  [
     lambda w: (w * w.detach()).sum(),
     lambda w: (w * w.data).sum(),
     lambda w: (w * w.detach()[None][0]).sum(),
     lambda w: (w + (w.round() - w).detach()).pow(2).sum(),  # the straight-through estimator
-    _no_grad_functional, _no_grad_view, _no_grad_in_place, _no_grad_in_place_on_input,
+    _no_grad_functional,
+    _no_grad_view,
+    _no_grad_in_place,
+    _no_grad_in_place_on_input,
     _detached_alias_written,
-], ids=["detach", "data", "view_of_detached", "straight_through", "no_grad", "no_grad_view",
-        "no_grad_in_place", "no_grad_in_place_on_input", "detached_alias_written"])
+  ],
+  ids=[
+    "detach",
+    "data",
+    "view_of_detached",
+    "straight_through",
+    "no_grad",
+    "no_grad_view",
+    "no_grad_in_place",
+    "no_grad_in_place_on_input",
+    "detached_alias_written",
+  ],
+)
 def test_detach_and_no_grad_are_constants_for_jax_derivatives(fn):
   """torch gives no gradient through `detach()` and `no_grad()` blocks, and an unrecorded
   in-place update leaves a tensor its own gradient: `jax.grad` (eager and jitted) agrees."""
@@ -268,14 +303,19 @@ class _Square(torch.autograd.Function):
     return 2 * x * g
 
 
-@pytest.mark.parametrize("fn", [
+@pytest.mark.parametrize(
+  "fn",
+  [
     lambda w: _Square.apply(w).sum(),
     lambda w: torch.utils.checkpoint.checkpoint(lambda t: (t * t).sum(), w, use_reentrant=True),
-], ids=["autograd_function", "reentrant_checkpoint"])
+  ],
+  ids=["autograd_function", "reentrant_checkpoint"],
+)
 def test_a_custom_functions_forward_is_not_a_no_grad_block(fn):
   """torch runs an `autograd.Function`'s forward with grad mode off (a reentrant checkpoint
   is one): that is not a `no_grad()` block, and JAX differentiates the traced forward."""
   import warnings
+
   w0 = [1.0, 3.0]
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the checkpoint's "none of the inputs require grad"
@@ -306,6 +346,7 @@ def test_jax_grad_ignores_an_outer_no_grad():
 
 # --- outputs --------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Out:
   loss: torch.Tensor
@@ -315,6 +356,7 @@ class Out:
 def test_output_pytrees_come_back_as_arrays():
   def f(x):
     return Out(loss=x.sum(), extra={"max": torch.max(x, dim=0), "n": 3, "none": None})
+
   out = jax.jit(lambda x: bridge.call_torch(f, x).extra["max"][1])(jnp.arange(6.0).reshape(2, 3))
   np.testing.assert_array_equal(out, [1, 1, 1])
   out = bridge.call_torch(f, jnp.ones((2, 3)))
@@ -326,6 +368,7 @@ def test_output_pytrees_come_back_as_arrays():
 @dataclasses.dataclass
 class MappingOut(dict):
   """Like transformers' `ModelOutput`: a dataclass that is also a dict of its fields."""
+
   logits: torch.Tensor = None
 
   def __post_init__(self):
@@ -356,6 +399,7 @@ def test_model_output_mapping():
 def test_dtypes_are_kept_with_x64():
   def f(x, i):
     return x.double() * 2, i + 1, (i * 1.5), x.to(torch.bfloat16)
+
   with jax.enable_x64(True):
     outs = jax.jit(bridge.jax_view(f))(jnp.ones(2, jnp.float32), jnp.arange(2, dtype=jnp.int64))
   assert [str(o.dtype) for o in outs] == ["float64", "int64", "float32", "bfloat16"]
@@ -365,6 +409,7 @@ def test_32_bit_programs_hold_int64_as_proven_int32():
   # JAX's x64 is off here: a jitted program cannot hold 64-bit values. torch's int64 values
   # are held as int32 where the bridge proves they fit (with a warning), else refused.
   from bridge._src import scope
+
   scope._warned_narrow[0] = False
   f = lambda x: x + torch.arange(3)
   with pytest.warns(UserWarning, match="held as int32: exact"):
@@ -376,6 +421,7 @@ def test_32_bit_programs_hold_int64_as_proven_int32():
 
 
 # --- modules --------------------------------------------------------------------------------
+
 
 class Net(torch.nn.Module):
   def __init__(self):
@@ -428,8 +474,10 @@ def test_extract_jax_subset_of_params_and_tied_weights():
       self.emb = torch.nn.Embedding(5, 3)
       self.out = torch.nn.Linear(3, 5, bias=False)
       self.out.weight = self.emb.weight
+
     def forward(self, i):
       return self.out(self.emb(i))
+
   torch.manual_seed(0)
   m = Tied()
   params, fn = bridge.extract_jax(m)
@@ -469,10 +517,12 @@ def test_batchnorm_state():
 
 # --- nesting with call_jax ------------------------------------------------------------------
 
+
 def test_call_jax_inside_call_torch():
   def torch_fn(x):
     y = bridge.call_jax(jnp.sin, x * 2)  # x is a jax-device tensor holding a tracer
     return (y * x).sum()
+
   x = _np((4,))
   g = jax.jit(jax.grad(bridge.jax_view(torch_fn)))(x)
   xt = torch.tensor(x)
@@ -482,6 +532,7 @@ def test_call_jax_inside_call_torch():
 def test_call_torch_inside_call_jax():
   def jax_fn(x):
     return jnp.sum(bridge.call_torch(lambda t: torch.sigmoid(t) * t, x) ** 2)
+
   xt = torch.randn(5, requires_grad=True)
   out = bridge.call_jax(jax_fn, xt)
   out.backward()
@@ -493,18 +544,22 @@ def test_call_torch_inside_call_jax():
 
 # --- errors in torch terms ------------------------------------------------------------------
 
+
 def _branchy(x):
   if x.sum() > 0:  # data-dependent Python control flow
     return x
   return -x
 
 
-@pytest.mark.parametrize("what,fn", [
+@pytest.mark.parametrize(
+  "what,fn",
+  [
     ("if", _branchy),
     ("item", lambda x: x * x.max().item()),
     ("tolist", lambda x: torch.tensor(x.tolist())),
     ("bool", lambda x: x * bool(x[0])),
-])
+  ],
+)
 def test_data_dependent_control_flow_names_the_torch_line(what, fn):
   with pytest.raises(bridge.TracedValueError) as info:
     jax.jit(bridge.jax_view(fn))(jnp.ones(3))
@@ -520,12 +575,16 @@ def test_data_dependent_control_flow_line_is_the_if():
     jax.jit(bridge.jax_view(_branchy))(jnp.ones(3))
 
 
-@pytest.mark.parametrize("fn", [
+@pytest.mark.parametrize(
+  "fn",
+  [
     lambda x: torch.nonzero(x),
     lambda x: torch.masked_select(x, x > 0),  # a lowering run on concrete values only
     lambda x: x[x > 0],
     lambda x: torch.unique(x),
-], ids=["nonzero", "masked_select", "mask_index", "unique"])
+  ],
+  ids=["nonzero", "masked_select", "mask_index", "unique"],
+)
 def test_value_dependent_shape_is_explained(fn):
   with pytest.raises(bridge.TracedValueError, match="result's shape depends on tensor values"):
     jax.jit(bridge.jax_view(fn))(jnp.ones(3))
@@ -536,15 +595,18 @@ def test_module_leaking_a_traced_tensor():
     def forward(self, x):
       self.last = x * 2
       return x + 1
+
   with pytest.raises(bridge.LeakedTracerError, match="`last`"):
     jax.jit(bridge.jax_view(Leaky()))(jnp.ones(3))
 
 
 def test_leaked_tracer_used_later():
   kept = []
+
   def f(x):
     kept.append(x * 2)
     return x
+
   jax.jit(bridge.jax_view(f))(jnp.ones(3))
   with pytest.raises(bridge.LeakedTracerError, match="kept and used after"):
     kept[0] + 1
@@ -559,6 +621,7 @@ def test_random_ops_need_a_key_under_jit():
   def f(x, key):
     with bridge.rng_key(key):
       return bridge.call_torch(drop, x)
+
   a, b, c = (f(jnp.ones(64), jax.random.key(k)) for k in (0, 1, 0))
   assert not np.array_equal(a, b) and np.array_equal(a, c)
   assert set(np.unique(np.asarray(a)).tolist()) <= {0.0, 2.0}
@@ -584,8 +647,9 @@ def test_module_per_example_gradients_and_scan():
   net = Net()
   params, fn = bridge.extract_jax(net)
   xs = _np((6, 4))
-  per_example = jax.jit(jax.vmap(jax.grad(lambda p, x: fn(p, x[None]).sum()),
-                                 in_axes=(None, 0)))(params, xs)
+  per_example = jax.jit(jax.vmap(jax.grad(lambda p, x: fn(p, x[None]).sum()), in_axes=(None, 0)))(
+    params, xs
+  )
   for i in (0, 5):
     net.zero_grad()
     net(torch.tensor(xs[i : i + 1])).sum().backward()
@@ -595,15 +659,20 @@ def test_module_per_example_gradients_and_scan():
     def __init__(self):
       super().__init__()
       self.ih, self.hh = torch.nn.Linear(4, 3), torch.nn.Linear(3, 3, bias=False)
+
     def forward(self, x, h):
       return torch.tanh(self.ih(x) + self.hh(h))
+
   cell = Cell()
   cell_params, cell_fn = bridge.extract_jax(cell)
   seq = _np((5, 2, 4))
+
   def run(p):
-    h, _ = jax.lax.scan(lambda h, x: (jax.checkpoint(cell_fn)(p, x, h), None),
-                        jnp.zeros((2, 3)), seq)
+    h, _ = jax.lax.scan(
+      lambda h, x: (jax.checkpoint(cell_fn)(p, x, h), None), jnp.zeros((2, 3)), seq
+    )
     return h.sum()
+
   value, grads = jax.jit(jax.value_and_grad(run))(cell_params)
   h = torch.zeros(2, 3)
   for x in seq:
@@ -624,11 +693,18 @@ def test_relu_gradient_at_exactly_zero_is_torchs():
   assert np.isnan(np.asarray(out)[-1])
 
 
-@pytest.mark.parametrize("fn", [
-    lambda t: torch.clamp(t, 0.0, 1.0), lambda t: torch.clamp(t, min=0.0),
-    lambda t: torch.clamp(t, max=1.0), lambda t: torch.nn.functional.hardtanh(t, 0.0, 1.0),
-    lambda t: torch.nn.functional.relu6(t * 6), lambda t: torch.relu(t)],
-    ids=["clamp", "clamp_min", "clamp_max", "hardtanh", "relu6", "relu"])
+@pytest.mark.parametrize(
+  "fn",
+  [
+    lambda t: torch.clamp(t, 0.0, 1.0),
+    lambda t: torch.clamp(t, min=0.0),
+    lambda t: torch.clamp(t, max=1.0),
+    lambda t: torch.nn.functional.hardtanh(t, 0.0, 1.0),
+    lambda t: torch.nn.functional.relu6(t * 6),
+    lambda t: torch.relu(t),
+  ],
+  ids=["clamp", "clamp_min", "clamp_max", "hardtanh", "relu6", "relu"],
+)
 def test_clipping_gradients_at_the_bounds_and_at_nan_are_torchs(fn):
   """At exactly a bound torch's clamp passes the gradient and hardtanh does not; at a nan
   input clamp passes none and hardtanh does. The values are torch's too."""
@@ -647,6 +723,7 @@ def test_values_that_do_not_depend_on_the_inputs_are_known_while_tracing():
   """Ops on values made inside the traced code (positions from `torch.arange`, what is computed
   from them) run on torch's CPU kernels while the program is built, so Python can read them as
   in eager torch (Hugging Face's "no packed sequences" check); the rest stays traced."""
+
   def f(x):
     pos = torch.arange(x.shape[-1], device=x.device)
     steps = pos[1:] - pos[:-1]
@@ -661,8 +738,9 @@ def test_values_that_do_not_depend_on_the_inputs_are_known_while_tracing():
 
   x = jnp.ones((2, 5), jnp.float32)
   out, head = jax.jit(lambda a: bridge.call_torch(f, a))(x)
-  np.testing.assert_allclose(np.asarray(out), np.broadcast_to(
-      2 + np.arange(5) * 10 + [5, 6, 3, 2, 1], (2, 5)))  # mask[0, 1] = 2 * x[0, 0]
+  np.testing.assert_allclose(
+    np.asarray(out), np.broadcast_to(2 + np.arange(5) * 10 + [5, 6, 3, 2, 1], (2, 5))
+  )  # mask[0, 1] = 2 * x[0, 0]
   assert np.asarray(head).tolist() == [0, 2, 4]
   got = jax.grad(lambda a: bridge.call_torch(f, a)[0].sum())(x)
   np.testing.assert_allclose(np.asarray(got), np.full((2, 5), 2.0) + [[4, 0, 0, 0, 0], [0] * 5])

@@ -46,6 +46,7 @@ def _is_fake(t):
 
 # --- forward parity ---------------------------------------------------------------------------
 
+
 def _elementwise(x):
   return torch.sin(x) * torch.exp(-x) + x.abs().sqrt()
 
@@ -64,10 +65,12 @@ def _dict_out(x, w):
   return {"logits": y, "probs": torch.sigmoid(y), "nested": {"norm": y.norm(dim=-1)}}
 
 
-FORWARD = {"elementwise": (_elementwise, [(3, 4)]),
-           "matmul": (_matmul, [(5, 4), (4, 6)]),
-           "tuple": (_tuple_out, [(2, 3), (3, 4)]),
-           "dict": (_dict_out, [(2, 3), (3, 4)])}
+FORWARD = {
+  "elementwise": (_elementwise, [(3, 4)]),
+  "matmul": (_matmul, [(5, 4), (4, 6)]),
+  "tuple": (_tuple_out, [(2, 3), (3, 4)]),
+  "dict": (_dict_out, [(2, 3), (3, 4)]),
+}
 
 
 def _tree_close(actual, expected):
@@ -118,16 +121,29 @@ def test_torch_return_types(jit):
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_int64_bool_float64_outputs_with_x64(jit):
   def fn(t):
-    return (t.sin(), (t * 10).long(), t > 0.5, t.sum(dtype=torch.float64), t.to(torch.int32),
-            torch.arange(3) * 2**40)
+    return (
+      t.sin(),
+      (t * 10).long(),
+      t > 0.5,
+      t.sum(dtype=torch.float64),
+      t.to(torch.int32),
+      torch.arange(3) * 2**40,
+    )
+
   x = RNG.uniform(size=(5,))
   with jax.enable_x64(True):
     call = lambda a: cb(fn, a)
     if jit:
       call = jax.jit(call)
     out = call(jnp.asarray(x, dtype=jnp.float64))
-    assert [o.dtype for o in out] == [jnp.float64, jnp.int64, jnp.bool_, jnp.float64,
-                                      jnp.int32, jnp.int64]
+    assert [o.dtype for o in out] == [
+      jnp.float64,
+      jnp.int64,
+      jnp.bool_,
+      jnp.float64,
+      jnp.int32,
+      jnp.int64,
+    ]
     _tree_close(out, fn(torch.from_numpy(x)))
 
 
@@ -145,12 +161,12 @@ def test_half_precision_dtypes(dtype):
   x = jnp.linspace(-1.0, 1.0, 7).astype(dtype)
   out = jax.jit(lambda a: cb(torch.sin, a))(x)
   assert out.dtype == dtype
-  np.testing.assert_array_equal(np.asarray(out, np.float32),
-                                np.asarray(jnp.sin(x), np.float32))
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(jnp.sin(x), np.float32))
   g = jax.grad(lambda a: cb(torch.sin, a).astype(jnp.float32).sum())(x)
   assert g.dtype == dtype
-  np.testing.assert_allclose(np.asarray(g, np.float32), np.cos(np.asarray(x, np.float32)),
-                             rtol=1e-2, atol=1e-2)
+  np.testing.assert_allclose(
+    np.asarray(g, np.float32), np.cos(np.asarray(x, np.float32)), rtol=1e-2, atol=1e-2
+  )
 
 
 def test_bool_and_mixed_inputs():
@@ -173,9 +189,11 @@ def _static_fn(x, n, alpha, how, *, k=1, beta=0.5, op="add"):
 def test_static_arguments_positional_and_keyword(jit):
   x = _np((4,))
   t = torch.from_numpy(x)
-  cases = [((2, 1.5, "flip"), dict(k=2, beta=0.25, op="sub")),
-           ((3, -0.5, "keep"), dict(k=3)),
-           ((0, 2.0, "flip"), dict())]
+  cases = [
+    ((2, 1.5, "flip"), dict(k=2, beta=0.25, op="sub")),
+    ((3, -0.5, "keep"), dict(k=3)),
+    ((0, 2.0, "flip"), dict()),
+  ]
   for args, kwargs in cases:
     call = lambda a, args=args, kwargs=kwargs: cb(_static_fn, a, *args, **kwargs)
     if jit:
@@ -194,11 +212,14 @@ def test_tensor_keyword_arguments_and_nested_inputs():
   x, w = _np((3, 4)), _np((4, 2))
   fn = lambda d, *, w: {"y": d["a"] @ w + d["b"][0].sum()}
   expected = fn({"a": torch.from_numpy(x), "b": (torch.from_numpy(x),)}, w=torch.from_numpy(w))
-  for call in (lambda a, b: cb(fn, {"a": a, "b": (a,)}, w=b),
-               jax.jit(lambda a, b: cb(fn, {"a": a, "b": (a,)}, w=b))):
+  for call in (
+    lambda a, b: cb(fn, {"a": a, "b": (a,)}, w=b),
+    jax.jit(lambda a, b: cb(fn, {"a": a, "b": (a,)}, w=b)),
+  ):
     _tree_close(call(jnp.asarray(x), jnp.asarray(w)), expected)
   gw = jax.grad(lambda a, b: cb(fn, {"a": a, "b": (a,)}, w=b)["y"].sum(), argnums=(0, 1))(
-      jnp.asarray(x), jnp.asarray(w))
+    jnp.asarray(x), jnp.asarray(w)
+  )
   tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
   fn({"a": tx, "b": (tx,)}, w=tw)["y"].sum().backward()
   _assert_close(gw[0], tx.grad)
@@ -222,12 +243,14 @@ def test_numpy_array_inputs():
 
 # --- the torch function really runs, eagerly --------------------------------------------------
 
+
 def test_runs_for_real_fake_run_once_per_shape():
   seen = []
 
   def fn(t):
-    seen.append((_is_fake(t), type(t) is torch.Tensor or _is_fake(t), t.device.type,
-                 tuple(t.shape)))
+    seen.append(
+      (_is_fake(t), type(t) is torch.Tensor or _is_fake(t), t.device.type, tuple(t.shape))
+    )
     return t * 2 + 1
 
   jitted = jax.jit(lambda a: cb(fn, a))
@@ -260,19 +283,20 @@ def test_runs_non_traceable_python_on_real_data():
   for x in (np.arange(5.0, dtype=np.float32), -np.arange(5.0, dtype=np.float32) - 1):
     expected = fn(torch.from_numpy(x.copy()))
     _assert_close(cb(fn, jnp.asarray(x), result_shape_dtypes=spec), expected)
-    _assert_close(jax.jit(lambda a: cb(fn, a, result_shape_dtypes=spec))(jnp.asarray(x)),
-                  expected)
+    _assert_close(jax.jit(lambda a: cb(fn, a, result_shape_dtypes=spec))(jnp.asarray(x)), expected)
 
 
 def test_item_and_data_dependent_shapes_work_with_result_shape_dtypes():
   x = jnp.array([1.0, -2.0, 3.0, -4.0])
-  out = jax.jit(lambda a: cb(lambda t: t * t.sum().item(), a,
-                             result_shape_dtypes=S((4,), jnp.float32)))(x)
+  out = jax.jit(
+    lambda a: cb(lambda t: t * t.sum().item(), a, result_shape_dtypes=S((4,), jnp.float32))
+  )(x)
   _assert_close(out, _t(x) * -2.0)
   out = jax.jit(lambda a: cb(lambda t: t[t > 0], a, result_shape_dtypes=S((2,), jnp.float32)))(x)
   _assert_close(out, torch.tensor([1.0, 3.0]))
-  out = cb(lambda t: (t[t < 0], t.sum()), x,
-           result_shape_dtypes=(S((2,), jnp.float32), S((), jnp.float32)))
+  out = cb(
+    lambda t: (t[t < 0], t.sum()), x, result_shape_dtypes=(S((2,), jnp.float32), S((), jnp.float32))
+  )
   _tree_close(out, (torch.tensor([-2.0, -4.0]), torch.tensor(-2.0)))
 
 
@@ -289,6 +313,7 @@ def test_module_runs_with_live_parameters():
 
 
 # --- gradients --------------------------------------------------------------------------------
+
 
 def _gather_loss(x, idx, w, k):
   return ((x[idx] * w).sin() + x[k] ** 2).sum()
@@ -322,11 +347,11 @@ def test_grad_multiple_outputs_and_int_outputs():
   def loss(a):
     v, i, m = cb(fn, a)
     assert jnp.issubdtype(i.dtype, jnp.integer)
-    return (v * jnp.arange(5.0)).sum() + (m ** 2).sum()
+    return (v * jnp.arange(5.0)).sum() + (m**2).sum()
 
   tx = torch.from_numpy(x).requires_grad_()
   v, _, m = fn(tx)
-  ((v * torch.arange(5.0)).sum() + (m ** 2).sum()).backward()
+  ((v * torch.arange(5.0)).sum() + (m**2).sum()).backward()
   for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
     _assert_close(grad(jnp.asarray(x)), tx.grad)
 
@@ -379,7 +404,7 @@ def test_grad_through_a_function_with_only_bool_outputs(jit):
 
 def test_grad_float64_with_x64():
   x = RNG.standard_normal((5,))
-  fn = lambda t: (t.sin() * t ** 2).sum()
+  fn = lambda t: (t.sin() * t**2).sum()
   tx = torch.from_numpy(x).requires_grad_()
   fn(tx).backward()
   with jax.enable_x64(True):
@@ -401,8 +426,9 @@ def test_grad_complex_inputs_matches_trace_mode_and_jax():
   got = jax.grad(lambda a, b: cb(_complex_to_real, a, b), argnums=argnums)(*args)
   got_jit = jax.jit(jax.grad(lambda a, b: cb(_complex_to_real, a, b), argnums=argnums))(*args)
   trace = jax.grad(lambda a, b: bridge.call_torch(_complex_to_real, a, b), argnums=argnums)(*args)
-  pure = jax.grad(lambda a, b: (jnp.abs(a * b) ** 2 + (jnp.conj(a) * jnp.sin(a)).real * 3).sum(),
-                  argnums=argnums)(*args)
+  pure = jax.grad(
+    lambda a, b: (jnp.abs(a * b) ** 2 + (jnp.conj(a) * jnp.sin(a)).real * 3).sum(), argnums=argnums
+  )(*args)
   for g in (got, got_jit):
     for a, t, p in zip(g, trace, pure):
       assert a.dtype == jnp.complex64
@@ -411,7 +437,9 @@ def test_grad_complex_inputs_matches_trace_mode_and_jax():
   # torch's convention is the conjugate of JAX's
   tz = torch.from_numpy(z).requires_grad_()
   _complex_to_real(tz, torch.from_numpy(w)).backward()
-  np.testing.assert_allclose(np.asarray(got[0]), tz.grad.conj().resolve_conj().numpy(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got[0]), tz.grad.conj().resolve_conj().numpy(), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_vjp_complex_to_complex_matches_jax():
@@ -420,8 +448,9 @@ def test_vjp_complex_to_complex_matches_jax():
   out, vjp = jax.vjp(lambda a: cb(lambda t: torch.sin(t) * t * 2, a), z)
   out_ref, vjp_ref = jax.vjp(lambda a: jnp.sin(a) * a * 2, z)
   np.testing.assert_allclose(np.asarray(out), np.asarray(out_ref), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(vjp(ct)[0]), np.asarray(vjp_ref(ct)[0]),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(vjp(ct)[0]), np.asarray(vjp_ref(ct)[0]), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_complex128_with_x64():
@@ -438,10 +467,11 @@ def test_complex128_with_x64():
 def test_second_derivatives(jit):
   def wrap(f):
     return jax.jit(f) if jit else f
+
   x = 0.7
   d2sin = wrap(jax.grad(jax.grad(lambda a: cb(torch.sin, a))))(x)
   np.testing.assert_allclose(d2sin, -np.sin(x), rtol=1e-6)
-  cube = lambda a: cb(lambda t: t ** 3, a)
+  cube = lambda a: cb(lambda t: t**3, a)
   np.testing.assert_allclose(wrap(jax.grad(jax.grad(cube)))(2.0), 12.0, rtol=1e-6)
   np.testing.assert_allclose(wrap(jax.grad(jax.grad(jax.grad(cube))))(2.0), 6.0, rtol=1e-6)
   # a Hessian by reverse over reverse (jax.hessian is forward over reverse: refused)
@@ -461,8 +491,9 @@ def test_forward_mode_is_refused():
 
 # --- vmap -------------------------------------------------------------------------------------
 
+
 def _per_example_loss(w, x):  # (3,), (3,) -> (); batched: (B, 3), (B, 3) -> (B,)
-  return (x * w).sum(-1).tanh() ** 2 + (w ** 2).sum(-1) * 0.1
+  return (x * w).sum(-1).tanh() ** 2 + (w**2).sum(-1) * 0.1
 
 
 def _per_example_reference(w, xs):
@@ -486,8 +517,9 @@ def test_vmap_of_grad_per_example(vmap_method):
     return _per_example_loss(a, b)
 
   vals_ref, grads_ref = _per_example_reference(w, xs)
-  f = jax.vmap(jax.value_and_grad(lambda a, b: cb(fn, a, b, vmap_method=vmap_method)),
-               in_axes=(None, 0))
+  f = jax.vmap(
+    jax.value_and_grad(lambda a, b: cb(fn, a, b, vmap_method=vmap_method)), in_axes=(None, 0)
+  )
   vals, grads = jax.jit(f)(jnp.asarray(w), jnp.asarray(xs))
   _assert_close(vals, vals_ref)
   _assert_close(grads, grads_ref)
@@ -497,8 +529,9 @@ def test_vmap_of_grad_per_example(vmap_method):
   else:  # one call on the whole batch each (the unbatched w broadcast to the batch)
     assert real == [(False, (4, 3), (4, 3))] * 2
   calls.clear()
-  grads = jax.vmap(jax.grad(lambda a, b: cb(fn, a, b, vmap_method=vmap_method)),
-                   in_axes=(None, 0))(jnp.asarray(w), jnp.asarray(xs))
+  grads = jax.vmap(jax.grad(lambda a, b: cb(fn, a, b, vmap_method=vmap_method)), in_axes=(None, 0))(
+    jnp.asarray(w), jnp.asarray(xs)
+  )
   _assert_close(grads, grads_ref)
 
 
@@ -523,12 +556,13 @@ def test_vmap_forward_call_counts(vmap_method):
 
 def test_vmap_of_grad_expand_dims():
   xs = _np((4, 3))
-  f = lambda t: (t ** 2).sum(-1)
+  f = lambda t: (t**2).sum(-1)
   g = jax.vmap(jax.grad(lambda a: cb(f, a, vmap_method="expand_dims")))(jnp.asarray(xs))
   _assert_close(g, torch.from_numpy(xs) * 2)
 
 
 # --- custom ops -------------------------------------------------------------------------------
+
 
 @torch.library.custom_op("bridge_test_cb::scaled_sin", mutates_args=())
 def scaled_sin(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -573,8 +607,10 @@ def test_custom_op_forward_and_grad():
   tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
   ref = _uses_custom_op(tx, tw)
   ref.pow(2).sum().backward()
-  for call in (lambda a, b: cb(_uses_custom_op, a, b),
-               jax.jit(lambda a, b: cb(_uses_custom_op, a, b))):
+  for call in (
+    lambda a, b: cb(_uses_custom_op, a, b),
+    jax.jit(lambda a, b: cb(_uses_custom_op, a, b)),
+  ):
     _assert_close(call(jnp.asarray(x), jnp.asarray(w)), ref.detach())
   loss = lambda a, b: (cb(_uses_custom_op, a, b) ** 2).sum()
   for grad in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
@@ -588,11 +624,11 @@ def test_custom_op_without_fake_works_with_result_shape_dtypes():
   spec = S((5,), jnp.float32)
   expected = torch.from_numpy(np.cos(x))
   _assert_close(cb(no_fake_cos, jnp.asarray(x), result_shape_dtypes=spec), expected)
-  _assert_close(jax.jit(lambda a: cb(no_fake_cos, a, result_shape_dtypes=spec))(jnp.asarray(x)),
-                expected)
+  _assert_close(
+    jax.jit(lambda a: cb(no_fake_cos, a, result_shape_dtypes=spec))(jnp.asarray(x)), expected
+  )
   op = torch.ops.bridge_test_cb_old.no_meta_cos
-  _assert_close(jax.jit(lambda a: cb(op, a, result_shape_dtypes=spec))(jnp.asarray(x)),
-                expected)
+  _assert_close(jax.jit(lambda a: cb(op, a, result_shape_dtypes=spec))(jnp.asarray(x)), expected)
 
 
 def test_old_style_op_without_meta_kernel_gives_bridge_error():
@@ -611,6 +647,7 @@ def test_custom_op_without_fake_gives_bridge_error():
 
 
 # --- mutation isolation -----------------------------------------------------------------------
+
 
 def _add_one_in_place(x):
   x.add_(1)
@@ -633,8 +670,9 @@ def test_in_place_mutation_does_not_change_callers_array():
   _assert_close(jax.jit(lambda: cb(_add_one_in_place, x))(), expected)
   np.testing.assert_array_equal(np.asarray(x), x0)
   # the gradient (the backward recomputes on a copy too)
-  np.testing.assert_array_equal(np.asarray(jax.grad(lambda a: cb(_add_one_in_place, a).sum())(x)),
-                                np.full(4, 2.0, np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(jax.grad(lambda a: cb(_add_one_in_place, a).sum())(x)), np.full(4, 2.0, np.float32)
+  )
   np.testing.assert_array_equal(np.asarray(x), x0)
   # NumPy input
   a = x0.copy()
@@ -652,12 +690,15 @@ def test_in_place_through_a_view_and_with_result_shape_dtypes():
 
   _assert_close(jax.jit(lambda a: cb(fn, a))(x), torch.tensor([60.0]))
   np.testing.assert_array_equal(np.asarray(x), x0)
-  _assert_close(cb(_add_one_in_place, x, result_shape_dtypes=S((4,), jnp.float32)),
-                (torch.from_numpy(x0) + 1) * 2)
+  _assert_close(
+    cb(_add_one_in_place, x, result_shape_dtypes=S((4,), jnp.float32)),
+    (torch.from_numpy(x0) + 1) * 2,
+  )
   np.testing.assert_array_equal(np.asarray(x), x0)
 
 
 # --- randomness -------------------------------------------------------------------------------
+
 
 def _dropout(x):
   return F.dropout(x, 0.5, training=True)
@@ -711,13 +752,18 @@ def test_dropout_grad_matches_forward_mask(jit):
 
 # --- errors -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("fn,fragment", [
+@pytest.mark.parametrize(
+  "fn,fragment",
+  [
     (lambda t: t[t > 0], "depends on the data"),
     (torch.nonzero, "aten.nonzero"),
     (lambda t: t * t.sum().item(), ".item()"),
     (lambda t: t if t.sum() > 0 else -t, ".item()"),
-], ids=["bool_mask", "nonzero", "item", "if_tensor"])
+  ],
+  ids=["bool_mask", "nonzero", "item", "if_tensor"],
+)
 def test_data_dependent_shapes_raise_traced_value_error(fn, fragment, jit):
   call = lambda a: cb(fn, a)
   if jit:
@@ -762,6 +808,7 @@ def test_exception_in_torch_under_jit_is_a_jax_runtime_error():
 def test_exception_in_fake_run_is_the_original_with_a_note():
   def always(t):
     raise KeyError("no such key")
+
   for call in (lambda a: cb(always, a), jax.jit(lambda a: cb(always, a))):
     with pytest.raises(KeyError, match="no such key") as info:
       call(jnp.ones(3))
@@ -858,6 +905,7 @@ def test_exception_under_jit_after_a_successful_call_keeps_the_message():
 
 # --- caching bugs -----------------------------------------------------------------------------
 
+
 def test_static_arguments_of_equal_hash_but_different_type():
   i = jnp.arange(3, dtype=jnp.int32)
   add = lambda t, s: t + s
@@ -885,8 +933,11 @@ def test_module_buffers_updated_once_under_grad(how):
   bn = torch.nn.BatchNorm1d(3)
   x = _np((8, 3))
   loss = lambda a: (cb(bn, a) ** 2 * jnp.arange(3.0)).sum()
-  f = {"grad": jax.grad(loss), "jit_grad": jax.jit(jax.grad(loss)),
-       "jit_value_and_grad": lambda a: jax.jit(jax.value_and_grad(loss))(a)[1]}[how]
+  f = {
+    "grad": jax.grad(loss),
+    "jit_grad": jax.jit(jax.grad(loss)),
+    "jit_value_and_grad": lambda a: jax.jit(jax.value_and_grad(loss))(a)[1],
+  }[how]
   g = f(jnp.asarray(x))
   got = (bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked))
   bn.reset_running_stats()
@@ -899,6 +950,7 @@ def test_module_buffers_updated_once_under_grad(how):
 
 
 # --- nesting, views, scan ---------------------------------------------------------------------
+
 
 def test_call_jax_inside_callback():
   seen = []
@@ -933,8 +985,11 @@ def test_jax_view_callback_mode():
   assert calls.count(False) == 2 and calls[0] is True
   _assert_close(jax.grad(lambda a: view(a, 2.0).sum())(x), torch.cos(_t(x)) * 2.0)
   # a .numpy() body runs for real, so it is not traced
-  spec_view = bridge.jax_view(lambda t: torch.from_numpy(t.numpy() * 2), mode="callback",
-                              result_shape_dtypes=S((3,), jnp.float32))
+  spec_view = bridge.jax_view(
+    lambda t: torch.from_numpy(t.numpy() * 2),
+    mode="callback",
+    result_shape_dtypes=S((3,), jnp.float32),
+  )
   _assert_close(jax.jit(spec_view)(x), _t(x) * 2)
 
 
@@ -948,6 +1003,7 @@ def test_jax_view_callback_decorator():
   def rowsum(t):
     rowsum.calls.append(tuple(t.shape))
     return t.sum(-1)
+
   rowsum.calls = []
 
   x = jnp.asarray(_np((4,)))

@@ -110,8 +110,9 @@ def test_extract_jax_callback_param_gradients_match_torch_autograd():
   t_loss.backward()
   np.testing.assert_allclose(float(value), t_loss.item(), rtol=1e-6)
   for name, p in model.named_parameters():
-    np.testing.assert_allclose(np.asarray(grads[name]), p.grad.numpy(), rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(
+      np.asarray(grads[name]), p.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name
+    )
 
 
 def test_extract_jax_callback_return_state_gives_the_new_running_statistics():
@@ -124,8 +125,13 @@ def test_extract_jax_callback_return_state_gives_the_new_running_statistics():
   want = reference(torch.tensor(x))
   np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), rtol=1e-5, atol=1e-6)
   for name in ("bn.running_mean", "bn.running_var"):
-    np.testing.assert_allclose(np.asarray(new[name]), reference.state_dict()[name].numpy(),
-                               rtol=1e-6, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+      np.asarray(new[name]),
+      reference.state_dict()[name].numpy(),
+      rtol=1e-6,
+      atol=1e-7,
+      err_msg=name,
+    )
   assert int(new["bn.num_batches_tracked"]) == 1
   # the inputs are untouched: JAX arrays are immutable, the module's own buffers too
   np.testing.assert_array_equal(np.asarray(params["bn.running_mean"]), np.zeros(16))
@@ -144,14 +150,20 @@ def test_extract_jax_callback_per_example_gradients_with_vmap():
   model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
   params, fn = bridge.extract_jax(model, mode="callback")
   x, y = _data(6)
-  per_example = jax.vmap(jax.grad(lambda p, a, b: jnp.sum((fn(p, a[None]) - b) ** 2)),
-                         in_axes=(None, 0, 0))(params, jnp.asarray(x), jnp.asarray(y))
+  per_example = jax.vmap(
+    jax.grad(lambda p, a, b: jnp.sum((fn(p, a[None]) - b) ** 2)), in_axes=(None, 0, 0)
+  )(params, jnp.asarray(x), jnp.asarray(y))
   for i in range(len(x)):
     model.zero_grad()
-    torch.sum((model(torch.tensor(x[i:i + 1])) - torch.tensor(y[i])) ** 2).backward()
+    torch.sum((model(torch.tensor(x[i : i + 1])) - torch.tensor(y[i])) ** 2).backward()
     for name, p in model.named_parameters():
-      np.testing.assert_allclose(np.asarray(per_example[name][i]), p.grad.numpy(),
-                                 rtol=1e-5, atol=1e-6, err_msg=f"{name}[{i}]")
+      np.testing.assert_allclose(
+        np.asarray(per_example[name][i]),
+        p.grad.numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+        err_msg=f"{name}[{i}]",
+      )
 
 
 def test_extract_jax_callback_rejects_unknown_mode():
@@ -198,5 +210,4 @@ def test_optax_trains_a_callback_only_module_like_torch_adamw():
   np.testing.assert_allclose(jax_losses, torch_losses, rtol=2e-3, atol=1e-5)
   model.load_state_dict(bridge.torch_view({**trainable, **buffers}))
   for name, value in twin.state_dict().items():
-    torch.testing.assert_close(model.state_dict()[name], value, rtol=2e-3, atol=2e-4,
-                               msg=name)
+    torch.testing.assert_close(model.state_dict()[name], value, rtol=2e-3, atol=2e-4, msg=name)

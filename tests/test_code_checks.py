@@ -1,5 +1,5 @@
-"""The code checks that run with the tests: ruff's lint and the type checker (mypy), configured
-in pyproject.toml, on a clean checkout."""
+"""The code checks that run with the tests: ruff's lint and format check and the type checker
+(mypy), configured in pyproject.toml, on a clean checkout."""
 
 from __future__ import annotations
 
@@ -19,8 +19,15 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
 
 
 def test_ruff_lint_is_clean():
-  done = _run(sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", ".")
+  done = _run(
+    sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."
+  )
   assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_format_is_clean():
+  done = _run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".")
+  assert done.returncode == 0, done.stdout + done.stderr + "\n(`ruff format .` formats them)"
 
 
 @pytest.mark.slow

@@ -19,8 +19,9 @@ class Block(torch.nn.Module):
     self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
     self.norm1 = torch.nn.LayerNorm(d)
     self.norm2 = torch.nn.LayerNorm(d)
-    self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(),
-                                   torch.nn.Linear(2 * d, d))
+    self.mlp = torch.nn.Sequential(
+      torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d)
+    )
 
   def forward(self, x):
     h = self.norm1(x)
@@ -30,14 +31,23 @@ class Block(torch.nn.Module):
 
 def _models():
   return {
-      "linear": (lambda: torch.nn.Linear(16, 16), (4, 16)),
-      "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
-                                          torch.nn.Linear(32, 3)), (5, 8)),
-      "cnn": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1),
-                                          torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-                                          torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                                          torch.nn.Linear(4 * 4 * 4, 2)), (2, 3, 8, 8)),
-      "block": (Block, (2, 5, 16)),
+    "linear": (lambda: torch.nn.Linear(16, 16), (4, 16)),
+    "mlp": (
+      lambda: torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)),
+      (5, 8),
+    ),
+    "cnn": (
+      lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 2),
+      ),
+      (2, 3, 8, 8),
+    ),
+    "block": (Block, (2, 5, 16)),
   }
 
 
@@ -71,7 +81,9 @@ def test_input_gradients():
   torch.testing.assert_close(x.grad, x2.grad)
 
 
-@pytest.mark.parametrize("kwargs", [{"padding_idx": 0}, {"padding_idx": 3, "scale_grad_by_freq": True}])
+@pytest.mark.parametrize(
+  "kwargs", [{"padding_idx": 0}, {"padding_idx": 3, "scale_grad_by_freq": True}]
+)
 def test_embedding_backward_keeps_torchs_gradient_rules(kwargs):
   """The compiled backward (JAX's VJP) leaves the padding row alone and scales by frequency as
   torch does; a plain gather's VJP would give the padding row a gradient."""
@@ -106,8 +118,10 @@ def test_backward_through_unrecorded_updates_matches_torch():
       assert p.grad is not None and p.grad.abs().sum() > 0, name
       torch.testing.assert_close(p.grad, q.grad, msg=name)
     # the renormalized weight and the power iteration's vectors, updated as torch updates them
-    for (name, b), (_, c) in zip([*model.named_parameters(), *model.named_buffers()],
-                                 [*ref.named_parameters(), *ref.named_buffers()]):
+    for (name, b), (_, c) in zip(
+      [*model.named_parameters(), *model.named_buffers()],
+      [*ref.named_parameters(), *ref.named_buffers()],
+    ):
       torch.testing.assert_close(b.detach(), c.detach(), msg=name)
 
 
@@ -128,8 +142,7 @@ def test_torch_optimizer_trains_the_compiled_module():
       o.step()
       out.append(loss.item())
   assert losses[-1] < 0.7 * losses[0]
-  torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4,
-                             atol=1e-6)
+  torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
 
 
 def test_batchnorm_running_stats_are_written_back():
@@ -241,8 +254,10 @@ def test_compiled_function_and_bound_method():
     def __init__(self):
       super().__init__()
       self.fc = torch.nn.Linear(4, 4)
+
     def encode(self, x):
       return self.fc(x).relu()
+
   m = WithMethod()
   enc = bridge.compile(m.encode)
   torch.testing.assert_close(enc(x), m.encode(x))
@@ -255,6 +270,7 @@ def test_outputs_keep_their_structure():
   class Multi(torch.nn.Module):
     def forward(self, x):
       return {"sum": x.sum(), "pair": (x * 2, None), "n": 3, "max": x.max(dim=0)}
+
   out = bridge.compile(Multi())(torch.arange(6.0).reshape(2, 3))
   assert out["n"] == 3 and out["pair"][1] is None
   torch.testing.assert_close(out["pair"][0], torch.arange(6.0).reshape(2, 3) * 2)
@@ -269,6 +285,7 @@ def test_errors_in_torch_terms():
       if x.sum() > 0:
         return x
       return -x
+
   with pytest.raises(bridge.TracedValueError, match=r"if x\.sum\(\) > 0"):
     bridge.compile(Branchy())(torch.ones(3))
 
@@ -276,6 +293,7 @@ def test_errors_in_torch_terms():
     def forward(self, x):
       self.seen = x + 1
       return x
+
   with pytest.raises(bridge.LeakedTracerError, match="`seen`"):
     bridge.compile(Leaky())(torch.ones(3))
 
@@ -477,12 +495,16 @@ def test_lean_programs_give_way_to_jax_jit(device):
     assert program.lean is None and program.forward is program.jitted
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: torch.randn(3, 4),
     lambda: torch.randn(4, 3).t(),  # not contiguous
     lambda: torch.randn(3, 4, requires_grad=True),  # requires grad, called under no_grad
     lambda: torch.randn(3, 4).to(torch.bfloat16),  # no NumPy dtype
-], ids=["plain", "transposed", "requires_grad", "bfloat16"])
+  ],
+  ids=["plain", "transposed", "requires_grad", "bfloat16"],
+)
 def test_cpu_shortcut_keeps_the_lean_program(make):
   """Repeated calls with CPU tensors that NumPy cannot share as they are stay on the recorded
   shortcut and on the lean executable, with torch's numbers."""

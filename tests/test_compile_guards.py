@@ -62,8 +62,16 @@ class Upper(nn.Module):
 def _net():
   torch.manual_seed(0)
   # (changes are made after the LayerNorm, which would hide a scaling before it)
-  return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.LayerNorm(8), Scaled(), nn.Dropout(0.0),
-                       Gated(), Counting(), nn.Linear(8, 4)).eval()
+  return nn.Sequential(
+    nn.Linear(8, 8),
+    nn.ReLU(),
+    nn.LayerNorm(8),
+    Scaled(),
+    nn.Dropout(0.0),
+    Gated(),
+    Counting(),
+    nn.Linear(8, 4),
+  ).eval()
 
 
 def _double(module, args, out):
@@ -89,12 +97,14 @@ def _replace_hook(net, device):  # as many hooks as before: only which one chang
 
 def _global_hook(net, device):
   return module_lib.register_module_forward_hook(
-      lambda m, args, out: out + 1 if isinstance(m, nn.LayerNorm) else None)
+    lambda m, args, out: out + 1 if isinstance(m, nn.LayerNorm) else None
+  )
 
 
 def _global_pre_hook(net, device):
   return module_lib.register_module_forward_pre_hook(
-      lambda m, args: (args[0] + 1,) if isinstance(m, Scaled) else None)
+    lambda m, args: (args[0] + 1,) if isinstance(m, Scaled) else None
+  )
 
 
 def _dropout_p(net, device):
@@ -121,28 +131,37 @@ def _setup_train(net):
 
 # (id, changes the module after its first calls [may return a hook's handle], setup)
 CASES = [
-    ("submodule replaced", lambda n, d: n.__setitem__(1, nn.Tanh()), None),
-    ("submodule added", lambda n, d: n.append(nn.Tanh()), None),
-    ("submodule removed", lambda n, d: n.__delitem__(1), None),
-    ("optional submodule set", lambda n, d: setattr(n[5], "extra", nn.Sigmoid()), None),
-    ("parameter set to None", lambda n, d: setattr(n[5], "shift", None), None),
-    ("plain attribute", lambda n, d: setattr(n[3], "scale", 3.0), None),
-    ("layer norm eps", lambda n, d: setattr(n[2], "eps", 10.0), None),
-    ("dropout p", _dropout_p, _setup_train),
-    ("forward hook", _hook, None),
-    ("forward pre-hook", lambda n, d: n[7].register_forward_pre_hook(
-        lambda m, args: (args[0] + 1,)), None),
-    ("forward hook with kwargs", lambda n, d: n[2].register_forward_hook(
-        lambda m, args, kwargs, out: -out, with_kwargs=True), None),
-    ("forward hook removed", _remove_hook, _setup_hook),
-    ("forward hook replaced", _replace_hook, _setup_hook),
-    ("global forward hook", _global_hook, None),
-    ("global forward pre-hook", _global_pre_hook, None),
-    ("parametrization", _parametrization, None),
-    ("eval to train", lambda n, d: n.train(), None),
-    ("parameter replaced", lambda n, d: setattr(
-        n[0], "weight", nn.Parameter(torch.randn(8, 8, device=d))), None),
-    ("parameter of another shape", _parameter_shape, None),
+  ("submodule replaced", lambda n, d: n.__setitem__(1, nn.Tanh()), None),
+  ("submodule added", lambda n, d: n.append(nn.Tanh()), None),
+  ("submodule removed", lambda n, d: n.__delitem__(1), None),
+  ("optional submodule set", lambda n, d: setattr(n[5], "extra", nn.Sigmoid()), None),
+  ("parameter set to None", lambda n, d: setattr(n[5], "shift", None), None),
+  ("plain attribute", lambda n, d: setattr(n[3], "scale", 3.0), None),
+  ("layer norm eps", lambda n, d: setattr(n[2], "eps", 10.0), None),
+  ("dropout p", _dropout_p, _setup_train),
+  ("forward hook", _hook, None),
+  (
+    "forward pre-hook",
+    lambda n, d: n[7].register_forward_pre_hook(lambda m, args: (args[0] + 1,)),
+    None,
+  ),
+  (
+    "forward hook with kwargs",
+    lambda n, d: n[2].register_forward_hook(lambda m, args, kwargs, out: -out, with_kwargs=True),
+    None,
+  ),
+  ("forward hook removed", _remove_hook, _setup_hook),
+  ("forward hook replaced", _replace_hook, _setup_hook),
+  ("global forward hook", _global_hook, None),
+  ("global forward pre-hook", _global_pre_hook, None),
+  ("parametrization", _parametrization, None),
+  ("eval to train", lambda n, d: n.train(), None),
+  (
+    "parameter replaced",
+    lambda n, d: setattr(n[0], "weight", nn.Parameter(torch.randn(8, 8, device=d))),
+    None,
+  ),
+  ("parameter of another shape", _parameter_shape, None),
 ]
 
 
@@ -193,11 +212,15 @@ def test_a_counter_the_forward_bumps_is_not_a_change():
     assert net[6].calls == 4  # one trace, three eager calls
 
 
-@pytest.mark.parametrize("register", [
+@pytest.mark.parametrize(
+  "register",
+  [
     lambda n: n[7].register_full_backward_hook(lambda m, gi, go: (gi[0] * 3,)),
     lambda n: n[7].register_full_backward_pre_hook(lambda m, go: (go[0] * 3,)),
     lambda n: module_lib.register_module_full_backward_hook(lambda m, gi, go: None),
-], ids=["backward hook", "backward pre-hook", "global backward hook"])
+  ],
+  ids=["backward hook", "backward pre-hook", "global backward hook"],
+)
 def test_backward_hooks_are_refused_where_they_would_be_skipped(register):
   """The compiled backward is JAX's VJP of the traced forward, which cannot run torch's module
   backward hooks: a call that autograd records says so instead of skipping them."""

@@ -122,8 +122,9 @@ def test_jax_derivatives_use_the_functions_backward(transform):
     (got,) = pullback(jnp.ones_like(value))
   else:
     value, got = jax.value_and_grad(f)(X)
-    np.testing.assert_allclose(np.asarray(value), model(torch.tensor(np.asarray(X))).item(),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+      np.asarray(value), model(torch.tensor(np.asarray(X))).item(), rtol=1e-6
+    )
   torch.testing.assert_close(torch.tensor(np.asarray(got)), want)
 
 
@@ -252,8 +253,11 @@ def test_a_backward_with_too_few_gradients_is_a_clear_error():
     def backward(ctx, g):
       return g
 
-  with pytest.raises(bridge.BridgeError, match=r"Short.backward returned 1 gradients for a "
-                                              r"forward of 2 inputs"):
+  with pytest.raises(
+    bridge.BridgeError,
+    match=r"Short.backward returned 1 gradients for a "
+    r"forward of 2 inputs",
+  ):
     jax.grad(lambda a: bridge.call_torch(lambda x: Short.apply(x, x).sum(), a))(X)
 
 
@@ -268,5 +272,4 @@ def test_functions_outside_traces_are_torchs_own():
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     out = bridge.call_torch(model, X)  # concrete arrays: torch's apply, no JAX derivative
-  np.testing.assert_allclose(np.asarray(out), model(torch.tensor(np.asarray(X))).item(),
-                             rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(out), model(torch.tensor(np.asarray(X))).item(), rtol=1e-6)

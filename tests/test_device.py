@@ -25,22 +25,22 @@ def _on_jax(t: torch.Tensor) -> bool:
 
 
 FACTORIES = {
-    "zeros": (lambda d: torch.zeros(2, 3, device=d), True),
-    "ones": (lambda d: torch.ones(2, 3, dtype=torch.float64, device=d), True),
-    "empty": (lambda d: torch.empty(4, device=d).fill_(2.5), True),
-    "full": (lambda d: torch.full((2, 2), 7, device=d), True),
-    "full_float": (lambda d: torch.full((3,), 1.5, device=d), True),
-    "arange": (lambda d: torch.arange(5, device=d), True),
-    "arange_float": (lambda d: torch.arange(0, 1, 0.25, device=d), True),
-    "linspace": (lambda d: torch.linspace(-1, 1, 5, device=d), True),
-    "eye": (lambda d: torch.eye(3, device=d), True),
-    "tensor": (lambda d: torch.tensor([[1, 2], [3, 4]], device=d), True),
-    "tensor_bool": (lambda d: torch.tensor([True, False], device=d), True),
-    "as_tensor": (lambda d: torch.as_tensor(np.arange(4.0), device=d), True),
-    "zeros_like": (lambda d: torch.zeros_like(torch.ones(2, device=d)), True),
-    "randn": (lambda d: torch.randn(3, 4, device=d), False),
-    "rand": (lambda d: torch.rand(5, device=d), False),
-    "randint": (lambda d: torch.randint(0, 10, (6,), device=d), False),
+  "zeros": (lambda d: torch.zeros(2, 3, device=d), True),
+  "ones": (lambda d: torch.ones(2, 3, dtype=torch.float64, device=d), True),
+  "empty": (lambda d: torch.empty(4, device=d).fill_(2.5), True),
+  "full": (lambda d: torch.full((2, 2), 7, device=d), True),
+  "full_float": (lambda d: torch.full((3,), 1.5, device=d), True),
+  "arange": (lambda d: torch.arange(5, device=d), True),
+  "arange_float": (lambda d: torch.arange(0, 1, 0.25, device=d), True),
+  "linspace": (lambda d: torch.linspace(-1, 1, 5, device=d), True),
+  "eye": (lambda d: torch.eye(3, device=d), True),
+  "tensor": (lambda d: torch.tensor([[1, 2], [3, 4]], device=d), True),
+  "tensor_bool": (lambda d: torch.tensor([True, False], device=d), True),
+  "as_tensor": (lambda d: torch.as_tensor(np.arange(4.0), device=d), True),
+  "zeros_like": (lambda d: torch.zeros_like(torch.ones(2, device=d)), True),
+  "randn": (lambda d: torch.randn(3, 4, device=d), False),
+  "rand": (lambda d: torch.rand(5, device=d), False),
+  "randint": (lambda d: torch.randint(0, 10, (6,), device=d), False),
 }
 
 
@@ -85,9 +85,23 @@ def test_moves_and_conversions_round_trip():
   assert not cpu.is_jax
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
-                                   torch.int64, torch.float16, torch.bfloat16, torch.float32,
-                                   torch.float64, torch.complex64, torch.complex128])
+@pytest.mark.parametrize(
+  "dtype",
+  [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+  ],
+)
 def test_dtypes_round_trip_exactly(dtype):
   cpu = (torch.randn(5, 3) * 100).to(dtype)
   t = cpu.to("jax")
@@ -126,7 +140,6 @@ def test_module_to_jax_keeps_parameters_and_moves_buffers():
   assert _on_jax(out) and out.shape == (5, 4)
 
 
-
 def test_empty_and_moves_compile_nothing_and_are_zero_filled():
   """`torch.empty` (and so every `.to("jax")`, which is empty + copy) allocates host zeros:
   no XLA compile per new shape (tens of milliseconds each, ~0.4 s for a GPT-2's weights)."""
@@ -147,14 +160,18 @@ def test_empty_and_moves_compile_nothing_and_are_zero_filled():
   finally:
     jax.monitoring.unregister_event_duration_listener(listen)
   assert compiles == []
-  for t, dtype, shape in ((small, torch.float64, (7, 13)), (large, torch.bfloat16, (517, 1031)),
-                          (none, torch.int64, (0, 11))):
+  for t, dtype, shape in (
+    (small, torch.float64, (7, 13)),
+    (large, torch.bfloat16, (517, 1031)),
+    (none, torch.int64, (0, 11)),
+  ):
     assert t.dtype == dtype and t.shape == shape
     torch.testing.assert_close(t.cpu(), torch.zeros(shape, dtype=dtype), rtol=0, atol=0)
   torch.testing.assert_close(model.weight.cpu(), expected, rtol=0, atol=0)
   large.add_(1)  # the buffer is the tensor's own: other empties stay zero
   assert bool((large == 1).all())
   assert not bool(torch.empty(517, 1031, dtype=torch.bfloat16, device="jax").any())
+
 
 def test_setting_data_moves_the_storage_too():
   """`t.data = new` (and `module.to(dtype)`, which assigns `param.data`) changes what a `jax`
@@ -172,8 +189,9 @@ def test_setting_data_moves_the_storage_too():
   assert bridge.jax_view(model.bias.detach()).dtype == jnp.float64
   with torch.no_grad():
     weight.data = torch.full((5, 5), 2.0, device="jax", dtype=torch.float64)
-  assert weight.shape == (5, 5) and torch.equal(weight.cpu(), torch.full((5, 5), 2.0,
-                                                                          dtype=torch.float64))
+  assert weight.shape == (5, 5) and torch.equal(
+    weight.cpu(), torch.full((5, 5), 2.0, dtype=torch.float64)
+  )
   with pytest.raises(bridge.BridgeTypeError, match=r"Move it first: `t.data = new.to\('jax:0'\)`"):
     weight.data = torch.ones(2)
 
@@ -258,21 +276,31 @@ def test_saved_file_loads_without_bridge(tmp_path):
   torch.save({"w": torch.arange(3.0, device="jax")}, path)
   code = f"import torch, sys; d = torch.load({str(path)!r}); print(d['w'].device, d['w'].tolist(), 'bridge' in sys.modules)"
   env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "cpu [0.0, 1.0, 2.0] False"
 
 
 def test_autoload_makes_the_device_available_after_import_torch():
   code = "import torch; t = torch.randn(2, device='jax'); print(t.device, type(t).__name__)"
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items()
-                            if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"},
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "jax:0 Tensor"
-  off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+  off = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
+  )
   assert off.returncode != 0 and "jax" in off.stderr
 
 
@@ -282,10 +310,13 @@ def test_bad_device_index():
     torch.zeros(2, device=f"jax:{n}")
 
 
-@pytest.mark.parametrize("make, match", [
+@pytest.mark.parametrize(
+  "make, match",
+  [
     (lambda: torch.zeros(2, dtype=torch.complex32), "complex32"),
     (lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8), "quantized"),
-])
+  ],
+)
 def test_unsupported_dtypes_are_refused(make, match):
   with pytest.raises(TypeError, match=match):
     make().to("jax")
@@ -319,17 +350,19 @@ def test_an_op_failing_in_backward_raises_instead_of_aborting():
   # autograd engine's stream guard used to abort the process. Run it in a subprocess.
   import subprocess
   import sys
+
   code = (
-      "import torch, bridge\n"
-      "from bridge._src import tensor as T\n"
-      "x = torch.ones(3, device='jax', requires_grad=True)\n"
-      "y = x.sin().sum()\n"
-      "def boom(args, kwargs): raise ValueError('boom in backward')\n"
-      "T._PLANS[torch.ops.aten.cos.default] = boom\n"
-      "try:\n"
-      "  y.backward()\n"
-      "except ValueError as e:\n"
-      "  print('raised:', e)\n")
+    "import torch, bridge\n"
+    "from bridge._src import tensor as T\n"
+    "x = torch.ones(3, device='jax', requires_grad=True)\n"
+    "y = x.sin().sum()\n"
+    "def boom(args, kwargs): raise ValueError('boom in backward')\n"
+    "T._PLANS[torch.ops.aten.cos.default] = boom\n"
+    "try:\n"
+    "  y.backward()\n"
+    "except ValueError as e:\n"
+    "  print('raised:', e)\n"
+  )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "raised: boom in backward"
@@ -418,6 +451,11 @@ print("ok")
 
 def test_where_torch_can_use_cuda_the_backend_stays_unnamed_until_asked():
   env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-  out = subprocess.run([sys.executable, "-W", "ignore::UserWarning", "-c", _CUDA_PROCESS],
-                       env=env, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-W", "ignore::UserWarning", "-c", _CUDA_PROCESS],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -42,24 +42,42 @@ def _t(*shape, g, dtype=torch.float64, low=None):
 
 # (name, JAX function, torch inputs): each checked by gradcheck and gradgradcheck in float64
 FUNCTIONS = [
-    ("tanh_matmul", lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2),
-     lambda g: (_t(3, 2, g=g), _t(4, 3, g=g))),
-    ("sin_times", lambda x, y: jnp.sin(x) * y, lambda g: (_t(5, g=g), _t(5, g=g))),
-    ("softmax", lambda x: jax.nn.softmax(x, axis=-1), lambda g: (_t(3, 4, g=g),)),
-    ("logsumexp", lambda x: jax.nn.logsumexp(x, axis=0), lambda g: (_t(4, 3, g=g),)),
-    ("rms_norm", lambda x, s: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * s,
-     lambda g: (_t(2, 6, g=g), _t(6, g=g))),
-    ("gelu_mlp", lambda x, w1, w2: jax.nn.gelu(x @ w1) @ w2,
-     lambda g: (_t(3, 4, g=g), _t(4, 5, g=g), _t(5, 2, g=g))),
-    ("log_pow", lambda x: jnp.log(x) ** 3 + x ** 2.5, lambda g: (_t(4, g=g, low=0.5),)),
-    ("solve", lambda a, b: jnp.linalg.solve(a + 4 * jnp.eye(3), b),
-     lambda g: (_t(3, 3, g=g), _t(3, 2, g=g))),
-    ("pytree_outputs", lambda p, x: {"y": jnp.cos(x @ p["w"]), "n": jnp.argmax(x), "z": [x * p["b"]]},
-     lambda g: ({"w": _t(3, 3, g=g), "b": _t(3, g=g)}, _t(2, 3, g=g))),
-    ("complex", lambda z: jnp.sin(z) * jnp.conj(z), lambda g: (_t(4, g=g, dtype=torch.complex128),)),
-    ("cumsum_sort", lambda x: jnp.cumsum(jnp.sort(x) ** 2), lambda g: (_t(6, g=g),)),
-    ("scan", lambda x: jax.lax.scan(lambda c, a: (jnp.tanh(c * a), c), 1.0, x)[0],
-     lambda g: (_t(5, g=g),)),
+  (
+    "tanh_matmul",
+    lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2),
+    lambda g: (_t(3, 2, g=g), _t(4, 3, g=g)),
+  ),
+  ("sin_times", lambda x, y: jnp.sin(x) * y, lambda g: (_t(5, g=g), _t(5, g=g))),
+  ("softmax", lambda x: jax.nn.softmax(x, axis=-1), lambda g: (_t(3, 4, g=g),)),
+  ("logsumexp", lambda x: jax.nn.logsumexp(x, axis=0), lambda g: (_t(4, 3, g=g),)),
+  (
+    "rms_norm",
+    lambda x, s: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * s,
+    lambda g: (_t(2, 6, g=g), _t(6, g=g)),
+  ),
+  (
+    "gelu_mlp",
+    lambda x, w1, w2: jax.nn.gelu(x @ w1) @ w2,
+    lambda g: (_t(3, 4, g=g), _t(4, 5, g=g), _t(5, 2, g=g)),
+  ),
+  ("log_pow", lambda x: jnp.log(x) ** 3 + x**2.5, lambda g: (_t(4, g=g, low=0.5),)),
+  (
+    "solve",
+    lambda a, b: jnp.linalg.solve(a + 4 * jnp.eye(3), b),
+    lambda g: (_t(3, 3, g=g), _t(3, 2, g=g)),
+  ),
+  (
+    "pytree_outputs",
+    lambda p, x: {"y": jnp.cos(x @ p["w"]), "n": jnp.argmax(x), "z": [x * p["b"]]},
+    lambda g: ({"w": _t(3, 3, g=g), "b": _t(3, g=g)}, _t(2, 3, g=g)),
+  ),
+  ("complex", lambda z: jnp.sin(z) * jnp.conj(z), lambda g: (_t(4, g=g, dtype=torch.complex128),)),
+  ("cumsum_sort", lambda x: jnp.cumsum(jnp.sort(x) ** 2), lambda g: (_t(6, g=g),)),
+  (
+    "scan",
+    lambda x: jax.lax.scan(lambda c, a: (jnp.tanh(c * a), c), 1.0, x)[0],
+    lambda g: (_t(5, g=g),),
+  ),
 ]
 
 
@@ -73,8 +91,10 @@ def _as_tensor_fn(fn, example):
 
   def run(*tensors):
     out = bridge.call_jax(fn, *treedef.unflatten(list(tensors)))
-    return tuple(o for o in jax.tree_util.tree_leaves(out)
-                 if o.is_floating_point() or o.is_complex())
+    return tuple(
+      o for o in jax.tree_util.tree_leaves(out) if o.is_floating_point() or o.is_complex()
+    )
+
   return run, leaves
 
 
@@ -140,13 +160,26 @@ def _penalty(model, x):
 
 
 MODULES = [
-    ("mlp", lambda: torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(),
-                                        torch.nn.Linear(8, 1))),
-    ("layernorm_gelu", lambda: torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.LayerNorm(6),
-                                                   torch.nn.GELU(), torch.nn.Linear(6, 2))),
-    ("conv", lambda: torch.nn.Sequential(torch.nn.Unflatten(1, (1, 3)), torch.nn.Conv1d(1, 2, 2),
-                                         torch.nn.Softplus(), torch.nn.Flatten(),
-                                         torch.nn.Linear(4, 1))),
+  (
+    "mlp",
+    lambda: torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+  ),
+  (
+    "layernorm_gelu",
+    lambda: torch.nn.Sequential(
+      torch.nn.Linear(3, 6), torch.nn.LayerNorm(6), torch.nn.GELU(), torch.nn.Linear(6, 2)
+    ),
+  ),
+  (
+    "conv",
+    lambda: torch.nn.Sequential(
+      torch.nn.Unflatten(1, (1, 3)),
+      torch.nn.Conv1d(1, 2, 2),
+      torch.nn.Softplus(),
+      torch.nn.Flatten(),
+      torch.nn.Linear(4, 1),
+    ),
+  ),
 ]
 
 
@@ -172,6 +205,7 @@ def test_compiled_module_gradient_penalty(name, make, device):
 def test_once_differentiable_function_raises_at_the_second_order():
   """A custom VJP whose backward JAX cannot differentiate (a host callback): the first
   order works, the second is an error, never zeros."""
+
   @jax.custom_vjp
   def f(x):
     return jnp.sin(x)
@@ -179,11 +213,14 @@ def test_once_differentiable_function_raises_at_the_second_order():
   def bwd(x, g):
     cos = jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
     return (g * cos,)
+
   f.defvjp(lambda x: (jnp.sin(x), x), bwd)
   x = torch.tensor([0.3, 0.5], dtype=torch.float64, requires_grad=True)
   (g,) = torch.autograd.grad(bridge.call_jax(f, x).sum(), x, create_graph=True)
   torch.testing.assert_close(g, torch.cos(x.detach()))
-  with pytest.raises(bridge.BridgeError, match=r"through the backward of `.*f`.*cannot differentiate"):
+  with pytest.raises(
+    bridge.BridgeError, match=r"through the backward of `.*f`.*cannot differentiate"
+  ):
     g.sum().backward()
 
 
@@ -192,7 +229,7 @@ def test_once_differentiable_function_raises_at_the_second_order():
 
 def test_second_backward_without_retain_graph_raises_as_torch():
   x = _t(3, g=_gen())
-  y = bridge.call_jax(lambda x: jnp.sum(x ** 2), x)
+  y = bridge.call_jax(lambda x: jnp.sum(x**2), x)
   y.backward()
   with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
     y.backward()
@@ -201,7 +238,7 @@ def test_second_backward_without_retain_graph_raises_as_torch():
 
 def test_retain_graph_then_release():
   x = _t(3, g=_gen())
-  y = bridge.call_jax(lambda x: jnp.sum(x ** 2), x)
+  y = bridge.call_jax(lambda x: jnp.sum(x**2), x)
   y.backward(retain_graph=True)
   y.backward()
   torch.testing.assert_close(x.grad, 4 * x.detach())

@@ -41,22 +41,29 @@ class Task:
 
 
 TASKS = {
-    "regression": Task(
-        out_features=1,
-        make_targets=lambda x: torch.sin(2 * x[:, :1]) + x[:, 1:2] * x[:, 2:3],
-        torch_loss=F.mse_loss,
-        jax_loss=lambda out, y: jnp.mean((out - y) ** 2)),
-    "classification": Task(
-        out_features=3,
-        make_targets=lambda x: (x[:, 0] > 0).long() + (x[:, 1] > 0).long(),
-        torch_loss=F.cross_entropy,
-        jax_loss=lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y).mean()),
+  "regression": Task(
+    out_features=1,
+    make_targets=lambda x: torch.sin(2 * x[:, :1]) + x[:, 1:2] * x[:, 2:3],
+    torch_loss=F.mse_loss,
+    jax_loss=lambda out, y: jnp.mean((out - y) ** 2),
+  ),
+  "classification": Task(
+    out_features=3,
+    make_targets=lambda x: (x[:, 0] > 0).long() + (x[:, 1] > 0).long(),
+    torch_loss=F.cross_entropy,
+    jax_loss=lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y).mean(),
+  ),
 }
 
 
 def _mlp(out_features: int) -> torch.nn.Module:
-  return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
-                             torch.nn.GELU(), torch.nn.Linear(32, out_features))
+  return torch.nn.Sequential(
+    torch.nn.Linear(8, 32),
+    torch.nn.Tanh(),
+    torch.nn.Linear(32, 32),
+    torch.nn.GELU(),
+    torch.nn.Linear(32, out_features),
+  )
 
 
 def _setup(task: Task) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, jax.Array, jax.Array]:
@@ -70,8 +77,9 @@ def _setup(task: Task) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, jax
   return model, x_t, y_t, bridge.to_jax(x_t), y
 
 
-def _optax_train(task: Task, model: torch.nn.Module, x: jax.Array, y: jax.Array
-                 ) -> tuple[list[float], dict[str, jax.Array], Callable[..., Any]]:
+def _optax_train(
+  task: Task, model: torch.nn.Module, x: jax.Array, y: jax.Array
+) -> tuple[list[float], dict[str, jax.Array], Callable[..., Any]]:
   params, fn = bridge.extract_jax(model)
   opt = optax.adamw(LR, weight_decay=WEIGHT_DECAY)  # optax's default weight_decay is 1e-4
   opt_state = opt.init(params)
@@ -89,8 +97,9 @@ def _optax_train(task: Task, model: torch.nn.Module, x: jax.Array, y: jax.Array
   return losses, params, fn
 
 
-def _torch_train(task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
-                 ) -> list[float]:
+def _torch_train(
+  task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> list[float]:
   opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
   losses = []
   for _ in range(STEPS):
@@ -135,12 +144,15 @@ def test_optax_training_matches_torch_adamw(name):
 def _check_saved_for_torch_users(model, task, x_t, predictions):
   """The trained module saves with torch.save and safetensors and loads into a fresh one."""
   import io
+
   safetensors_torch = pytest.importorskip("safetensors.torch")
   buffer = io.BytesIO()
   torch.save(model.state_dict(), buffer)
   blob = safetensors_torch.save(model.state_dict())
-  for state in (torch.load(io.BytesIO(buffer.getvalue()), weights_only=True),
-                safetensors_torch.load(blob)):
+  for state in (
+    torch.load(io.BytesIO(buffer.getvalue()), weights_only=True),
+    safetensors_torch.load(blob),
+  ):
     fresh = _mlp(task.out_features)
     fresh.load_state_dict(state)
     with torch.no_grad():
@@ -175,16 +187,18 @@ def test_batchnorm_running_stats_come_back_as_state():
   expected = model(x_t)
   torch.testing.assert_close(bridge.to_torch(out), expected.detach())
   for k in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
-    torch.testing.assert_close(bridge.to_torch(new[k]), model.state_dict()[k],
-                               msg=lambda m: f"{k}: {m}")
+    torch.testing.assert_close(
+      bridge.to_torch(new[k]), model.state_dict()[k], msg=lambda m: f"{k}: {m}"
+    )
   for k in ("0.weight", "0.bias", "1.weight", "1.bias"):
     np.testing.assert_array_equal(new[k], params[k], err_msg=k)  # parameters pass through
 
 
 def _dropout_mlp() -> torch.nn.Module:
   torch.manual_seed(0)
-  return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                             torch.nn.Linear(64, 1)).train()
+  return torch.nn.Sequential(
+    torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 1)
+  ).train()
 
 
 def test_dropout_under_jit_without_a_key_says_to_use_rng_key():

@@ -150,10 +150,12 @@ def test_torch_exception_inside_a_fallen_back_op_surfaces_as_itself():
     warnings.simplefilter("ignore", bridge.FallbackWarning)
     with pytest.raises(ValueError, match="inputs below -100 are not allowed"):
       cubic(torch.tensor(bad, device="jax"), 1.0)
-    with pytest.raises(jax.errors.JaxRuntimeError,
-                       match="(?s)ValueError: cubic: inputs below -100.*torch traceback"):
+    with pytest.raises(
+      jax.errors.JaxRuntimeError, match="(?s)ValueError: cubic: inputs below -100.*torch traceback"
+    ):
       jax.jit(lambda x: bridge.call_torch(lambda t: cubic(t, 1.0), x))(
-          jnp.asarray(bad)).block_until_ready()
+        jnp.asarray(bad)
+      ).block_until_ready()
 
 
 @pytest.fixture
@@ -171,8 +173,11 @@ def atan_unregistered(monkeypatch):
 
 def test_deliberately_unregistered_aten_op_falls_back_with_gradients(atan_unregistered):
   x = np.array([0.5, -2.0, 3.0], np.float64)
-  with bridge.config(decompose_missing_ops=False), jax.enable_x64(True), \
-      warnings.catch_warnings(record=True) as caught:
+  with (
+    bridge.config(decompose_missing_ops=False),
+    jax.enable_x64(True),
+    warnings.catch_warnings(record=True) as caught,
+  ):
     warnings.simplefilter("always")
     g = lambda t: (torch.atan(t) * t).sum()
     value, grad = jax.value_and_grad(lambda a: bridge.call_torch(g, a))(jnp.asarray(x))
@@ -184,5 +189,6 @@ def test_deliberately_unregistered_aten_op_falls_back_with_gradients(atan_unregi
   np.testing.assert_allclose(float(value), want.item(), rtol=1e-12)
   np.testing.assert_allclose(np.asarray(grad), t.grad.numpy(), rtol=1e-12)
   assert listed == ["aten::atan.default"]
-  assert [str(w.message).split(" ")[1] for w in caught
-          if issubclass(w.category, bridge.FallbackWarning)] == ["aten::atan.default"]
+  assert [
+    str(w.message).split(" ")[1] for w in caught if issubclass(w.category, bridge.FallbackWarning)
+  ] == ["aten::atan.default"]

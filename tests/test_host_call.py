@@ -30,8 +30,9 @@ def f(t):
 
 def test_forward_and_jit_match_torch():
   want = f(torch.tensor(X)).numpy()
-  np.testing.assert_allclose(np.asarray(bridge.call_torch(f, jnp.asarray(X), mode="callback")),
-                             want, rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(bridge.call_torch(f, jnp.asarray(X), mode="callback")), want, rtol=1e-6
+  )
   got = jax.jit(lambda a: bridge.call_torch(f, a, mode="callback"))(jnp.asarray(X))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
@@ -53,8 +54,9 @@ def test_bfloat16_and_narrowed_outputs(monkeypatch):
   np.testing.assert_array_equal(np.asarray(out, np.float32), want)
   # inside a program built with 64-bit types off, an int64 result is computed as int32
   with pytest.warns(UserWarning, match="64-bit types disabled"):
-    counts = jax.jit(lambda a: bridge.call_torch(lambda t: (t > 0).sum(-1), a,
-                                                 mode="callback"))(jnp.asarray(X))
+    counts = jax.jit(lambda a: bridge.call_torch(lambda t: (t > 0).sum(-1), a, mode="callback"))(
+      jnp.asarray(X)
+    )
   assert counts.dtype == jnp.int32
   np.testing.assert_array_equal(np.asarray(counts), (X > 0).sum(-1))
 
@@ -70,20 +72,21 @@ def test_module_buffers_update_once_per_call_and_step():
 def test_torch_exception_is_raised_as_itself_in_an_eager_call():
   def bad(t):
     raise KeyError("no such feature")
+
   spec = jax.ShapeDtypeStruct((3, 4), jnp.float32)
   with pytest.raises(KeyError, match="no such feature"):
     bridge.call_torch(bad, jnp.asarray(X), mode="callback", result_shape_dtypes=spec)
   with pytest.raises(jax.errors.JaxRuntimeError, match="KeyError: 'no such feature'"):
     jax.jit(lambda a: bridge.call_torch(bad, a, mode="callback", result_shape_dtypes=spec))(
-        jnp.asarray(X)).block_until_ready()
+      jnp.asarray(X)
+    ).block_until_ready()
 
 
 def test_a_check_without_outputs_fails_the_run():
   # (a host call with no results and a side effect: `bridge.config(check_indices=True)`)
   with bridge.config(check_indices=True):
     pick = jax.jit(lambda a, i: bridge.call_torch(lambda t, j: t[j], a, i))
-    np.testing.assert_array_equal(np.asarray(pick(jnp.asarray(X), jnp.asarray([2, 0]))),
-                                  X[[2, 0]])
+    np.testing.assert_array_equal(np.asarray(pick(jnp.asarray(X), jnp.asarray([2, 0]))), X[[2, 0]])
     with pytest.raises(jax.errors.JaxRuntimeError, match="out of bounds"):
       pick(jnp.asarray(X), jnp.asarray([0, 7])).block_until_ready()
 
@@ -91,9 +94,11 @@ def test_a_check_without_outputs_fails_the_run():
 def test_random_function_draws_a_seed_and_replays_it_in_the_backward():
   def noisy(t):
     return torch.nn.functional.dropout(t, 0.5, training=True) * t
+
   x = jnp.asarray(np.abs(X) + 1)
-  out, grad = jax.jit(jax.value_and_grad(
-      lambda a: bridge.call_torch(noisy, a, mode="callback").sum()))(x)
+  out, grad = jax.jit(
+    jax.value_and_grad(lambda a: bridge.call_torch(noisy, a, mode="callback").sum())
+  )(x)
   # the kept elements (where the gradient is not zero) are exactly those summed forward
   g, xs = np.asarray(grad), np.asarray(x)
   kept = g != 0

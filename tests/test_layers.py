@@ -12,22 +12,43 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "bridge" / "_src"
 # The layers, bottom first (ARCHITECTURE.md says what each holds). A module imports, at the
 # top of its file, only from its own layer or a layer below.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("foundations", frozenset({
-        "errors", "tree", "strided", "config", "dtypes", "placement", "plugins"})),
-    ("arrays, tensors and host calls", frozenset({
-        "tensor", "transfer", "ffi", "registry", "devices", "compat"})),
-    ("torch code inside JAX", frozenset({
-        "scope", "narrowing", "rng", "arrays", "functions", "tracing", "module_state",
-        "callback"})),
-    ("dispatch", frozenset({
-        "dispatch", "dispatch.schema", "dispatch.fallback", "dispatch.tensors", "dispatch.meta",
-        "dispatch.checks", "dispatch.resolve", "dispatch.executable", "dispatch.folding",
-        "dispatch.functional", "dispatch.views", "dispatch.mutation", "dispatch.special",
-        "dispatch.plans"})),
-    ("front doors", frozenset({
-        "vjp", "call_jax", "call_torch", "modules", "compile", "views"})),
-    ("device backend and tools", frozenset({
-        "autocast", "device", "sharding", "loader", "demo"})),
+  (
+    "foundations",
+    frozenset({"errors", "tree", "strided", "config", "dtypes", "placement", "plugins"}),
+  ),
+  (
+    "arrays, tensors and host calls",
+    frozenset({"tensor", "transfer", "ffi", "registry", "devices", "compat"}),
+  ),
+  (
+    "torch code inside JAX",
+    frozenset(
+      {"scope", "narrowing", "rng", "arrays", "functions", "tracing", "module_state", "callback"}
+    ),
+  ),
+  (
+    "dispatch",
+    frozenset(
+      {
+        "dispatch",
+        "dispatch.schema",
+        "dispatch.fallback",
+        "dispatch.tensors",
+        "dispatch.meta",
+        "dispatch.checks",
+        "dispatch.resolve",
+        "dispatch.executable",
+        "dispatch.folding",
+        "dispatch.functional",
+        "dispatch.views",
+        "dispatch.mutation",
+        "dispatch.special",
+        "dispatch.plans",
+      }
+    ),
+  ),
+  ("front doors", frozenset({"vjp", "call_jax", "call_torch", "modules", "compile", "views"})),
+  ("device backend and tools", frozenset({"autocast", "device", "sharding", "loader", "demo"})),
 )
 
 
@@ -95,7 +116,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     path.append(v)
     for w in sorted(graph[v]):
       if state.get(w) == 1:
-        return path[path.index(w):] + [w]
+        return path[path.index(w) :] + [w]
       if w not in state:
         found = visit(w)
         if found:
@@ -120,9 +141,11 @@ def test_module_level_imports_have_no_cycle():
 
 def test_no_bridge_module_is_imported_inside_a_function():
   _, nested = _imports()
-  assert not nested, ("a `bridge` module imported inside a function (import it at the top, or "
-                      "move what it needs into a lower module): " + ", ".join(
-                          f"{a}.py:{lines} imports {b}" for (a, b), lines in sorted(nested.items())))
+  assert not nested, (
+    "a `bridge` module imported inside a function (import it at the top, or "
+    "move what it needs into a lower module): "
+    + ", ".join(f"{a}.py:{lines} imports {b}" for (a, b), lines in sorted(nested.items()))
+  )
 
 
 def _layer_of() -> dict[str, int]:
@@ -133,14 +156,20 @@ def test_every_module_has_a_layer():
   modules = set(_modules())
   layer = _layer_of()
   assert not modules - set(layer), (
-      f"modules in no layer (add them to LAYERS and ARCHITECTURE.md): {sorted(modules - set(layer))}")
-  assert not set(layer) - modules, f"LAYERS names modules that do not exist: {sorted(set(layer) - modules)}"
+    f"modules in no layer (add them to LAYERS and ARCHITECTURE.md): {sorted(modules - set(layer))}"
+  )
+  assert not set(layer) - modules, (
+    f"LAYERS names modules that do not exist: {sorted(set(layer) - modules)}"
+  )
 
 
 def _upward(top: dict[str, set[str]], layer: dict[str, int]) -> list[str]:
-  return [f"{a} ({LAYERS[layer[a]][0]}) imports {b} ({LAYERS[layer[b]][0]})"
-          for a in sorted(top) for b in sorted(top[a])
-          if a in layer and b in layer and layer[b] > layer[a]]
+  return [
+    f"{a} ({LAYERS[layer[a]][0]}) imports {b} ({LAYERS[layer[b]][0]})"
+    for a in sorted(top)
+    for b in sorted(top[a])
+    if a in layer and b in layer and layer[b] > layer[a]
+  ]
 
 
 def test_no_module_imports_from_a_layer_above():
@@ -153,4 +182,5 @@ def test_the_checks_can_fail():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set()}) is None
   assert _upward({"errors": {"device"}, "device": set()}, _layer_of()) == [
-      "errors (foundations) imports device (device backend and tools)"]
+    "errors (foundations) imports device (device backend and tools)"
+  ]

@@ -24,8 +24,9 @@ def _mesh():
 
 
 def _loader(n=24, batch=4):
-  data = torch.utils.data.TensorDataset(torch.arange(n * 3, dtype=torch.float32).reshape(n, 3),
-                                        torch.arange(n))
+  data = torch.utils.data.TensorDataset(
+    torch.arange(n * 3, dtype=torch.float32).reshape(n, 3), torch.arange(n)
+  )
   return torch.utils.data.DataLoader(data, batch_size=batch)
 
 
@@ -107,8 +108,12 @@ SHARDED = textwrap.dedent("""
 
 
 def test_batches_arrive_sharded_along_the_batch_axis_on_eight_devices():
-  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
-             OMP_WAIT_POLICY="PASSIVE")
-  out = subprocess.run([sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+  env = dict(
+    os.environ,
+    XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
+    OMP_WAIT_POLICY="PASSIVE",
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0 and "sharded loader ok" in out.stdout, out.stderr[-3000:]

@@ -29,32 +29,52 @@ def _ids(batch=2, length=10, vocab=100, seed=0):
 
 
 def _gpt2():
-  config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
-                                   bos_token_id=0, eos_token_id=0)
+  config = transformers.GPT2Config(
+    n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0
+  )
   model = transformers.GPT2LMHeadModel(config)
   ids = _ids()
   return model, (ids,), {"labels": ids}, lambda out: out.logits, lambda out: out.loss
 
 
 def _bert():
-  config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
-                                   intermediate_size=64, vocab_size=100,
-                                   max_position_embeddings=32, num_labels=3)
+  config = transformers.BertConfig(
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    vocab_size=100,
+    max_position_embeddings=32,
+    num_labels=3,
+  )
   model = transformers.BertForSequenceClassification(config)
   mask = torch.ones(2, 10, dtype=torch.long)
   mask[1, 6:] = 0  # padding: the attention mask matters
   labels = torch.tensor([0, 2])
-  return (model, (_ids(),), {"attention_mask": mask, "labels": labels}, lambda out: out.logits,
-          lambda out: out.loss)
+  return (
+    model,
+    (_ids(),),
+    {"attention_mask": mask, "labels": labels},
+    lambda out: out.logits,
+    lambda out: out.loss,
+  )
 
 
 class _CNN(torch.nn.Module):
   def __init__(self):
     super().__init__()
     self.body = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+      torch.nn.Conv2d(3, 8, 3, padding=1),
+      torch.nn.BatchNorm2d(8),
+      torch.nn.ReLU(),
+      torch.nn.MaxPool2d(2),
+      torch.nn.Conv2d(8, 8, 3, padding=1),
+      torch.nn.BatchNorm2d(8),
+      torch.nn.ReLU(),
+      torch.nn.AdaptiveAvgPool2d(1),
+      torch.nn.Flatten(),
+      torch.nn.Linear(8, 4),
+    )
 
   def forward(self, x, labels):
     logits = self.body(x)
@@ -87,17 +107,29 @@ def _lstm():
 def _mixtral():
   # a mixture of experts: top-2 routing, then Hugging Face's grouped GEMMs (`F.grouped_mm`) over
   # the tokens sorted by expert, with offsets computed from the router's traced choices
-  config = transformers.MixtralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      num_local_experts=4, num_experts_per_tok=2, vocab_size=100,
-                                      max_position_embeddings=32)
+  config = transformers.MixtralConfig(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=100,
+    max_position_embeddings=32,
+  )
   model = transformers.MixtralForCausalLM(config)
   ids = _ids()
   return model, (ids,), {"labels": ids}, lambda out: out.logits, lambda out: out.loss
 
 
-MODELS = {"gpt2": _gpt2, "bert": _bert, "cnn_batchnorm": _cnn, "lstm": _lstm,
-          "mixtral_moe": _mixtral}
+MODELS = {
+  "gpt2": _gpt2,
+  "bert": _bert,
+  "cnn_batchnorm": _cnn,
+  "lstm": _lstm,
+  "mixtral_moe": _mixtral,
+}
 # float32 models compared with torch on the CPU: XLA fuses and reorders reductions.
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
@@ -125,8 +157,12 @@ def test_forward_under_jit_and_compile_matches_torch(name):
   jitted = jax.jit(lambda p, a, k: logits_of(fn(p, *a, **k)))
   with jax.enable_x64(True):  # int64 ids and labels stay int64, as in torch
     _close(jitted(params, _to_jax(args), _to_jax(kwargs)), expected)
-    _close(jax.jit(lambda a, k: logits_of(bridge.call_torch(model, *a, **k)))(
-        _to_jax(args), _to_jax(kwargs)), expected)
+    _close(
+      jax.jit(lambda a, k: logits_of(bridge.call_torch(model, *a, **k)))(
+        _to_jax(args), _to_jax(kwargs)
+      ),
+      expected,
+    )
   with torch.no_grad():
     compiled = bridge.compile(model)
     torch.testing.assert_close(logits_of(compiled(*args, **kwargs)), expected, **TOL)
@@ -142,7 +178,8 @@ def test_parameter_gradients_via_jax_grad_match_torch_autograd(name):
   trainable = {k: v for k, v in params.items() if np.issubdtype(v.dtype, np.floating)}
   with jax.enable_x64(True):
     grads = jax.jit(jax.grad(lambda p, a, k: loss_of(fn(p, *a, **k))))(
-        trainable, _to_jax(args), _to_jax(kwargs))
+      trainable, _to_jax(args), _to_jax(kwargs)
+    )
   named = dict(reference.named_parameters())
   assert set(grads) >= set(named), set(named) - set(grads)
   for key, param in named.items():
@@ -164,13 +201,14 @@ def test_jax_device_eager_matches_torch(name):
 
 def test_transformers_sees_bridge_tracing():
   from transformers.utils import import_utils
+
   seen = []
 
   def probe(x):
     seen.append(import_utils.is_tracing(x))
     return x * 2
 
-  bridge.call_torch(probe, jnp.ones(2))           # concrete values: not tracing
-  jax.jit(bridge.jax_view(probe))(jnp.ones(2))    # staged: tracing
+  bridge.call_torch(probe, jnp.ones(2))  # concrete values: not tracing
+  jax.jit(bridge.jax_view(probe))(jnp.ones(2))  # staged: tracing
   assert seen == [False, True]
   assert import_utils.is_tracing(torch.ones(2)) is False  # other tensors: unchanged

@@ -45,8 +45,9 @@ def _rms_gate_backward(ctx, grad):
     return torch.autograd.grad(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), x, grad)[0]
 
 
-rms_gate.register_autograd(_rms_gate_backward,
-                           setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+rms_gate.register_autograd(
+  _rms_gate_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0])
+)
 
 
 class CustomOpNet(torch.nn.Module):
@@ -86,8 +87,9 @@ def test_the_same_model_runs_in_callback_mode_with_torch_numbers():
   run = jax.jit(lambda a: bridge.call_torch(model, a, mode="callback", result_shape_dtypes=spec))
   for scale in (1.0, 0.01):  # both branches
     x = X * scale
-    torch.testing.assert_close(torch.tensor(np.asarray(run(jnp.asarray(x)))),
-                               model(torch.tensor(x)).detach())
+    torch.testing.assert_close(
+      torch.tensor(np.asarray(run(jnp.asarray(x)))), model(torch.tensor(x)).detach()
+    )
 
 
 def test_op_without_lowering_falls_back_with_a_warning_naming_the_recipe(monkeypatch):

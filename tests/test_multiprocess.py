@@ -106,11 +106,29 @@ def run_workers(out: Path, num_processes: int, *extra: str) -> list[dict[str, np
   try:
     for i in range(num_processes):
       with open(logs[i], "wb") as log:
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), "--process-id", str(i), "--num-processes",
-             str(num_processes), "--port", str(port), "--out", str(out), *extra],
-            cwd=ROOT, env=_worker_env(), stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+          subprocess.Popen(
+            [
+              sys.executable,
+              str(WORKER),
+              "--process-id",
+              str(i),
+              "--num-processes",
+              str(num_processes),
+              "--port",
+              str(port),
+              "--out",
+              str(out),
+              *extra,
+            ],
+            cwd=ROOT,
+            env=_worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+          )
+        )
     deadline = time.monotonic() + DEADLINE_S
     stopped = f"ended at the {DEADLINE_S} s deadline"
     while time.monotonic() < deadline:
@@ -127,8 +145,9 @@ def run_workers(out: Path, num_processes: int, *extra: str) -> list[dict[str, np
     _end(procs)
   codes = [p.returncode for p in procs]
   report = "\n".join(
-      f"--- worker {i} (exit code {c}{', ' + stopped if was_running else ''}):\n{_tail(log)}"
-      for i, (c, log, was_running) in enumerate(zip(codes, logs, running)))
+    f"--- worker {i} (exit code {c}{', ' + stopped if was_running else ''}):\n{_tail(log)}"
+    for i, (c, log, was_running) in enumerate(zip(codes, logs, running))
+  )
   assert codes == [0] * num_processes, f"workers failed, exit codes {codes}\n{report}"
   results = []
   for i in range(num_processes):
@@ -138,7 +157,7 @@ def run_workers(out: Path, num_processes: int, *extra: str) -> list[dict[str, np
 
 
 def _params(result: dict[str, np.ndarray], prefix: str = "param/") -> dict[str, np.ndarray]:
-  return {k[len(prefix):]: v for k, v in result.items() if k.startswith(prefix)}
+  return {k[len(prefix) :]: v for k, v in result.items() if k.startswith(prefix)}
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +168,9 @@ def reference(tmp_path_factory) -> dict[str, np.ndarray]:
   return result
 
 
-def _check_matches(results: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
-                   local_devices: int) -> None:
+def _check_matches(
+  results: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray], local_devices: int
+) -> None:
   ref = _params(reference)
   moved = max(float(np.abs(ref[k] - v).max()) for k, v in _params(reference, "init/").items())
   assert moved > 1e-3, f"the reference training barely moved the parameters ({moved})"
@@ -163,12 +183,18 @@ def _check_matches(results: list[dict[str, np.ndarray]], reference: dict[str, np
     got = _params(r)
     assert sorted(got) == sorted(ref)
     for k in ref:
-      np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
-                                 err_msg=f"process {i}, {k}: not the one-process result")
+      np.testing.assert_allclose(
+        got[k],
+        ref[k],
+        rtol=RTOL,
+        atol=ATOL,
+        err_msg=f"process {i}, {k}: not the one-process result",
+      )
       # The values loaded back into the torch module are the trained ones.
       np.testing.assert_array_equal(r[f"torch/{k}"], got[k], err_msg=f"process {i}, {k}")
-    np.testing.assert_allclose(r["losses"], reference["losses"], rtol=RTOL, atol=ATOL,
-                               err_msg=f"process {i}: losses")
+    np.testing.assert_allclose(
+      r["losses"], reference["losses"], rtol=RTOL, atol=ATOL, err_msg=f"process {i}: losses"
+    )
   # Replicated values: both processes hold the very same (all-reduced) numbers.
   first, second = (_params(r) for r in results)
   for k in first:

@@ -40,7 +40,9 @@ INT64 = r"\(int64\) (cannot be computed exactly here|overflows int32)"
 X = jnp.arange(6, dtype=jnp.float32)
 
 
-@pytest.mark.parametrize("fn, want", [
+@pytest.mark.parametrize(
+  "fn, want",
+  [
     # int32 arithmetic would wrap where torch's int64 does not: refused, not wrong
     (lambda x: torch.arange(6, device=x.device) * 2**30 + x.long() * 0, None),
     (lambda x: x.argmax() + 2**31 - 1, None),
@@ -48,18 +50,28 @@ X = jnp.arange(6, dtype=jnp.float32)
     (lambda x: x.long() + 1, None),  # float -> int64 is unbounded: it may not fit in int32
     (lambda x: torch.ones(3, dtype=torch.long, device=x.device).add_(2**31 - 1), None),
     # positions, not the counts' values: up to 1199 here
-    (lambda x: torch.repeat_interleave(torch.ones(1200, dtype=torch.long, device=x.device))
-     * 2**22, None),
+    (
+      lambda x: (
+        torch.repeat_interleave(torch.ones(1200, dtype=torch.long, device=x.device)) * 2**22
+      ),
+      None,
+    ),
     # several values added into one place
-    (lambda x: torch.zeros(1, dtype=torch.long, device=x.device).scatter_add(
-        0, torch.zeros(4, dtype=torch.long, device=x.device),
-        torch.arange(4, device=x.device) * 2**29), None),
+    (
+      lambda x: torch.zeros(1, dtype=torch.long, device=x.device).scatter_add(
+        0,
+        torch.zeros(4, dtype=torch.long, device=x.device),
+        torch.arange(4, device=x.device) * 2**29,
+      ),
+      None,
+    ),
     # proven: positions, counts, small arithmetic on them
     (lambda x: torch.arange(6, device=x.device) + x.argmax() * 4, [20, 21, 22, 23, 24, 25]),
     (lambda x: (x > 2).sum() * 1000 + (x > 0).long().cumsum(0)[-1], [3005]),
     (lambda x: torch.topk(x, 2).indices * 3, [15, 12]),
     (lambda x: torch.unique(x.long() * 0 + torch.arange(6, device=x.device)), None),
-])
+  ],
+)
 def test_int64_is_exact_or_refused(fn, want):
   if want is None:
     with pytest.raises(REFUSED, match=INT64):
@@ -75,6 +87,7 @@ def test_an_in_place_write_widens_the_bound():
     p = torch.zeros(3, dtype=torch.long, device=x.device)
     p[1] = 2**30  # the tensor's values may now reach 2**30 ...
     return p.add_(2**30)  # ... so this may not fit
+
   with pytest.raises(REFUSED, match=r"aten\.add.*overflows int32 at flat position 1"):
     _jit(fn, X)
 
@@ -104,17 +117,21 @@ def test_a_view_of_a_tracked_tensor_keeps_its_bound():
   def fn(x):
     p = torch.arange(10, device=x.device)
     return p[2:] * 2**27  # below 10 * 2**27 < 2**31: proven
+
   np.testing.assert_array_equal(_jit(fn, X), np.arange(2, 10) * 2**27)
   with pytest.raises(NarrowingError, match="values up to"):
     _jit(lambda x: torch.arange(10, device=x.device)[2:] * 2**30, X)
 
 
-@pytest.mark.parametrize("fn", [
+@pytest.mark.parametrize(
+  "fn",
+  [
     lambda x: x.double() * 3,
     lambda x: (x.double() / 3).float(),  # a 32-bit result, computed through float64
     lambda x: x + torch.tensor([0.1], dtype=torch.float64),
     lambda x: torch.ones(2, dtype=torch.float64, device=x.device),
-])
+  ],
+)
 def test_float64_is_refused(fn):
   with pytest.raises(NarrowingError, match=r"\(float64\) cannot be computed exactly here"):
     _jit(fn, X)
@@ -143,8 +160,9 @@ def test_callback_mode_checks_int64_outputs_when_it_runs():
   np.testing.assert_array_equal(out, [3 * 2**20] * 2)
   g = lambda t: (t > 0).sum(-1) * 2**40  # int64 on the host; does not fit in int32
   with pytest.raises(Exception, match="which int32 cannot hold"):
-    jax.jit(lambda a: bridge.call_torch(g, a, mode="callback"))(jnp.ones((2, 3))
-                                                               ).block_until_ready()
+    jax.jit(lambda a: bridge.call_torch(g, a, mode="callback"))(
+      jnp.ones((2, 3))
+    ).block_until_ready()
 
 
 def test_callback_mode_refuses_float64_outputs():

@@ -36,8 +36,7 @@ class Packed(torch.nn.Module):
     self.enforce_sorted = enforce_sorted
 
   def forward(self, x: torch.Tensor, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-    packed = pack_padded_sequence(x, lengths, batch_first=True,
-                                  enforce_sorted=self.enforce_sorted)
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=self.enforce_sorted)
     out, h = self.rnn(packed)
     if isinstance(h, tuple):
       h = h[0]
@@ -61,8 +60,9 @@ def _case(kind: str, enforce_sorted: bool):
   return model, x, lengths, expected, grads
 
 
-@pytest.mark.parametrize("kind,enforce_sorted", [("lstm", True), ("lstm", False), ("gru", True),
-                                                  ("rnn", False)])
+@pytest.mark.parametrize(
+  "kind,enforce_sorted", [("lstm", True), ("lstm", False), ("gru", True), ("rnn", False)]
+)
 @pytest.mark.filterwarnings("ignore:bridge. torch code is being traced into a JAX program built")
 def test_extract_jax_under_jit_and_grad(kind, enforce_sorted):
   model, x, lengths, (want_out, want_h), (want_gx, *want_gp) = _case(kind, enforce_sorted)
@@ -140,13 +140,22 @@ def test_packed_data_and_batch_sizes_match_torch():
   torch.testing.assert_close(data.cpu(), want[0], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("lengths,message", [
-    ([2, 4, 6], "`lengths` array must be sorted in decreasing order when `enforce_sorted` is "
-                "True. You can pass `enforce_sorted=False`"),
-    ([6, 4, 0], "Length of all samples has to be greater than 0, but found an element in "
-                "'lengths' that is <= 0"),
+@pytest.mark.parametrize(
+  "lengths,message",
+  [
+    (
+      [2, 4, 6],
+      "`lengths` array must be sorted in decreasing order when `enforce_sorted` is "
+      "True. You can pass `enforce_sorted=False`",
+    ),
+    (
+      [6, 4, 0],
+      "Length of all samples has to be greater than 0, but found an element in "
+      "'lengths' that is <= 0",
+    ),
     ([6, 4], r"Expected `len\(lengths\)` to be equal to batch_size, but got 2 \(batch_size=3\)"),
-])
+  ],
+)
 def test_bad_lengths_fail_as_in_torch(lengths, message):
   x = torch.randn(6, 3, 4)
   with pytest.raises(RuntimeError, match=message):
@@ -157,10 +166,14 @@ def test_bad_lengths_fail_as_in_torch(lengths, message):
 
 def test_lengths_on_the_jax_device_or_traced_are_refused_clearly():
   x = torch.randn(6, 3, 4)
-  with pytest.raises(RuntimeError, match="'lengths' argument should be a 1D CPU int64 tensor, "
-                                         "but got 1D jax:0 Long tensor$"):
+  with pytest.raises(
+    RuntimeError,
+    match="'lengths' argument should be a 1D CPU int64 tensor, but got 1D jax:0 Long tensor$",
+  ):
     torch._pack_padded_sequence(x.to("jax"), torch.tensor([6, 4, 2], device="jax"), False)
   model = Packed("gru", True)
-  with pytest.raises(RuntimeError, match="the packed layout must be known while tracing: pass "
-                                         "the lengths as a Python list"):
+  with pytest.raises(
+    RuntimeError,
+    match="the packed layout must be known while tracing: pass the lengths as a Python list",
+  ):
     bridge.compile(model)(x.transpose(0, 1), torch.tensor([6, 4, 2]))

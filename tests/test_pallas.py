@@ -26,8 +26,13 @@ def _silu_grad_kernel(x_ref, g_ref, o_ref):
 def _rows(n_inputs: int, x: jax.Array, kernel) -> jax.Array:
   spec = pl.BlockSpec((BLOCK, x.shape[1]), lambda i: (i, 0))
   return pl.pallas_call(
-      kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // BLOCK,),
-      in_specs=[spec] * n_inputs, out_specs=spec, interpret=True)
+    kernel,
+    out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    grid=(x.shape[0] // BLOCK,),
+    in_specs=[spec] * n_inputs,
+    out_specs=spec,
+    interpret=True,
+  )
 
 
 def silu_raw(x):

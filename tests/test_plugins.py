@@ -36,8 +36,7 @@ def _fake_entry_point(name: str, obj: object) -> metadata.EntryPoint:
 @pytest.mark.parametrize("api", [0, 2, None])
 def test_incompatible_plugin_is_refused_with_the_fix(monkeypatch, api):
   obj = types.SimpleNamespace(REGISTRY_API_VERSION=api, register=lambda registry: None)
-  monkeypatch.setattr(metadata, "entry_points",
-                      lambda group: [_fake_entry_point("old_ops", obj)])
+  monkeypatch.setattr(metadata, "entry_points", lambda group: [_fake_entry_point("old_ops", obj)])
   with pytest.raises(bridge.PluginError) as info:
     plugins.discover()
   msg = str(info.value)
@@ -48,6 +47,7 @@ def test_incompatible_plugin_is_refused_with_the_fix(monkeypatch, api):
 def test_plugin_that_fails_to_import_is_reported(monkeypatch):
   def boom():
     raise ImportError("no module named fake_plugin")
+
   ep = types.SimpleNamespace(name="broken", value="fake_plugin:obj", dist=None, load=boom)
   monkeypatch.setattr(metadata, "entry_points", lambda group: [ep])
   with pytest.raises(bridge.PluginError, match=r"'broken'.*failed to import.*no module named"):
@@ -57,6 +57,7 @@ def test_plugin_that_fails_to_import_is_reported(monkeypatch):
 def _nested_programs(jaxpr) -> dict:
   """Name -> count of the nested `jit` equations in `jaxpr` (and the jaxprs inside it)."""
   import jax
+
   found: dict = {}
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in ("jit", "pjit"):
@@ -69,6 +70,7 @@ def _nested_programs(jaxpr) -> dict:
 
 def _primitives(jaxpr) -> set:
   import jax
+
   names = set()
   for eqn in jaxpr.eqns:
     names.add(eqn.primitive.name)
@@ -86,6 +88,7 @@ def test_bridge_ops_lowerings_trace_with_jit_off_and_keep_their_loops():
   import torch
 
   from bridge._src.registry import REGISTRY
+
   assert REGISTRY.lookup(torch.ops.aten.where.self).jit_free
 
   def masked(x):
@@ -95,11 +98,14 @@ def test_bridge_ops_lowerings_trace_with_jit_off_and_keep_their_loops():
   closed = jax.make_jaxpr(lambda a: bridge.call_torch(masked, a))(x)
   assert _nested_programs(closed.jaxpr) == {}
   assert "select_n" in _primitives(closed.jaxpr)
-  expected = torch.where(torch.from_numpy(jax.device_get(x)) > 0,
-                         torch.from_numpy(jax.device_get(x)) * 2,
-                         torch.from_numpy(jax.device_get(x)) - 1)
-  torch.testing.assert_close(torch.from_numpy(jax.device_get(bridge.call_torch(masked, x))),
-                             expected)
+  expected = torch.where(
+    torch.from_numpy(jax.device_get(x)) > 0,
+    torch.from_numpy(jax.device_get(x)) * 2,
+    torch.from_numpy(jax.device_get(x)) - 1,
+  )
+  torch.testing.assert_close(
+    torch.from_numpy(jax.device_get(bridge.call_torch(masked, x))), expected
+  )
 
   b1, b2, c = jnp.ones((2, 3, 5)), jnp.ones((2, 5, 4)), jnp.zeros((2, 3, 4))
   closed = jax.make_jaxpr(lambda *a: bridge.call_torch(torch.baddbmm, *a))(c, b1, b2)
@@ -127,6 +133,7 @@ def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
   # torch module that an older torch lacks) must not keep the rest of its family from loading
   # (on torch 2.11 the whole plugin failed to load over one such op)
   from bridge_ops import _lowering
+
   ops = _lowering.Ops(torch.ops.aten, "aten")
   assert ops.add is torch.ops.aten.add and ops.__lshift__ is torch.ops.aten.__lshift__
   missing = ops.an_op_of_a_later_torch
@@ -137,9 +144,11 @@ def test_an_op_this_torch_lacks_skips_its_lowering_not_the_plugin():
     ops.__wrapped__  # (Python's own questions about the object are not ops)
   before = len(_lowering.RECORDS)
   try:
+
     @_lowering.lowering(missing.default, ops.add.Tensor)
     def lowered(a, b):
       return a + b
+
     assert [r.op for r in _lowering.RECORDS[before:]] == [torch.ops.aten.add.Tensor]
   finally:
     del _lowering.RECORDS[before:]
@@ -155,20 +164,26 @@ def test_the_plugin_imports_nothing_from_the_core():
   import sys
   import pkgutil
   from bridge_ops import plugin
+
   modules = ["bridge_ops.plugin", "bridge_ops._lowering"] + [
-      f"bridge_ops.{family}" for family in plugin.FAMILIES]
-  runtime = {f"bridge_ops.{m.name}" for m in pkgutil.iter_modules(bridge_ops.__path__)
-             if m.name != "testing"}
+    f"bridge_ops.{family}" for family in plugin.FAMILIES
+  ]
+  runtime = {
+    f"bridge_ops.{m.name}" for m in pkgutil.iter_modules(bridge_ops.__path__) if m.name != "testing"
+  }
   assert set(modules) <= runtime and runtime - set(modules) <= {
-      f"bridge_ops.{m}" for m in ("_elementwise", "_reduction", "_linalg", "_special")}
+    f"bridge_ops.{m}" for m in ("_elementwise", "_reduction", "_linalg", "_special")
+  }
   code = (
-      "import importlib, sys\n"
-      f"for name in {modules!r}:\n"
-      "  importlib.import_module(name)\n"
-      "print(sorted(m for m in sys.modules if m == 'bridge' or m.startswith('bridge.')))\n")
+    "import importlib, sys\n"
+    f"for name in {modules!r}:\n"
+    "  importlib.import_module(name)\n"
+    "print(sorted(m for m in sys.modules if m == 'bridge' or m.startswith('bridge.')))\n"
+  )
   env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                       env=env)
+  run = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+  )
   assert run.returncode == 0, run.stderr
   assert run.stdout.strip() == "[]", run.stdout
 
@@ -179,6 +194,7 @@ def test_the_plugin_uses_the_cores_dtype_map():
   from bridge._src import dtypes
   from bridge._src import registry as registry_lib
   from bridge_ops import _lowering
+
   registry_lib.REGISTRY.load_plugins()
   handed = registry_lib.REGISTRY.dtypes
   assert dict(handed) == dtypes.TORCH_TO_JAX
@@ -198,17 +214,28 @@ def test_the_plugin_uses_the_cores_dtype_map():
 
 def test_a_core_without_a_dtype_map_is_refused_with_the_fix():
   from bridge_ops import plugin
+
   with pytest.raises(RuntimeError, match=r"registry has no `dtypes`.*Upgrade bridge"):
     plugin.register(types.SimpleNamespace(register=lambda *a, **k: None))
 
 
-@pytest.mark.parametrize("dtype, compute", [
-    ("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
-    ("float64", "float64"), ("int8", "int8"), ("int16", "int16"), ("bool", "bool"),
-    ("complex64", "complex64")])
+@pytest.mark.parametrize(
+  "dtype, compute",
+  [
+    ("float16", "float32"),
+    ("bfloat16", "float32"),
+    ("float32", "float32"),
+    ("float64", "float64"),
+    ("int8", "int8"),
+    ("int16", "int16"),
+    ("bool", "bool"),
+    ("complex64", "complex64"),
+  ],
+)
 def test_opmath_is_torchs_compute_dtype(dtype, compute):
   """One `opmath` for every lowering: the 16-bit floats compute in float32, the rest as is."""
   import jax.numpy as jnp
   import numpy as np
   from bridge_ops._lowering import opmath
+
   assert opmath(getattr(jnp, dtype)) == np.dtype(getattr(jnp, compute))

@@ -28,8 +28,12 @@ def test_ci_runs_the_readme_test_command():
   ci = (ROOT / ".ci" / "run").read_text()
   assert "sed -n 2p" in ci and "setup-commands" in ci
   extracted = subprocess.run(
-      ["bash", "-c", re.search(r"cmd=\$\((.*)\)\n", ci).group(1)], cwd=ROOT,
-      capture_output=True, text=True, check=True).stdout.strip()
+    ["bash", "-c", re.search(r"cmd=\$\((.*)\)\n", ci).group(1)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.strip()
   assert extracted == _setup_commands()[1]
 
 
@@ -42,6 +46,7 @@ def test_tour_snippets_run_in_order():
   import jax
   import jax.numpy as jnp
   import torch
+
   a = namespace["a"]
   expected = jax.grad(lambda a: jnp.sum(jax.nn.softplus(a)))(a)
   assert float(jnp.max(jnp.abs(namespace["g"] - expected))) < 1e-6
@@ -55,8 +60,9 @@ def test_tour_snippets_run_in_order():
 
 
 def test_demo_runs_and_checks_both_directions():
-  out = subprocess.run([sys.executable, "-m", "bridge"], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-m", "bridge"], capture_output=True, text=True, timeout=300, cwd=ROOT
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   text = out.stdout
   assert "bridge 0.1.0" in text and "torch 2." in text and "jax 0." in text

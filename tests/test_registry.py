@@ -34,6 +34,7 @@ def test_user_lowering_for_a_custom_op_runs_on_the_device():
   @bridge.register_lowering(torch.ops.bridgetest.scaled_square.default)
   def scaled_square_jax(x, scale):
     return x * x * scale
+
   x = torch.arange(4.0)
   out = torch.ops.bridgetest.scaled_square(x.to("jax"), 0.5)
   assert isinstance(out, bridge.Tensor)
@@ -92,8 +93,10 @@ def test_bridge_ops_registers_many_lowerings():
   registry_lib.REGISTRY.load_plugins()
   assert [p.distribution for p in registry_lib.REGISTRY.plugins] == ["bridge-ops"]
   assert len(registry_lib.REGISTRY) > 300
-  for op in (torch.ops.aten.add.Tensor, torch.ops.aten.mm.default,
-             torch.ops.aten.convolution.default, torch.ops.aten.native_layer_norm.default):
+  for op in (
+    torch.ops.aten.add.Tensor,
+    torch.ops.aten.mm.default,
+    torch.ops.aten.convolution.default,
+    torch.ops.aten.native_layer_norm.default,
+  ):
     assert op in registry_lib.REGISTRY, op
-
-

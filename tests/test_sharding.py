@@ -33,12 +33,30 @@ SHARDED_CASES = "tests/sharded_cases.py"
 
 @pytest.mark.slow
 def test_sharded_cases_pass_on_8_simulated_devices():
-  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
-             OMP_WAIT_POLICY="PASSIVE")
+  env = dict(
+    os.environ,
+    XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=8"),
+    OMP_WAIT_POLICY="PASSIVE",
+  )
   try:
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-         SHARDED_CASES], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+      [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        SHARDED_CASES,
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=400,
+    )
   except subprocess.TimeoutExpired as e:
     partial = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
     pytest.fail(f"{SHARDED_CASES} did not finish in {e.timeout} s:\n{partial[-6000:]}")
@@ -57,8 +75,9 @@ def mesh() -> Mesh:
 
 def test_shard_a_module_on_a_one_device_mesh(mesh):
   torch.manual_seed(0)
-  model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                              torch.nn.Linear(8, 2))
+  model = torch.nn.Sequential(
+    torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
+  )
   ref = copy.deepcopy(model)
   sharding = NamedSharding(mesh, P())
   assert bridge.shard(model, sharding) is model  # in place
@@ -108,8 +127,9 @@ def test_shard_tensors_arrays_and_pytrees(mesh):
 
 
 def test_a_rule_returning_none_leaves_the_tensor_on_its_device(mesh):
-  model = bridge.shard(torch.nn.Linear(4, 2),
-                       lambda name, t: NamedSharding(mesh, P()) if name == "weight" else None)
+  model = bridge.shard(
+    torch.nn.Linear(4, 2), lambda name, t: NamedSharding(mesh, P()) if name == "weight" else None
+  )
   assert model.weight.device.type == "jax" and model.bias.device.type == "cpu"
 
 
@@ -118,11 +138,20 @@ def test_a_mesh_axis_that_does_not_divide_the_dimension_raises_sharding_error():
   mesh = AbstractMesh((4, 2), ("data", "model"))
   model = torch.nn.Linear(5, 3)
   with pytest.raises(bridge.ShardingError) as info:
-    bridge.shard(model, lambda name, t: NamedSharding(mesh, P(None, "model") if t.dim() == 2
-                                                      else P()))
+    bridge.shard(
+      model, lambda name, t: NamedSharding(mesh, P(None, "model") if t.dim() == 2 else P())
+    )
   message = str(info.value)
-  for part in ("`bridge.shard`", "Linear.weight", "(3, 5)", "dimension 1", "2 ways", "model",
-               "data=4, model=2", "Pad it to a multiple of 2"):
+  for part in (
+    "`bridge.shard`",
+    "Linear.weight",
+    "(3, 5)",
+    "dimension 1",
+    "2 ways",
+    "model",
+    "data=4, model=2",
+    "Pad it to a multiple of 2",
+  ):
     assert part in message, message
   assert model.weight.device.type == "cpu" and model.bias.device.type == "cpu"  # nothing moved
   assert isinstance(info.value, ValueError) and isinstance(info.value, bridge.BridgeError)

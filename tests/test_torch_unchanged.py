@@ -16,12 +16,49 @@ import torch
 import bridge  # noqa: F401
 
 # A slice of torch's OpInfo database: run each op's sample inputs on CPU.
-OPS = ["add", "sub", "mul", "div", "pow", "exp", "log", "sin", "tanh", "sigmoid", "sqrt", "abs",
-       "clamp", "where", "sum", "mean", "prod", "amax", "argmax", "cumsum", "softmax",
-       "log_softmax", "matmul", "mm", "bmm", "addmm", "cat", "stack", "reshape", "permute",
-       "transpose", "gather", "index_select", "masked_fill", "nn.functional.relu",
-       "nn.functional.gelu", "nn.functional.conv2d", "nn.functional.layer_norm",
-       "nn.functional.cross_entropy", "sort", "topk"]
+OPS = [
+  "add",
+  "sub",
+  "mul",
+  "div",
+  "pow",
+  "exp",
+  "log",
+  "sin",
+  "tanh",
+  "sigmoid",
+  "sqrt",
+  "abs",
+  "clamp",
+  "where",
+  "sum",
+  "mean",
+  "prod",
+  "amax",
+  "argmax",
+  "cumsum",
+  "softmax",
+  "log_softmax",
+  "matmul",
+  "mm",
+  "bmm",
+  "addmm",
+  "cat",
+  "stack",
+  "reshape",
+  "permute",
+  "transpose",
+  "gather",
+  "index_select",
+  "masked_fill",
+  "nn.functional.relu",
+  "nn.functional.gelu",
+  "nn.functional.conv2d",
+  "nn.functional.layer_norm",
+  "nn.functional.cross_entropy",
+  "sort",
+  "topk",
+]
 
 _SCRIPT = r"""
 import sys, torch
@@ -44,8 +81,13 @@ print(len(results), "bridge" in sys.modules)
 
 def _run(path: str, autoload: bool) -> str:
   env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1" if autoload else "0")
-  out = subprocess.run([sys.executable, "-c", _SCRIPT, path, ",".join(OPS)], env=env,
-                       capture_output=True, text=True, timeout=600)
+  out = subprocess.run(
+    [sys.executable, "-c", _SCRIPT, path, ",".join(OPS)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout.strip()
 
@@ -79,6 +121,7 @@ def test_fork_rng_restores_cpu_rng():
 
 def test_freeze_rng_state():
   from torch.testing._internal.common_utils import freeze_rng_state
+
   torch.manual_seed(4)
   with freeze_rng_state():
     torch.rand(3)
@@ -107,6 +150,7 @@ def test_torch_compile_default_backend_on_cpu():
   @torch.compile
   def f(x):
     return torch.sin(x) * 2 + x.sum()
+
   x = torch.randn(8)
   torch.testing.assert_close(f(x), torch.sin(x) * 2 + x.sum())
 

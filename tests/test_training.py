@@ -12,16 +12,29 @@ import bridge  # noqa: F401 - registers the jax device
 
 
 def _mlp() -> torch.nn.Module:
-  return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
-                             torch.nn.GELU(), torch.nn.Linear(32, 3))
+  return torch.nn.Sequential(
+    torch.nn.Linear(8, 32),
+    torch.nn.ReLU(),
+    torch.nn.Linear(32, 32),
+    torch.nn.GELU(),
+    torch.nn.Linear(32, 3),
+  )
 
 
 def _cnn() -> torch.nn.Module:
   return torch.nn.Sequential(
-      # no bias before BatchNorm: its true gradient is 0, and Adam would amplify float noise
-      torch.nn.Conv2d(1, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-      torch.nn.MaxPool2d(2), torch.nn.Conv2d(4, 8, 3, groups=2, padding=1), torch.nn.GroupNorm(2, 8),
-      torch.nn.SiLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3))
+    # no bias before BatchNorm: its true gradient is 0, and Adam would amplify float noise
+    torch.nn.Conv2d(1, 4, 3, padding=1, bias=False),
+    torch.nn.BatchNorm2d(4),
+    torch.nn.ReLU(),
+    torch.nn.MaxPool2d(2),
+    torch.nn.Conv2d(4, 8, 3, groups=2, padding=1),
+    torch.nn.GroupNorm(2, 8),
+    torch.nn.SiLU(),
+    torch.nn.AdaptiveAvgPool2d(1),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8, 3),
+  )
 
 
 class _Block(torch.nn.Module):
@@ -34,8 +47,9 @@ class _Block(torch.nn.Module):
     # the scores), which Adam would amplify from float noise into full-size steps
     self.qkv = torch.nn.Linear(16, 48, bias=False)
     self.norm1, self.norm2 = torch.nn.LayerNorm(16), torch.nn.LayerNorm(16)
-    self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(approximate="tanh"),
-                                   torch.nn.Linear(32, 16))
+    self.mlp = torch.nn.Sequential(
+      torch.nn.Linear(16, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 16)
+    )
     self.head = torch.nn.Linear(16, 11)
 
   def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -61,9 +75,9 @@ def _data(kind: str, device: str):
 
 MODELS = {"mlp": _mlp, "cnn": _cnn, "transformer": _Block}
 OPTIMIZERS = {
-    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+  "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+  "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+  "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
 }
 
 
@@ -95,8 +109,9 @@ def test_training_matches_cpu(kind, opt_name):
   assert jax_losses[-1] < jax_losses[0]
   for (name, p_cpu), (_, p_jax) in zip(cpu_model.named_parameters(), jax_model.named_parameters()):
     assert isinstance(p_jax, torch.nn.Parameter) and p_jax.device.type == "jax", name
-    torch.testing.assert_close(p_jax.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5,
-                               msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+      p_jax.detach().cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}"
+    )
   for (name, b_cpu), (_, b_jax) in zip(cpu_model.named_buffers(), jax_model.named_buffers()):
     torch.testing.assert_close(b_jax.cpu(), b_cpu, rtol=1e-4, atol=1e-5)
 
@@ -109,5 +124,6 @@ def test_gradients_equal_cpu_for_every_parameter():
   for m, xx, yy in ((model, x, y), (jax_model, x.to("jax"), y.to("jax"))):
     F.cross_entropy(m(xx).reshape(-1, 11), yy.reshape(-1)).backward()
   for (name, p), (_, q) in zip(model.named_parameters(), jax_model.named_parameters()):
-    torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5,
-                               msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+      q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}"
+    )

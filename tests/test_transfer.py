@@ -39,9 +39,25 @@ def _ptr(a: jax.Array) -> int:
 
 
 def test_dtype_table_is_exact_and_complete():
-  expected = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-              "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-              "float8_e4m3fn", "float8_e5m2"}
+  expected = {
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+  }
   names = {str(d).removeprefix("torch.") for d in dtypes.TORCH_TO_JAX}
   assert expected <= names
   for t, j in dtypes.TORCH_TO_JAX.items():
@@ -66,16 +82,19 @@ def test_round_trip_is_bit_exact_and_zero_copy(dtype):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_jax_to_torch_to_jax_values(dtype):
   with jax.enable_x64(dtype in X64):
-    a = jnp.asarray(_sample(dtype).numpy() if dtype not in (torch.bfloat16,)
-                    and "float8" not in str(dtype) else bridge.to_jax(_sample(dtype)))
+    a = jnp.asarray(
+      _sample(dtype).numpy()
+      if dtype not in (torch.bfloat16,) and "float8" not in str(dtype)
+      else bridge.to_jax(_sample(dtype))
+    )
     t = bridge.to_torch(a)
     assert t.dtype is dtype
     assert t.data_ptr() == _ptr(a)
     b = bridge.to_jax(t)
-    np.testing.assert_array_equal(np.asarray(b).view(np.uint8) if dtype is not torch.bool
-                                  else np.asarray(b),
-                                  np.asarray(a).view(np.uint8) if dtype is not torch.bool
-                                  else np.asarray(a))
+    np.testing.assert_array_equal(
+      np.asarray(b).view(np.uint8) if dtype is not torch.bool else np.asarray(b),
+      np.asarray(a).view(np.uint8) if dtype is not torch.bool else np.asarray(a),
+    )
 
 
 @pytest.mark.parametrize("dtype", sorted(X64, key=str), ids=str)
@@ -108,17 +127,17 @@ def _strided(shape, strides) -> torch.Tensor:
 
 
 LAYOUTS = {
-    "contiguous": (lambda: torch.randn(4, 6), True),
-    "transposed": (lambda: torch.randn(4, 6).t(), True),
-    "permuted_3d": (lambda: torch.randn(2, 3, 4).permute(2, 0, 1), True),
-    "zero_dim": (lambda: torch.tensor(3.5), True),
-    "empty": (lambda: torch.randn(0, 3), True),
-    "size_one_odd_stride": (lambda: _strided((4, 1, 6), (6, 100, 1)), True),
-    "permuted_size_one": (lambda: torch.randn(6, 4).t().unsqueeze(1), True),
-    "expanded_stride0": (lambda: torch.randn(1, 6).expand(4, 6), False),
-    "step_sliced": (lambda: torch.randn(4, 12)[:, ::2], False),
-    "row_slice_gap": (lambda: torch.randn(8, 6)[:, :3], False),
-    "unaligned_offset": (lambda: torch.randn(65)[1:], False),
+  "contiguous": (lambda: torch.randn(4, 6), True),
+  "transposed": (lambda: torch.randn(4, 6).t(), True),
+  "permuted_3d": (lambda: torch.randn(2, 3, 4).permute(2, 0, 1), True),
+  "zero_dim": (lambda: torch.tensor(3.5), True),
+  "empty": (lambda: torch.randn(0, 3), True),
+  "size_one_odd_stride": (lambda: _strided((4, 1, 6), (6, 100, 1)), True),
+  "permuted_size_one": (lambda: torch.randn(6, 4).t().unsqueeze(1), True),
+  "expanded_stride0": (lambda: torch.randn(1, 6).expand(4, 6), False),
+  "step_sliced": (lambda: torch.randn(4, 12)[:, ::2], False),
+  "row_slice_gap": (lambda: torch.randn(8, 6)[:, :3], False),
+  "unaligned_offset": (lambda: torch.randn(65)[1:], False),
 }
 
 
@@ -217,13 +236,13 @@ Pair = collections.namedtuple("Pair", "first second")
 
 def test_pytrees_of_every_kind_round_trip():
   tree = {
-      "list": [torch.ones(2), 3, "s"],
-      "tuple": (torch.zeros(1),),
-      "nt": Pair(torch.arange(3, dtype=torch.int32), None),
-      "dc": Params(torch.ones(2, 2), torch.zeros(2)),
-      "frozen": Frozen({"inner": torch.ones(1)}),
-      "scalar": 1.5,
-      "np": np.ones(2),
+    "list": [torch.ones(2), 3, "s"],
+    "tuple": (torch.zeros(1),),
+    "nt": Pair(torch.arange(3, dtype=torch.int32), None),
+    "dc": Params(torch.ones(2, 2), torch.zeros(2)),
+    "frozen": Frozen({"inner": torch.ones(1)}),
+    "scalar": 1.5,
+    "np": np.ones(2),
   }
   out = bridge.to_jax(tree)
   assert isinstance(out["list"][0], jax.Array) and out["list"][1:] == [3, "s"]
@@ -247,15 +266,18 @@ def test_non_tensor_leaves_pass_through_unchanged():
 
 
 UNSUPPORTED_TENSORS = {
-    "sparse_coo": (lambda: torch.eye(3).to_sparse(), "sparse tensor"),
-    "sparse_csr": (lambda: torch.eye(3).to_sparse_csr(), "sparse tensor"),
-    "quantized": (lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
-                  "quantized tensor"),
-    "nested": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
-               "nested tensor"),
-    "nested_jagged": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
-                                                         layout=torch.jagged), "nested tensor"),
-    "meta": (lambda: torch.empty(3, device="meta"), "meta tensor"),
+  "sparse_coo": (lambda: torch.eye(3).to_sparse(), "sparse tensor"),
+  "sparse_csr": (lambda: torch.eye(3).to_sparse_csr(), "sparse tensor"),
+  "quantized": (
+    lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+    "quantized tensor",
+  ),
+  "nested": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested tensor"),
+  "nested_jagged": (
+    lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+    "nested tensor",
+  ),
+  "meta": (lambda: torch.empty(3, device="meta"), "meta tensor"),
 }
 
 
@@ -284,6 +306,7 @@ def test_tracer_cannot_go_to_torch():
   def f(x):
     bridge.to_torch(x)
     return x
+
   with pytest.raises(bridge.BridgeTypeError, match="is a JAX tracer"):
     jax.jit(f)(jnp.ones(2))
 
@@ -326,8 +349,13 @@ def test_sharded_and_replicated_arrays_to_torch():
   import os
   import subprocess
   import sys
-  env = dict(os.environ, XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=4"),
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True,
-                       env=env, timeout=120)
+
+  env = dict(
+    os.environ,
+    XLA_FLAGS=xla.with_flags("--xla_force_host_platform_device_count=4"),
+    JAX_PLATFORMS="cpu",
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, env=env, timeout=120
+  )
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

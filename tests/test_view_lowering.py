@@ -22,50 +22,53 @@ from bridge._src import strided as bt
 
 # name: (base shape, view of the base, lowers without gather/scatter)
 CASES = {
-    "whole": ((3, 4), lambda x: x, True),
-    "t": ((3, 4), lambda x: x.t(), True),
-    "t_of_1d_view": ((12,), lambda x: x.view(3, 4).t(), True),
-    "permute": ((2, 3, 4), lambda x: x.permute(2, 0, 1), True),
-    "permute_reverse": ((2, 3, 4, 5), lambda x: x.permute(3, 2, 1, 0), True),
-    "transpose": ((2, 3, 4), lambda x: x.transpose(0, 2), True),
-    "select_row": ((3, 4), lambda x: x[1], True),
-    "select_col": ((3, 4), lambda x: x[:, 2], True),
-    "select_middle": ((2, 3, 4), lambda x: x.select(1, 2), True),
-    "select_scalar": ((3, 4), lambda x: x[2, 3], True),
-    "narrow_dim0": ((5, 4), lambda x: x.narrow(0, 1, 3), True),
-    "narrow_dim1": ((5, 4), lambda x: x.narrow(1, 1, 2), True),
-    "step_slices": ((6, 7), lambda x: x[::2, 1::3], True),
-    "step_slice_1d": ((10,), lambda x: x[1::3], True),
-    "step_slice_uneven_1d": ((11,), lambda x: x[2::4], True),
-    "slice_then_t": ((4, 6), lambda x: x[1:, ::2].t(), True),
-    "expand": ((3, 1), lambda x: x.expand(3, 4), True),
-    "expand_new_dim": ((4,), lambda x: x.expand(2, 3, 4), True),
-    "expand_of_select": ((3, 4), lambda x: x[1:2].expand(5, 4), True),
-    "unsqueeze": ((3, 4), lambda x: x.unsqueeze(1), True),
-    "unsqueeze_of_t": ((3, 4), lambda x: x.t().unsqueeze(0), True),
-    "view": ((3, 4), lambda x: x.view(2, 6), True),
-    "reshape_flat_slice": ((3, 4), lambda x: x.reshape(-1)[3:9], True),
-    "view_then_slice": ((3, 4), lambda x: x.view(2, 6)[:, 2:4], True),
-    "flatten_then_view": ((2, 3, 4), lambda x: x.flatten()[4:16].view(3, 4), True),
-    "diagonal": ((3, 4), lambda x: x.diagonal(), True),
-    "diagonal_offset": ((4, 4), lambda x: x.diagonal(1), True),
-    "diagonal_3d": ((3, 3, 2), lambda x: x.diagonal(dim1=0, dim2=1), False),
-    "unbind_middle": ((3, 4), lambda x: x.unbind(0)[1], True),
-    "split_part": ((3, 4), lambda x: x.split(2, dim=1)[1], True),
-    "chunk_t": ((6, 4), lambda x: x.chunk(3, dim=0)[2].t(), True),
-    "as_strided_transpose": ((3, 4), lambda x: x.as_strided((2, 2), (1, 4)), True),
-    "as_strided_overlap": ((3, 4), lambda x: x.as_strided((3, 3), (1, 1)), False),
-    "as_strided_overlap_2d": ((4, 5), lambda x: x.as_strided((3, 4), (5, 2), 1), False),
-    "unfold": ((10,), lambda x: x.unfold(0, 4, 2), False),
-    "chain": ((4, 6, 5), lambda x: x[1:, ::2].permute(2, 0, 1)[1:4, :, 1:].transpose(0, 2), True),
-    "chain_select_expand": ((4, 6), lambda x: x.t()[2].unsqueeze(0).expand(3, 4), True),
-    "size_one_dims": ((1, 4, 1), lambda x: x.permute(2, 1, 0)[:, 1:3], True),
-    "split_heads": ((2, 3, 12), lambda x: x.split(4, dim=2)[1].view(2, 3, 2, 2).transpose(1, 2),
-                    True),
-    "window_of_1d": ((10,), lambda x: x[1:].view(3, 3)[:2, :2], True),
-    "zero_dim_base": ((), lambda x: x, True),
-    "zero_dim_base_unsqueezed": ((), lambda x: x.view(1, 1), True),
-    "empty_view": ((3, 4), lambda x: x[:, 2:2], True),
+  "whole": ((3, 4), lambda x: x, True),
+  "t": ((3, 4), lambda x: x.t(), True),
+  "t_of_1d_view": ((12,), lambda x: x.view(3, 4).t(), True),
+  "permute": ((2, 3, 4), lambda x: x.permute(2, 0, 1), True),
+  "permute_reverse": ((2, 3, 4, 5), lambda x: x.permute(3, 2, 1, 0), True),
+  "transpose": ((2, 3, 4), lambda x: x.transpose(0, 2), True),
+  "select_row": ((3, 4), lambda x: x[1], True),
+  "select_col": ((3, 4), lambda x: x[:, 2], True),
+  "select_middle": ((2, 3, 4), lambda x: x.select(1, 2), True),
+  "select_scalar": ((3, 4), lambda x: x[2, 3], True),
+  "narrow_dim0": ((5, 4), lambda x: x.narrow(0, 1, 3), True),
+  "narrow_dim1": ((5, 4), lambda x: x.narrow(1, 1, 2), True),
+  "step_slices": ((6, 7), lambda x: x[::2, 1::3], True),
+  "step_slice_1d": ((10,), lambda x: x[1::3], True),
+  "step_slice_uneven_1d": ((11,), lambda x: x[2::4], True),
+  "slice_then_t": ((4, 6), lambda x: x[1:, ::2].t(), True),
+  "expand": ((3, 1), lambda x: x.expand(3, 4), True),
+  "expand_new_dim": ((4,), lambda x: x.expand(2, 3, 4), True),
+  "expand_of_select": ((3, 4), lambda x: x[1:2].expand(5, 4), True),
+  "unsqueeze": ((3, 4), lambda x: x.unsqueeze(1), True),
+  "unsqueeze_of_t": ((3, 4), lambda x: x.t().unsqueeze(0), True),
+  "view": ((3, 4), lambda x: x.view(2, 6), True),
+  "reshape_flat_slice": ((3, 4), lambda x: x.reshape(-1)[3:9], True),
+  "view_then_slice": ((3, 4), lambda x: x.view(2, 6)[:, 2:4], True),
+  "flatten_then_view": ((2, 3, 4), lambda x: x.flatten()[4:16].view(3, 4), True),
+  "diagonal": ((3, 4), lambda x: x.diagonal(), True),
+  "diagonal_offset": ((4, 4), lambda x: x.diagonal(1), True),
+  "diagonal_3d": ((3, 3, 2), lambda x: x.diagonal(dim1=0, dim2=1), False),
+  "unbind_middle": ((3, 4), lambda x: x.unbind(0)[1], True),
+  "split_part": ((3, 4), lambda x: x.split(2, dim=1)[1], True),
+  "chunk_t": ((6, 4), lambda x: x.chunk(3, dim=0)[2].t(), True),
+  "as_strided_transpose": ((3, 4), lambda x: x.as_strided((2, 2), (1, 4)), True),
+  "as_strided_overlap": ((3, 4), lambda x: x.as_strided((3, 3), (1, 1)), False),
+  "as_strided_overlap_2d": ((4, 5), lambda x: x.as_strided((3, 4), (5, 2), 1), False),
+  "unfold": ((10,), lambda x: x.unfold(0, 4, 2), False),
+  "chain": ((4, 6, 5), lambda x: x[1:, ::2].permute(2, 0, 1)[1:4, :, 1:].transpose(0, 2), True),
+  "chain_select_expand": ((4, 6), lambda x: x.t()[2].unsqueeze(0).expand(3, 4), True),
+  "size_one_dims": ((1, 4, 1), lambda x: x.permute(2, 1, 0)[:, 1:3], True),
+  "split_heads": (
+    (2, 3, 12),
+    lambda x: x.split(4, dim=2)[1].view(2, 3, 2, 2).transpose(1, 2),
+    True,
+  ),
+  "window_of_1d": ((10,), lambda x: x[1:].view(3, 3)[:2, :2], True),
+  "zero_dim_base": ((), lambda x: x, True),
+  "zero_dim_base_unsqueezed": ((), lambda x: x.view(1, 1), True),
+  "empty_view": ((3, 4), lambda x: x[:, 2:2], True),
 }
 
 _GATHER_OR_SCATTER = re.compile(r"stablehlo\.\w*(gather|scatter)")
@@ -116,8 +119,9 @@ def test_structured_views_lower_without_gather_or_scatter(name):
   assert not _GATHER_OR_SCATTER.search(hlo), hlo
   if _writable(size, stride, offset):
     new = jnp.ones(size, b.dtype)
-    hlo = jax.jit(bt.scatter, static_argnums=(2, 3, 4)).lower(
-        b, new, size, stride, offset).as_text()
+    hlo = (
+      jax.jit(bt.scatter, static_argnums=(2, 3, 4)).lower(b, new, size, stride, offset).as_text()
+    )
     assert not _GATHER_OR_SCATTER.search(hlo), hlo
 
 
@@ -129,8 +133,11 @@ def test_other_views_take_the_flat_index_fallback(name):
 
 def test_step_one_slice_writes_with_dynamic_update_slice():
   b = jnp.zeros((4, 6))
-  hlo = jax.jit(bt.scatter, static_argnums=(2, 3, 4)).lower(
-      b, jnp.ones((2, 3)), (2, 3), (6, 1), 8).as_text()  # x[1:3, 2:5]
+  hlo = (
+    jax.jit(bt.scatter, static_argnums=(2, 3, 4))
+    .lower(b, jnp.ones((2, 3)), (2, 3), (6, 1), 8)
+    .as_text()
+  )  # x[1:3, 2:5]
   assert "stablehlo.dynamic_update_slice" in hlo and not _GATHER_OR_SCATTER.search(hlo)
 
 
@@ -191,24 +198,27 @@ def test_gather_and_scatter_under_vmap_and_grad(name):
   w = jnp.arange(math.prod(size), dtype=b.dtype).reshape(size) + 1
   grad = jax.grad(lambda x: jnp.sum(bt.gather(x, size, stride, offset) * w))(b)
   want = torch.zeros(base.numel()).index_add_(
-      0, torch.from_numpy(bt._flat_index(size, stride, offset).reshape(-1)),
-      torch.from_numpy(np.array(w).reshape(-1)))
+    0,
+    torch.from_numpy(bt._flat_index(size, stride, offset).reshape(-1)),
+    torch.from_numpy(np.array(w).reshape(-1)),
+  )
   np.testing.assert_array_equal(np.asarray(grad).reshape(-1), want.numpy())
   if _writable(size, stride, offset):
     news = jnp.stack([w, -w, 2 * w])
     got = jax.vmap(lambda x, n: bt.scatter(x, n, size, stride, offset))(batch, news)
-    np.testing.assert_array_equal(np.asarray(got[0]),
-                                  np.asarray(bt.scatter(b, w, size, stride, offset)))
+    np.testing.assert_array_equal(
+      np.asarray(got[0]), np.asarray(bt.scatter(b, w, size, stride, offset))
+    )
 
 
 DEVICE_VIEWS = {
-    "t": lambda x: x.t(),
-    "slice_step": lambda x: x[1:, ::2],
-    "select_t": lambda x: x.t()[3],
-    "permute_unsqueeze": lambda x: x.unsqueeze(0).permute(2, 0, 1),
-    "expand": lambda x: x[:1].expand(3, 6),
-    "view": lambda x: x.view(3, 8)[:, 1::3],
-    "diagonal": lambda x: x.diagonal(2),
+  "t": lambda x: x.t(),
+  "slice_step": lambda x: x[1:, ::2],
+  "select_t": lambda x: x.t()[3],
+  "permute_unsqueeze": lambda x: x.unsqueeze(0).permute(2, 0, 1),
+  "expand": lambda x: x[:1].expand(3, 6),
+  "view": lambda x: x.view(3, 8)[:, 1::3],
+  "diagonal": lambda x: x.diagonal(2),
 }
 
 
@@ -220,10 +230,10 @@ def test_views_on_the_jax_device(name):
 
 
 DEVICE_WRITES = {
-    "t_select_add_": lambda x: x.t()[1].add_(1),
-    "slice_step_mul_": lambda x: x[1:, ::2].mul_(3),
-    "permute_fill_": lambda x: x.view(2, 2, 6).permute(2, 0, 1)[1:3].fill_(9),
-    "diagonal_zero_": lambda x: x.diagonal(1).zero_(),
+  "t_select_add_": lambda x: x.t()[1].add_(1),
+  "slice_step_mul_": lambda x: x[1:, ::2].mul_(3),
+  "permute_fill_": lambda x: x.view(2, 2, 6).permute(2, 0, 1)[1:3].fill_(9),
+  "diagonal_zero_": lambda x: x.diagonal(1).zero_(),
 }
 
 
@@ -244,17 +254,19 @@ def test_linear_weight_reads_as_a_transpose_under_jit():
   assert tuple(lin.weight.t().stride()) == stride
   hlo = jax.jit(bt.gather, static_argnums=(1, 2, 3)).lower(w, size, stride, 0).as_text()
   assert "stablehlo.transpose" in hlo and not _GATHER_OR_SCATTER.search(hlo)
-  torch.testing.assert_close(lin(x).cpu(), torch.nn.functional.linear(
-      x.cpu(), lin.weight.detach().cpu(), lin.bias.detach().cpu()))
+  torch.testing.assert_close(
+    lin(x).cpu(),
+    torch.nn.functional.linear(x.cpu(), lin.weight.detach().cpu(), lin.bias.detach().cpu()),
+  )
 
 
 # Inside a decomposition (torch code running below autograd on the device), the "maybe
 # view" ops reach the device as themselves: `reshape` of a layout no view can express
 # must copy, and `to(device="cpu")` is a copy, not a view.
 MAYBE_VIEWS = {
-    "pixel_shuffle": lambda x: torch.nn.functional.pixel_shuffle(x, 2),
-    "pixel_unshuffle": lambda x: torch.nn.functional.pixel_unshuffle(x, 2),
-    "channel_shuffle": lambda x: torch.nn.functional.channel_shuffle(x, 2),
+  "pixel_shuffle": lambda x: torch.nn.functional.pixel_shuffle(x, 2),
+  "pixel_unshuffle": lambda x: torch.nn.functional.pixel_unshuffle(x, 2),
+  "channel_shuffle": lambda x: torch.nn.functional.channel_shuffle(x, 2),
 }
 
 
@@ -291,6 +303,7 @@ def test_a_decomposition_that_declines_its_arguments_falls_back(monkeypatch):
   # torch's decompositions return NotImplemented for arguments they do not cover (e.g.
   # adaptive_max_pool2d when the input size is not a multiple of the output size).
   from torch._decomp import decomposition_table
+
   op = torch.ops.bridge_test_declines.twice.default
   monkeypatch.setitem(decomposition_table, op, lambda x: NotImplemented)
   x = torch.randn(5)

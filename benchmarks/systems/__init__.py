@@ -7,17 +7,17 @@ imports (and import shims) never leak into another's measurements.
 # Report order; `bridge` is the baseline that ratios are computed against. New systems go
 # last: plot colours follow this order.
 ALL = (
-    "bridge",
-    "bridge_jax",
-    "dlpack_manual",
-    "plain_jax",
-    "torch_eager",
-    "torch_compile",
-    "torchax",
-    "torch_jax_interop",
-    "jax2torch",
-    "wrap_torch2jax",
-    "pure_callback",
+  "bridge",
+  "bridge_jax",
+  "dlpack_manual",
+  "plain_jax",
+  "torch_eager",
+  "torch_compile",
+  "torchax",
+  "torch_jax_interop",
+  "jax2torch",
+  "wrap_torch2jax",
+  "pure_callback",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
@@ -28,10 +28,10 @@ PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"
 
 # Distributions whose versions are reported (also when the system fails to load).
 PACKAGES = {
-    "bridge": ("bridge",),
-    "bridge_jax": ("bridge",),
-    "torchax": ("torchax",),
-    "torch_jax_interop": ("torch-jax-interop", "chex"),
-    "jax2torch": ("jax2torch",),
-    "wrap_torch2jax": ("wrap-torch2jax",),
+  "bridge": ("bridge",),
+  "bridge_jax": ("bridge",),
+  "torchax": ("torchax",),
+  "torch_jax_interop": ("torch-jax-interop", "chex"),
+  "jax2torch": ("jax2torch",),
+  "wrap_torch2jax": ("wrap-torch2jax",),
 }

@@ -12,40 +12,55 @@ NOT_HERE = "bridge_jax runs only the module workloads (see bridge)"
 
 
 def _forward(module, x):
-    import bridge
-    from bridge._src import tensor as tensor_lib
+  import bridge
+  from bridge._src import tensor as tensor_lib
 
-    compiled = bridge.compile(module.to("jax"))
-    xj = x.to("jax")
+  compiled = bridge.compile(module.to("jax"))
+  xj = x.to("jax")
 
-    def run():
-        out = compiled(xj)
-        # Wait for the output's JAX array. bridge.to_jax would also hand it over,
-        # but costs ~50 us on a jax-device tensor (2 CPUs, 2026-11), which would
-        # swamp a small call.
-        jax.block_until_ready(tensor_lib.value(out))
-        return out
+  def run():
+    out = compiled(xj)
+    # Wait for the output's JAX array. bridge.to_jax would also hand it over,
+    # but costs ~50 us on a jax-device tensor (2 CPUs, 2026-11), which would
+    # swamp a small call.
+    jax.block_until_ready(tensor_lib.value(out))
+    return out
 
-    run.settle = compiled.wait_optimized  # steady state: after the background compile
-    return run, (lambda out: out.cpu())
+  run.settle = compiled.wait_optimized  # steady state: after the background compile
+  return run, (lambda out: out.cpu())
 
 
 def make() -> System:
-    import bridge  # noqa: F401  (registers the jax device)
+  import bridge  # noqa: F401  (registers the jax device)
 
-    return System(
-        name="bridge_jax",
-        packages=("bridge",),
-        forward=_forward,
-        notes=["bridge_jax: bridge.compile(module.to('jax'))(x.to('jax')): module and input "
-               "on the jax torch device, output a jax-device tensor whose JAX array is "
-               "waited for (read with bridge._src.tensor.value) inside the timed call."],
-        unsupported={
-            **{attr: NOT_HERE for attr in ("call", "fwd_bwd", "to_jax", "to_torch", "eager",
-                                          "torch_from_jax", "torch_from_jax_grad", "call_torch_jit",
-                                          "call_torch_grad", "call_torch_vmap")},
-            **dict.fromkeys(("mlp_train_step", "gpt2_train_step_s64"),
-                            "same as bridge: bridge.extract_jax returns JAX arrays wherever "
-                            "the module lives"),
-        },
-    )
+  return System(
+    name="bridge_jax",
+    packages=("bridge",),
+    forward=_forward,
+    notes=[
+      "bridge_jax: bridge.compile(module.to('jax'))(x.to('jax')): module and input "
+      "on the jax torch device, output a jax-device tensor whose JAX array is "
+      "waited for (read with bridge._src.tensor.value) inside the timed call."
+    ],
+    unsupported={
+      **{
+        attr: NOT_HERE
+        for attr in (
+          "call",
+          "fwd_bwd",
+          "to_jax",
+          "to_torch",
+          "eager",
+          "torch_from_jax",
+          "torch_from_jax_grad",
+          "call_torch_jit",
+          "call_torch_grad",
+          "call_torch_vmap",
+        )
+      },
+      **dict.fromkeys(
+        ("mlp_train_step", "gpt2_train_step_s64"),
+        "same as bridge: bridge.extract_jax returns JAX arrays wherever the module lives",
+      ),
+    },
+  )

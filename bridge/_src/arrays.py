@@ -15,8 +15,9 @@ from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 
 
-def array_to_tensor(a: Any, where: Callable[[], str], api: str = "bridge.torch_view"
-                    ) -> tensor_lib.Tensor:
+def array_to_tensor(
+  a: Any, where: Callable[[], str], api: str = "bridge.torch_view"
+) -> tensor_lib.Tensor:
   """A `bridge.Tensor` holding the JAX array or tracer `a` (no copy)."""
   dtype = dtypes.torch_dtype(a.dtype, api=api, where=where())
   if dtype in dtypes.NARROWED and scope.is_staged() and not dtypes.x64_enabled():

@@ -27,12 +27,34 @@ import torch
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 
-_LOWER = frozenset({
-    "_addmm_activation", "_convolution.deprecated", "_native_multi_head_attention", "addbmm",
-    "addmm", "baddbmm", "bmm", "conv1d", "conv1d.padding", "conv2d", "conv2d.padding", "conv3d",
-    "conv3d.padding", "conv_tbc", "conv_transpose1d", "conv_transpose2d.input",
-    "conv_transpose3d.input", "linalg_vecdot", "linear", "matmul", "mkldnn_rnn_layer", "mm",
-    "prelu", "scaled_dot_product_attention"})
+_LOWER = frozenset(
+  {
+    "_addmm_activation",
+    "_convolution.deprecated",
+    "_native_multi_head_attention",
+    "addbmm",
+    "addmm",
+    "baddbmm",
+    "bmm",
+    "conv1d",
+    "conv1d.padding",
+    "conv2d",
+    "conv2d.padding",
+    "conv3d",
+    "conv3d.padding",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "linalg_vecdot",
+    "linear",
+    "matmul",
+    "mkldnn_rnn_layer",
+    "mm",
+    "prelu",
+    "scaled_dot_product_attention",
+  }
+)
 _PROMOTE = frozenset({"cat", "stack", "index_copy"})
 _KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 _library: Any = None
@@ -40,9 +62,15 @@ _library: Any = None
 
 def _eligible(t: Any) -> bool:
   # In a trace scope CPU tensors are constants of the program, on the jax device in effect.
-  return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
-          and (t.device.type == tensor_lib.device_type()
-               or (t.device.type == "cpu" and scope.active() is not None)))
+  return (
+    isinstance(t, torch.Tensor)
+    and t.is_floating_point()
+    and t.dtype != torch.float64
+    and (
+      t.device.type == tensor_lib.device_type()
+      or (t.device.type == "cpu" and scope.active() is not None)
+    )
+  )
 
 
 def _cast(tree: Any, dtype: torch.dtype) -> Any:
@@ -80,9 +108,10 @@ def register() -> None:
   kernels = torch.library.Library("aten", "IMPL", "AutocastPrivateUse1")
   for name in torch._C._dispatch_get_all_op_names():
     if not name.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(
-        name, "AutocastCPU"):
+      name, "AutocastCPU"
+    ):
       continue
-    short = name[len("aten::"):]
+    short = name[len("aten::") :]
     packet, _, overload = short.partition(".")
     op = getattr(getattr(torch.ops.aten, packet), overload or "default", None)
     if op is None:

@@ -98,14 +98,18 @@ def _weak_method(method: Any) -> bool:
   return bool(type(method.__self__).__weakrefoffset__ and type(method.__func__).__weakrefoffset__)
 
 
-def _make_apply(fn_ref: Callable[[], Callable | None], spec: Any, statics: tuple,
-                name: str) -> Callable[..., Any]:
+def _make_apply(
+  fn_ref: Callable[[], Callable | None], spec: Any, statics: tuple, name: str
+) -> Callable[..., Any]:
   """`apply(*arrays)`: calls the function with `arrays` put back into the argument structure.
 
   A closure over `fn_ref` only (not over the entry, nor over the function itself).
   """
-  unflatten = (functools.partial(tree_lib.unflatten, spec) if isinstance(spec, tree_lib.Spec)
-               else spec.unflatten)
+  unflatten = (
+    functools.partial(tree_lib.unflatten, spec)
+    if isinstance(spec, tree_lib.Spec)
+    else spec.unflatten
+  )
 
   def apply(*arrays: Any) -> Any:
     it = iter(arrays)
@@ -113,12 +117,14 @@ def _make_apply(fn_ref: Callable[[], Callable | None], spec: Any, statics: tuple
     fn = fn_ref()
     if fn is None:
       raise BridgeError(
-          f"`{API}`: {name} was garbage-collected, but JAX needs to trace it again (a new "
-          "input shape, or a derivative of higher order than the graph recorded). Keep a "
-          "reference to the function for as long as its results are differentiated.")
+        f"`{API}`: {name} was garbage-collected, but JAX needs to trace it again (a new "
+        "input shape, or a derivative of higher order than the graph recorded). Keep a "
+        "reference to the function for as long as its results are differentiated."
+      )
     out = fn(*args, **kwargs)
     _check_outputs(name, out)
     return out
+
   return apply
 
 
@@ -183,10 +189,11 @@ def _check_outputs(name: str, out: Any) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
     if not isinstance(leaf, _OUT_TYPES):
       raise BridgeTypeError(
-          f"`{API}`: {name} returned a {type(leaf).__name__} at output"
-          f"{jax.tree_util.keystr(path) or ' <root>'} ({leaf!r:.60}); a JAX function called "
-          "from torch must return a pytree of arrays (tuples, lists, dicts, None). Compute "
-          "non-array values outside the function.")
+        f"`{API}`: {name} returned a {type(leaf).__name__} at output"
+        f"{jax.tree_util.keystr(path) or ' <root>'} ({leaf!r:.60}); a JAX function called "
+        "from torch must return a pytree of arrays (tuples, lists, dicts, None). Compute "
+        "non-array values outside the function."
+      )
 
 
 def _name(fn: Callable) -> str:
@@ -277,8 +284,9 @@ class _Args:
 
   @functools.cached_property
   def paths(self) -> list[str]:
-    return ([f"args{p}" for p in tree_lib.leaf_paths(self.args)]
-            + [f"kwargs{p}" for p in tree_lib.leaf_paths(self.kwargs)])
+    return [f"args{p}" for p in tree_lib.leaf_paths(self.args)] + [
+      f"kwargs{p}" for p in tree_lib.leaf_paths(self.kwargs)
+    ]
 
   def describe(self, leaf_index: int) -> str:
     return f"argument {self.paths[leaf_index]}"
@@ -287,8 +295,7 @@ class _Args:
 class _Leaves:
   """The leaves of one call's arguments, sorted into arrays and static values."""
 
-  __slots__ = ("spec", "leaves", "arrays", "tensors", "key_statics", "slow", "needs_grad",
-               "device")
+  __slots__ = ("spec", "leaves", "arrays", "tensors", "key_statics", "slow", "needs_grad", "device")
 
   def __init__(self, leaves: list, spec: Any, args: tuple, kwargs: dict):
     self.spec, self.leaves = spec, leaves
@@ -352,14 +359,16 @@ class _Leaves:
     for pos, i, t in self.tensors:
       if t.device != t0.device:
         raise TransferError(
-            f"`{API}`: tensors on two devices: {described.describe(first)} is on "
-            f"{t0.device} and {described.describe(i)} is on {t.device}. One JAX call runs on "
-            f"one device: move them together first, e.g. `.to('{t0.device}')` or "
-            f"`.to('{t.device}')`.")
+          f"`{API}`: tensors on two devices: {described.describe(first)} is on "
+          f"{t0.device} and {described.describe(i)} is on {t.device}. One JAX call runs on "
+          f"one device: move them together first, e.g. `.to('{t0.device}')` or "
+          f"`.to('{t.device}')`."
+        )
     for pos, i, t in self.tensors:
       if self.arrays[pos] is t:
         self.arrays[pos] = transfer.tensor_to_jax(
-            t, copy=None, api=API, where=functools.partial(described.describe, i))
+          t, copy=None, api=API, where=functools.partial(described.describe, i)
+        )
 
 
 def _static_key(leaf: Any, i: int, args: tuple, kwargs: dict) -> Any:
@@ -374,11 +383,12 @@ def _static_key(leaf: Any, i: int, args: tuple, kwargs: dict) -> Any:
     hash(leaf)
   except TypeError:
     raise BridgeTypeError(
-        f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
-        "is neither a tensor nor an array, so it must be a static argument, and static "
-        "arguments must be hashable. Pass it as a tensor or array, make it hashable "
-        "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
-        f"Got: {leaf!r:.80}") from None
+      f"`{API}`: {_Args(args, kwargs).describe(i)} is a {type(leaf).__name__}, which "
+      "is neither a tensor nor an array, so it must be a static argument, and static "
+      "arguments must be hashable. Pass it as a tensor or array, make it hashable "
+      "(e.g. a tuple), or close over it: `call_jax(functools.partial(fn, ...), ...)`. "
+      f"Got: {leaf!r:.80}"
+    ) from None
   return leaf
 
 
@@ -393,6 +403,7 @@ class _HasFake(Exception):
 @functools.cache
 def _fake_tensor_type() -> type:
   from torch._subclasses.fake_tensor import FakeTensor
+
   return FakeTensor
 
 
@@ -408,8 +419,11 @@ def _call_jax_fake(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
   with jax.enable_x64(True):
     for i in positions:
       t = leaves[i]
-      specs.append(jax.ShapeDtypeStruct(tuple(t.shape), dtypes.jax_dtype(
-          t.dtype, api=API, where=_Args(args, kwargs).describe(i))))
+      specs.append(
+        jax.ShapeDtypeStruct(
+          tuple(t.shape), dtypes.jax_dtype(t.dtype, api=API, where=_Args(args, kwargs).describe(i))
+        )
+      )
 
     def run(*arrays: Any) -> Any:
       filled = list(leaves)
@@ -417,12 +431,15 @@ def _call_jax_fake(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         filled[i] = a
       a, k = tree_lib.unflatten(spec, filled)
       return fn(*a, **k)
+
     out = jax.eval_shape(run, *specs)
   with mode:
     return jax.tree_util.tree_map(
-        lambda s: torch.empty(s.shape, dtype=dtypes.torch_dtype(s.dtype, api=API,
-                                                                  where="an output"),
-                              device=device), out)
+      lambda s: torch.empty(
+        s.shape, dtype=dtypes.torch_dtype(s.dtype, api=API, where="an output"), device=device
+      ),
+      out,
+    )
 
 
 def _no_fast_path(t: torch.Tensor) -> None:
@@ -452,12 +469,17 @@ def outputs_to_torch(entry: Entry, out: Any) -> tuple[list[torch.Tensor], Any]:
   return outs, treedef
 
 
-def _outputs_on_device(device: torch.device, entry: Entry, out: Any
-                       ) -> tuple[list[torch.Tensor], Any]:
+def _outputs_on_device(
+  device: torch.device, entry: Entry, out: Any
+) -> tuple[list[torch.Tensor], Any]:
   """Outputs as `jax` tensors on `device` (the inputs' device): no transfer."""
   leaves, treedef = _tree_flatten(out)
-  return [tensor_lib.make(o, device) if isinstance(o, jax.Array) else
-          tensor_lib.make(jax.numpy.asarray(o), device) for o in leaves], treedef
+  return [
+    tensor_lib.make(o, device)
+    if isinstance(o, jax.Array)
+    else tensor_lib.make(jax.numpy.asarray(o), device)
+    for o in leaves
+  ], treedef
 
 
 def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -515,8 +537,11 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     split = _leaves(args, kwargs)
   except _HasFake:
     return _call_jax_fake(fn, args, kwargs)
-  key = (_ref(fn) if type(fn) is _FunctionType else _fn_key(fn), split.spec,
-         tuple(split.key_statics))
+  key = (
+    _ref(fn) if type(fn) is _FunctionType else _fn_key(fn),
+    split.spec,
+    tuple(split.key_statics),
+  )
   if _dead:  # a function died: drop its entries (before a lookup, see `_fn_key`)
     _cache.purge()
   entry = _cache_entries.get(key)
@@ -524,13 +549,15 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     entry = _cache.get(key, lambda: Entry(fn, split.spec, split.statics()), _anchor(fn))
   if split.slow:
     split.convert_slow(args, kwargs)
-  to_torch = (outputs_to_torch if split.device is None
-              else functools.partial(_outputs_on_device, split.device))
+  to_torch = (
+    outputs_to_torch
+    if split.device is None
+    else functools.partial(_outputs_on_device, split.device)
+  )
   if split.needs_grad and torch.is_grad_enabled():
     if entry.weak:  # the graph holds the function (see `_keeping`)
       to_torch = functools.partial(_keeping, fn, to_torch)
-    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch,
-                                       split.device)
+    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch, split.device)
   else:
     outs, out_def = to_torch(entry, entry.forward(*split.arrays))
   return out_def.unflatten(outs)
@@ -553,8 +580,9 @@ def torch_function(fn: F) -> F:
   """
   if not callable(fn):
     raise BridgeTypeError(
-        f"`bridge.torch_view`: expected a JAX callable, got a {type(fn).__name__}. To move "
-        "arrays to torch use `bridge.to_torch(tree)`.")
+      f"`bridge.torch_view`: expected a JAX callable, got a {type(fn).__name__}. To move "
+      "arrays to torch use `bridge.to_torch(tree)`."
+    )
   if getattr(fn, "__bridge_jax_fn__", None) is not None:
     return fn  # already a torch view
   inner = getattr(fn, "__bridge_torch_fn__", None)
@@ -564,5 +592,6 @@ def torch_function(fn: F) -> F:
   @functools.wraps(fn)
   def wrapper(*args: Any, **kwargs: Any) -> Any:
     return call_jax(fn, *args, **kwargs)
+
   wrapper.__bridge_jax_fn__ = fn  # type: ignore[attr-defined]
   return wrapper  # type: ignore[return-value]

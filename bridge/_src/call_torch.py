@@ -21,17 +21,29 @@ from bridge._src.dispatch import fallback
 from bridge._src import modules
 from bridge._src.errors import BridgeTypeError
 from bridge._src.module_state import module_of
-from bridge._src.tracing import (Mode, VmapMethod, check_mode, inputs_to_torch, outputs_to_jax,
-                                 run_traced)
+from bridge._src.tracing import (
+  Mode,
+  VmapMethod,
+  check_mode,
+  inputs_to_torch,
+  outputs_to_jax,
+  run_traced,
+)
 
 API = "bridge.call_torch"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
-               vmap_method: VmapMethod | None = None, result_shape_dtypes: Any = None,
-               **kwargs: Any) -> Any:
+def call_torch(
+  fn: Callable[..., Any],
+  /,
+  *args: Any,
+  mode: Mode = "trace",
+  vmap_method: VmapMethod | None = None,
+  result_shape_dtypes: Any = None,
+  **kwargs: Any,
+) -> Any:
   """Calls the torch function or module `fn` on JAX arrays; returns JAX arrays.
 
   As `fn(*args, **kwargs)` with `bridge.Tensor`s (torch tensors on the `jax`
@@ -100,8 +112,9 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
     Array([0.5, 0.5], dtype=float32)
   """
   if mode == "callback":
-    return callback.call(fn, args, kwargs, vmap_method=vmap_method,
-                         result_shape_dtypes=result_shape_dtypes)
+    return callback.call(
+      fn, args, kwargs, vmap_method=vmap_method, result_shape_dtypes=result_shape_dtypes
+    )
   check_mode(mode, vmap_method, result_shape_dtypes)
   module = module_of(fn)
   if module is not None:
@@ -110,9 +123,13 @@ def call_torch(fn: Callable[..., Any], /, *args: Any, mode: Mode = "trace",
   return outputs_to_jax(run_traced(fn, targs, tkwargs))
 
 
-
-def jax_function(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None = None,
-                 result_shape_dtypes: Any = None) -> F:
+def jax_function(
+  fn: F,
+  *,
+  mode: Mode = "trace",
+  vmap_method: VmapMethod | None = None,
+  result_shape_dtypes: Any = None,
+) -> F:
   """`bridge.jax_view` of a torch callable `fn`: a JAX callable, `call_torch(fn, ...)` on each
   call.
 
@@ -129,8 +146,15 @@ def jax_function(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None 
 
     @functools.wraps(wrapped_cb)
     def callback_wrapper(*args: Any, **kwargs: Any) -> Any:
-      return call_torch(fn, *args, mode="callback", vmap_method=vmap_method,
-                        result_shape_dtypes=result_shape_dtypes, **kwargs)
+      return call_torch(
+        fn,
+        *args,
+        mode="callback",
+        vmap_method=vmap_method,
+        result_shape_dtypes=result_shape_dtypes,
+        **kwargs,
+      )
+
     callback_wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]
     return callback_wrapper  # type: ignore[return-value]
   inner = getattr(fn, "__bridge_jax_fn__", None)
@@ -140,9 +164,11 @@ def jax_function(fn: F, *, mode: Mode = "trace", vmap_method: VmapMethod | None 
     return fn  # already a JAX view
 
   wrapped = fn.forward if isinstance(fn, torch.nn.Module) else fn
+
   @functools.wraps(wrapped)
   def wrapper(*args: Any, **kwargs: Any) -> Any:
     return call_torch(fn, *args, **kwargs)
+
   wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]
   return wrapper  # type: ignore[return-value]
 
@@ -165,8 +191,9 @@ def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[s
   token = fallback.recording.set(found)
   try:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves)
-                 if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))]
+    positions = [
+      i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+    ]
 
     def traced(*arrays: Any) -> Any:
       filled = list(leaves)
@@ -174,9 +201,11 @@ def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[s
         filled[i] = a
       a, k = jax.tree_util.tree_unflatten(treedef, filled)
       return call_torch(fn, *a, **k)
+
     with jax.enable_x64(True):
-      jax.eval_shape(traced, *(jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
-                               for i in positions))
+      jax.eval_shape(
+        traced, *(jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype) for i in positions)
+      )
   finally:
     fallback.recording.reset(token)
   return sorted(found)

@@ -86,8 +86,7 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
     self.random = False
     self.written: set[int] = set()  # ids of the (root) tensors written to
 
-  def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
-                         ) -> Any:
+  def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
     kwargs = kwargs or {}
     if torch.Tag.nondeterministic_seeded in func.tags:
       self.random = True
@@ -113,8 +112,10 @@ def _written_args(func: Any) -> frozenset[int]:
   positions = _writes.get(func)
   if positions is None:
     positions = _writes[func] = frozenset(
-        i for i, a in enumerate(func._schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write)
+      i
+      for i, a in enumerate(func._schema.arguments)
+      if a.alias_info is not None and a.alias_info.is_write
+    )
   return positions
 
 
@@ -126,11 +127,19 @@ class _FakeResult:
     self.writes_state = writes_state  # it updates its module's buffers
 
 
-def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
-              module: torch.nn.Module | None = None) -> _FakeResult:
-  from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                             DynamicOutputShapeException, FakeTensorMode,
-                                             UnsupportedOperatorException)
+def _fake_run(
+  call: Callable[[list], Any],
+  in_specs: Sequence[tuple],
+  name: str,
+  module: torch.nn.Module | None = None,
+) -> _FakeResult:
+  from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+  )
+
   mode = FakeTensorMode(allow_non_fake_inputs=True)
   recorder = _Recorder()
   # A module runs with fake copies of its state: fake mode would otherwise run in-place
@@ -150,52 +159,60 @@ def _fake_run(call: Callable[[list], Any], in_specs: Sequence[tuple], name: str,
         out = call(fakes)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
       raise scope.TracedValueError(
-          f"`{API}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
-          f"before it runs: it {_data_dependence(e)}, at\n  {scope.user_line(e.__traceback__)}\n"
-          "A JAX program needs every output's shape and dtype when it is built. If they are "
-          "in fact fixed, pass them: `result_shape_dtypes=jax.ShapeDtypeStruct(shape, dtype)` "
-          "(a pytree of them, like the outputs); otherwise return fixed-size results (pad, or "
-          "return a mask instead of selecting).") from e
+        f"`{API}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
+        f"before it runs: it {_data_dependence(e)}, at\n  {scope.user_line(e.__traceback__)}\n"
+        "A JAX program needs every output's shape and dtype when it is built. If they are "
+        "in fact fixed, pass them: `result_shape_dtypes=jax.ShapeDtypeStruct(shape, dtype)` "
+        "(a pytree of them, like the outputs); otherwise return fixed-size results (pad, or "
+        "return a mask instead of selecting)."
+      ) from e
     except UnsupportedOperatorException as e:
       if not isinstance(getattr(e, "func", None), torch._ops.OpOverload):
         raise
       raise BridgeError(
-          f"`{API}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
-          "implementation, so its outputs' shapes cannot be found without running it. Give "
-          "the op one (`torch.library.register_fake`), or pass the outputs' shapes with "
-          "`result_shape_dtypes=`.") from e
+        f"`{API}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
+        "implementation, so its outputs' shapes cannot be found without running it. Give "
+        "the op one (`torch.library.register_fake`), or pass the outputs' shapes with "
+        "`result_shape_dtypes=`."
+      ) from e
     except RuntimeError as e:
       if "no fake impl" not in str(e) and "fake impl" not in str(e).lower():
         _note_fake_run(e, name)
         raise
       raise BridgeError(
-          f"`{API}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
-          "its outputs' shapes cannot be found without running it. Give the op one "
-          "(`torch.library.register_fake`), or pass the outputs' shapes with "
-          f"`result_shape_dtypes=`. Torch said: {str(e).splitlines()[0]}") from e
+        f"`{API}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
+        "its outputs' shapes cannot be found without running it. Give the op one "
+        "(`torch.library.register_fake`), or pass the outputs' shapes with "
+        f"`result_shape_dtypes=`. Torch said: {str(e).splitlines()[0]}"
+      ) from e
     except Exception as e:
       _note_fake_run(e, name)
       raise
   mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
-  writes_state = any(t._version != state_versions[n] or id(t) in recorder.written
-                     for n, t in fake_state.items())
+  writes_state = any(
+    t._version != state_versions[n] or id(t) in recorder.written for n, t in fake_state.items()
+  )
   return _FakeResult(out, mutated, recorder.random, writes_state)
 
 
 def _note_fake_run(e: BaseException, name: str) -> None:
   e.add_note(
-      f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
-      "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
-      "shapes before the JAX program runs. If the function needs real data for that, "
-      "pass the outputs' shapes with `result_shape_dtypes=`.)")
+    f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
+    "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
+    "shapes before the JAX program runs. If the function needs real data for that, "
+    "pass the outputs' shapes with `result_shape_dtypes=`.)"
+  )
 
 
 def _data_dependence(e: BaseException) -> str:
   func = getattr(e, "func", None)
   if func is not None and "_local_scalar_dense" in str(func):
     return "reads a tensor's value in Python (`.item()`, `if t:`, `int(t)`)"
-  return (f"calls {func}, whose output shape depends on the data" if func is not None
-          else "has an output shape that depends on the data")
+  return (
+    f"calls {func}, whose output shape depends on the data"
+    if func is not None
+    else "has an output shape that depends on the data"
+  )
 
 
 # --- programs: one per function, input structure and input specs ---------------------------
@@ -209,10 +226,18 @@ class _Program:
   their first input.
   """
 
-  def __init__(self, flat_fn: Callable[[list], list], ins: Sequence[jax.ShapeDtypeStruct],
-               outs: Sequence[jax.ShapeDtypeStruct], *, name: str, vmap_method: str,
-               random: bool, restore: Callable[[], Any] | None = None,
-               side_effect: bool = False):
+  def __init__(
+    self,
+    flat_fn: Callable[[list], list],
+    ins: Sequence[jax.ShapeDtypeStruct],
+    outs: Sequence[jax.ShapeDtypeStruct],
+    *,
+    name: str,
+    vmap_method: str,
+    random: bool,
+    restore: Callable[[], Any] | None = None,
+    side_effect: bool = False,
+  ):
     self.flat_fn, self.ins, self.outs, self.name = flat_fn, list(ins), list(outs), name
     self.vmap_method, self.random, self.restore = vmap_method, random, restore
     self.side_effect = side_effect  # never dropped as dead code (it updates module buffers)
@@ -231,8 +256,9 @@ class _Program:
       return self.flat_fn(inputs)
 
   def _emit(self, *dyn: Any) -> tuple:
-    return tuple(ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method,
-                          side_effect=self.side_effect))
+    return tuple(
+      ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method, side_effect=self.side_effect)
+    )
 
   def _differentiable(self) -> Callable[..., tuple]:
     @jax.custom_vjp
@@ -254,12 +280,19 @@ class _Program:
       if not wrt or not self.diff_out:
         return tuple(out)
       zero = jax.custom_derivatives.SymbolicZero
-      given = [cts[i] if not isinstance(cts[i], zero) else
-               jnp.zeros(self.outs[i].shape, self.outs[i].dtype) for i in self.diff_out]
+      given = [
+        cts[i]
+        if not isinstance(cts[i], zero)
+        else jnp.zeros(self.outs[i].shape, self.outs[i].dtype)
+        for i in self.diff_out
+      ]
       program = self.vjp(wrt)
       args = (*dyn, *given)
-      grads = (_call_now(program, list(args)) if not any(
-          isinstance(a, jax.core.Tracer) for a in args) else program.apply(*args))
+      grads = (
+        _call_now(program, list(args))
+        if not any(isinstance(a, jax.core.Tracer) for a in args)
+        else program.apply(*args)
+      )
       for j, i in enumerate(wrt):
         out[i] = grads[j]
       return tuple(out)
@@ -282,7 +315,7 @@ class _Program:
         for i in wrt:
           if not leaves[i].requires_grad:
             leaves[i] = leaves[i].detach().requires_grad_()
-        with torch.enable_grad(), (restore() if restore else contextlib.nullcontext()):
+        with torch.enable_grad(), restore() if restore else contextlib.nullcontext():
           outs = forward(leaves)
           ys, gs = [], []
           for j, i in enumerate(diff_out):
@@ -294,8 +327,11 @@ class _Program:
               ct = cts[j].conj() if cts[j].is_complex() else cts[j]
               gs.append(ct if ct.dtype == y.dtype else ct.to(y.dtype))
           xs = [leaves[i] for i in wrt]
-          grads = (torch.autograd.grad(ys, xs, gs, allow_unused=True, create_graph=create)
-                   if ys else [None] * len(xs))
+          grads = (
+            torch.autograd.grad(ys, xs, gs, allow_unused=True, create_graph=create)
+            if ys
+            else [None] * len(xs)
+          )
         result = []
         for x, g in zip(xs, grads):
           g = torch.zeros_like(x) if g is None else g
@@ -306,9 +342,14 @@ class _Program:
       ins = self.ins + [self.outs[i] for i in diff_out]
       outs = [self.ins[i] for i in wrt]
       program = self._vjps[wrt] = _Program(
-          vjp_fn, ins, outs, name=f"the backward of {self.name}",
-          vmap_method=_BACKWARD_VMAP.get(self.vmap_method, self.vmap_method), random=False,
-          restore=None)
+        vjp_fn,
+        ins,
+        outs,
+        name=f"the backward of {self.name}",
+        vmap_method=_BACKWARD_VMAP.get(self.vmap_method, self.vmap_method),
+        random=False,
+        restore=None,
+      )
     return program
 
 
@@ -353,20 +394,25 @@ def _call_now(program: _Program, dyn: list) -> list:
     for i, (r, spec) in enumerate(zip(results, program.outs)):
       want = dtypes.JAX_TO_TORCH[np.dtype(spec.dtype)]
       r = ffi.check_result(r, spec.shape, want, i, program.name).detach()
-      outs.append(transfer.tensor_to_jax(r if r.dtype == want else r.to(want), copy=True,
-                                         api=API, where=lambda: f"output {i}"))
+      outs.append(
+        transfer.tensor_to_jax(
+          r if r.dtype == want else r.to(want), copy=True, api=API, where=lambda: f"output {i}"
+        )
+      )
   return outs
 
 
 def _seed() -> Any:
   """A fresh uint32 seed drawn, when the program runs, from torch's default generator."""
-  return ffi.emit(_SEED_KEY, (), [jax.ShapeDtypeStruct((), np.uint32)],
-                  vmap_method="sequential", side_effect=True)[0]
+  return ffi.emit(
+    _SEED_KEY, (), [jax.ShapeDtypeStruct((), np.uint32)], vmap_method="sequential", side_effect=True
+  )[0]
 
 
 _SEED_KEY = ffi.register(
-    lambda inputs: [torch.randint(0, 2**31 - 1, (), dtype=torch.int64).to(torch.uint32)],
-    "the seed of a random torch function")
+  lambda inputs: [torch.randint(0, 2**31 - 1, (), dtype=torch.int64).to(torch.uint32)],
+  "the seed of a random torch function",
+)
 
 
 _programs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -381,7 +427,6 @@ def _cache_for(fn: Any) -> dict:
   except TypeError:  # not weak-referenceable: kept alive here, so its id is never reused
     table = _programs_strong.setdefault(id(anchor), (anchor, {}))[1]
   return table.setdefault(sub, {}) if sub is not None else table
-
 
 
 @contextlib.contextmanager
@@ -415,8 +460,12 @@ def _describe(fn: Any) -> str:
   """How messages name `fn`: `f`, `MyModule.forward`, `mylib::op` (a custom op)."""
   if isinstance(fn, torch.nn.Module):
     return f"`{type(fn).__name__}.forward`"
-  label = (getattr(fn, "__qualname__", None) or getattr(fn, "_qualname", None)
-           or getattr(fn, "__name__", None) or type(fn).__name__)
+  label = (
+    getattr(fn, "__qualname__", None)
+    or getattr(fn, "_qualname", None)
+    or getattr(fn, "__name__", None)
+    or type(fn).__name__
+  )
   return f"`{label}`"
 
 
@@ -424,9 +473,16 @@ def _where(i: int) -> str:
   return f"argument leaf {i}"
 
 
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str | None = None,
-         result_shape_dtypes: Any = None, name: str | None = None,
-         return_mutated: bool = False) -> Any:
+def call(
+  fn: Callable[..., Any],
+  args: tuple,
+  kwargs: dict,
+  *,
+  vmap_method: str | None = None,
+  result_shape_dtypes: Any = None,
+  name: str | None = None,
+  return_mutated: bool = False,
+) -> Any:
   """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring).
 
   With `return_mutated`, returns `(outputs, {leaf index: new value})` for the array
@@ -437,8 +493,9 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   name = name or _describe(fn)
   if not ffi.supported():
     raise BridgeError(
-        f"`{API}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
-        "into Python from a program. Use the default trace mode, or run on CPU or GPU.")
+      f"`{API}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
+      "into Python from a program. Use the default trace mode, or run on CPU or GPU."
+    )
   leaves, spec = tree_lib.flatten((args, kwargs))
   dyn: list[Any] = []
   statics: list[Any] = []
@@ -452,13 +509,30 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   narrow = scope.is_staged() and not dtypes.x64_enabled()
   avals = tuple((tuple(np.shape(d)), np.dtype(d.dtype)) for d in dyn)
   # (types too: 1, 1.0 and True are equal and hash alike, but are not the same argument)
-  cache_key = (spec, tuple(statics), tuple(type(s) for s in statics), avals, vmap_method,
-               narrow, return_mutated, _shapes_key(result_shape_dtypes))
+  cache_key = (
+    spec,
+    tuple(statics),
+    tuple(type(s) for s in statics),
+    avals,
+    vmap_method,
+    narrow,
+    return_mutated,
+    _shapes_key(result_shape_dtypes),
+  )
   table = _cache_for(fn)
   entry = table.get(cache_key)
   if entry is None:
-    entry = table[cache_key] = _build(fn, spec, tuple(statics), avals, vmap_method,
-                                      result_shape_dtypes, name, narrow, return_mutated)
+    entry = table[cache_key] = _build(
+      fn,
+      spec,
+      tuple(statics),
+      avals,
+      vmap_method,
+      result_shape_dtypes,
+      name,
+      narrow,
+      return_mutated,
+    )
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
   if not any(isinstance(d, jax.core.Tracer) for d in dyn):
@@ -475,18 +549,30 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, vmap_method: str 
   return result, {leaf_of_dyn[i]: v for i, v in zip(written, it)}
 
 
-def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap_method: str,
-           result_shape_dtypes: Any, name: str, narrow: bool, return_mutated: bool) -> tuple:
-  in_torch = [(shape, dtypes.torch_dtype(dt, api=API, where=_where(i)))
-              for i, (shape, dt) in enumerate(avals)]
+def _build(
+  fn: Callable[..., Any],
+  spec: Any,
+  statics: tuple,
+  avals: tuple,
+  vmap_method: str,
+  result_shape_dtypes: Any,
+  name: str,
+  narrow: bool,
+  return_mutated: bool,
+) -> tuple:
+  in_torch = [
+    (shape, dtypes.torch_dtype(dt, api=API, where=_where(i))) for i, (shape, dt) in enumerate(avals)
+  ]
   module = state_lib.module_of(fn)
   # until the fake run says otherwise:
-  state: dict[str, Any] = {"mutated": (False,) * len(avals), "random": False,
-                           "writes_state": False}
+  state: dict[str, Any] = {"mutated": (False,) * len(avals), "random": False, "writes_state": False}
 
   # the common case, `fn(x, y)` with arrays only, skips the rebuilding of the arguments' tree
-  positional = (not spec.nodes and all(s is _DYN for s in statics)
-                and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef)
+  positional = (
+    not spec.nodes
+    and all(s is _DYN for s in statics)
+    and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef
+  )
 
   def make_run(mutated: tuple[bool, ...], random: bool) -> Callable[[list], tuple[Any, list]]:
     """`fn` on a list of input tensors -> (its output, the inputs it saw)."""
@@ -506,6 +592,7 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
       if type(out) is not torch.Tensor and type(out).__module__ == "torch.return_types":
         out = tuple(out)
       return out, inputs
+
     return run
 
   if result_shape_dtypes is None:
@@ -522,16 +609,20 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
         if narrow and dt in dtypes.NARROWED:  # the edge of a 32-bit program
           if dt.is_floating_point or dt.is_complex:
             raise NarrowingError(
-                f"`{API}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
-                "the JAX program it is called from is built with JAX's 64-bit types disabled "
-                "and cannot hold it; rounding it to 32 bits would change it. Return a 32-bit "
-                "tensor from the torch code (`.float()`), or enable 64-bit types "
-                "(`jax.config.update('jax_enable_x64', True)`).")
+              f"`{API}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
+              "the JAX program it is called from is built with JAX's 64-bit types disabled "
+              "and cannot hold it; rounding it to 32 bits would change it. Return a 32-bit "
+              "tensor from the torch code (`.float()`), or enable 64-bit types "
+              "(`jax.config.update('jax_enable_x64', True)`)."
+            )
           # int64 leaves as int32, checked to fit when it runs (`ffi.check_result`)
           scope.warn_narrowed(f"the {dt} output leaf {i} of {name}")
           dt = dtypes.NARROWED[dt]
-        outs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtypes.jax_dtype(
-            dt, api=API, where=f"output leaf {i} of {name}")))
+        outs.append(
+          jax.ShapeDtypeStruct(
+            tuple(leaf.shape), dtypes.jax_dtype(dt, api=API, where=f"output leaf {i} of {name}")
+          )
+        )
         out_statics.append(_DYN)
       else:
         out_statics.append(leaf)
@@ -553,15 +644,23 @@ def _build(fn: Callable[..., Any], spec: Any, statics: tuple, avals: tuple, vmap
     leaves, _ = tree_lib.flatten(out)
     if len(leaves) != len(out_statics):
       raise BridgeError(
-          f"{name} returned {len(leaves)} output leaves, but {len(out_statics)} were expected "
-          "(from its fake run or `result_shape_dtypes`).")
+        f"{name} returned {len(leaves)} output leaves, but {len(out_statics)} were expected "
+        "(from its fake run or `result_shape_dtypes`)."
+      )
     return [leaves[i] for i in tensor_positions] + [after[i] for i in written]
 
   ins = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in avals]
   if state["random"]:
     ins.insert(0, jax.ShapeDtypeStruct((), np.dtype(np.uint32)))
   restore = (lambda: _buffers_kept(module)) if module is not None else None
-  program = _Program(flat_fn, ins, outs, name=name, vmap_method=vmap_method,
-                     random=state["random"], restore=restore,
-                     side_effect=state["writes_state"])
+  program = _Program(
+    flat_fn,
+    ins,
+    outs,
+    name=name,
+    vmap_method=vmap_method,
+    random=state["random"],
+    restore=restore,
+    side_effect=state["writes_state"],
+  )
   return program, out_spec, out_statics, written

@@ -29,6 +29,7 @@ def _recognising_bridge_tensors(original: Callable[[Any], bool]) -> Callable[[An
     if type(x) is tensor_lib.Tensor:
       return isinstance(x._storage.array, jax.core.Tracer)
     return original(x)
+
   is_jax_jitting.__wrapped__ = original  # type: ignore[attr-defined]
   is_jax_jitting.__doc__ = original.__doc__
   return is_jax_jitting
@@ -45,5 +46,6 @@ def tell_libraries() -> None:
   with _lock:
     if name not in _patched:
       module.is_jax_jitting = _recognising_bridge_tensors(  # type: ignore[attr-defined]
-          module.is_jax_jitting)
+        module.is_jax_jitting
+      )
       _patched.add(name)

@@ -41,8 +41,7 @@ from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.config import get_config
 from bridge._src.arrays import array_to_tensor
-from bridge._src.errors import (BridgeError, BridgeTypeError, DeviceMismatchError,
-                                 TransferError)
+from bridge._src.errors import BridgeError, BridgeTypeError, DeviceMismatchError, TransferError
 from bridge._src.module_state import module_of
 from bridge._src.placement import placement_lines
 
@@ -57,10 +56,13 @@ _SCALARS = (bool, int, float)
 # 2.2x slower (900 us against 410 us) until the optimized one replaces it. XLA splits the
 # LLVM module into 32 parts to compile in parallel; with fewer cores than that, as many
 # parts as cores (GPT-2's quick compile on 2 cores: 75 ms instead of 120 ms).
-_QUICK_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
-                  "xla_cpu_parallel_codegen_split_count": min(32, len(os.sched_getaffinity(0))
-                                                              if hasattr(os, "sched_getaffinity")
-                                                              else os.cpu_count() or 32)}
+_QUICK_OPTIONS = {
+  "xla_backend_optimization_level": 0,
+  "xla_cpu_use_fusion_emitters": False,
+  "xla_cpu_parallel_codegen_split_count": min(
+    32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 32
+  ),
+}
 _TIER_MIN_EQUATIONS = 32  # smaller programs (an MLP: 20) compile in tens of milliseconds
 _compiler: list[concurrent.futures.ThreadPoolExecutor] = []
 _compiler_lock = threading.Lock()
@@ -70,8 +72,9 @@ def _background() -> concurrent.futures.ThreadPoolExecutor:
   """One thread compiling optimized programs (XLA releases the GIL while it compiles)."""
   with _compiler_lock:
     if not _compiler:
-      _compiler.append(concurrent.futures.ThreadPoolExecutor(
-          max_workers=1, thread_name_prefix="bridge-compile"))
+      _compiler.append(
+        concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bridge-compile")
+      )
     return _compiler[0]
 
 
@@ -107,8 +110,9 @@ class _Info:
 class _Program:
   """One argument structure, static values and train/eval setting: a jitted forward."""
 
-  def __init__(self, owner: "Compiled", spec: Any, statics: tuple, names: tuple,
-               amp: torch.dtype | None = None):
+  def __init__(
+    self, owner: "Compiled", spec: Any, statics: tuple, names: tuple, amp: torch.dtype | None = None
+  ):
     if isinstance(spec, int):  # the fast path's spelling of `spec` tensors as positional args
       spec = tree_lib.flatten((tuple(range(spec)), {}))[1]
     self.owner, self.spec, self.statics, self.names = owner, spec, statics, names
@@ -159,8 +163,12 @@ class _Program:
     try:
       optimized = lowered.compile()
     except Exception as e:  # the quick program keeps running
-      warnings.warn(f"`{API}({self.name})`: compiling the optimized program failed ({e}); "
-                    "the quickly compiled one stays in use.", RuntimeWarning, stacklevel=1)
+      warnings.warn(
+        f"`{API}({self.name})`: compiling the optimized program failed ({e}); "
+        "the quickly compiled one stays in use.",
+        RuntimeWarning,
+        stacklevel=1,
+      )
       raise
     if self.forward is quick:
       self.forward = optimized
@@ -181,12 +189,12 @@ class _Program:
     def lean(*arrays: Any) -> Any:
       return body(*arrays[:n], key, *arrays[n:])[0]
 
-    self.lean = jax.jit(lean).lower(*flat[:n], *flat[n + 1:]).compile()
+    self.lean = jax.jit(lean).lower(*flat[:n], *flat[n + 1 :]).compile()
     self.forward = self._lean_forward
 
   def _lean_forward(self, *flat: Any) -> tuple:
     n = self.n_state
-    return (self.lean(*flat[:n], *flat[n + 1:]),), (), None
+    return (self.lean(*flat[:n], *flat[n + 1 :]),), (), None
 
   def written_back(self) -> frozenset[int]:
     """The positions (among the program's inputs) of the state its forward updates, which
@@ -210,7 +218,7 @@ class _Program:
   def apply(self, *flat: Any) -> tuple:
     """(state..., key, dyn...) -> (outputs, updated state, next key or None)."""
     n = self.n_state
-    state, key, dyn = flat[:n], flat[n], flat[n + 1:]
+    state, key, dyn = flat[:n], flat[n], flat[n + 1 :]
     it = iter(dyn)
     leaves = []
     for s in self.statics:
@@ -222,12 +230,16 @@ class _Program:
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
-    amp = (torch.autocast(tensor_lib.device_type(), dtype=self.amp) if self.amp is not None
-           else contextlib.nullcontext())
+    amp = (
+      torch.autocast(tensor_lib.device_type(), dtype=self.amp)
+      if self.amp is not None
+      else contextlib.nullcontext()
+    )
     with rng.rng_key(key) as box, amp:
       if module is not None:
-        out, mutated = modules_lib.apply(module, self.owner.call, dict(zip(self.names, state)),
-                                         args, kwargs, API)
+        out, mutated = modules_lib.apply(
+          module, self.owner.call, dict(zip(self.names, state)), args, kwargs, API
+        )
         modules_lib.check_no_leak(module, API)
       else:
         out, mutated = tracing.run_traced(self.owner.call, args, kwargs, API), {}
@@ -252,8 +264,9 @@ def _single(program: "_Program") -> bool:
   return info.out_plain and info.out_single and not info.mutated and not info.draws
 
 
-def _locked(compiled: "Compiled", program: "_Program", call: Callable[..., Any]
-            ) -> Callable[..., Any]:
+def _locked(
+  compiled: "Compiled", program: "_Program", call: Callable[..., Any]
+) -> Callable[..., Any]:
   """`call`, holding the compiled module's lock if the program updates the module's buffers:
   reading the state, running the program and writing the updates back are then one step
   for other threads' calls (BatchNorm's counter counts each call); and the generator's lock
@@ -268,6 +281,7 @@ def _locked(compiled: "Compiled", program: "_Program", call: Callable[..., Any]
     def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
       with lock, generator:
         return call(self, *args, **kwargs)
+
     return locked
 
   def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
@@ -283,8 +297,14 @@ def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   return None if program.info.draws else arrays[n_state]
 
 
-def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: torch.device,
-               out_dtypes: tuple, fixed_key: Any) -> Callable[..., Any]:
+def _fast_call(
+  compiled: "Compiled",
+  program: "_Program",
+  sig: tuple,
+  device: torch.device,
+  out_dtypes: tuple,
+  fixed_key: Any,
+) -> Callable[..., Any]:
   """The recorded call as the compiled module's `__call__` (see `Compiled._record`): one
   closure over everything it checks, for a call like the recorded one with whole `jax`-device
   tensors only. On this hot path a method call or an attribute lookup is a tenth of a
@@ -294,8 +314,9 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   shapes/dtypes/device, nothing the trace read changed (the module's guard, train flags
   included: `modules.Guard.holds`), autocast off, nothing that requires grad. Anything
   else goes to the general path (`Compiled._call`), which records again."""
-  entries = tuple([(table, attr, table[attr], table[attr]._storage)
-                   for table, attr in compiled._slots or ()])
+  entries = tuple(
+    [(table, attr, table[attr], table[attr]._storage) for table, attr in compiled._slots or ()]
+  )
   single = _single(program)
   snap, live = compiled._guarded()
   n_args, n_state = len(sig), len(entries)
@@ -318,7 +339,13 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
       stale = snap != live
     except Exception:  # noqa: BLE001 - see `Guard.holds`
       stale = True
-    if stale or kwargs or len(args) != n_args or self is not compiled or autocast_on(tensor_lib.device_type()):
+    if (
+      stale
+      or kwargs
+      or len(args) != n_args
+      or self is not compiled
+      or autocast_on(tensor_lib.device_type())
+    ):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
@@ -342,8 +369,11 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
           return general(self, args, kwargs)
         storage = a._storage
         array = storage.array
-        if (storage.device is not device or array.shape != shape
-            or (array.dtype is not dtype and array.dtype != dtype)):  # mostly the same object
+        if (
+          storage.device is not device
+          or array.shape != shape
+          or (array.dtype is not dtype and array.dtype != dtype)
+        ):  # mostly the same object
           return general(self, args, kwargs)
         arrays.append(array)
     if lean is not None:  # (then the output is single)
@@ -369,14 +399,16 @@ def _fast_call(compiled: "Compiled", program: "_Program", sig: tuple, device: to
   return call
 
 
-def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, imported: list,
-                   fixed_key: Any) -> Callable[..., Any]:
+def _fast_cpu_call(
+  compiled: "Compiled", program: "_Program", sig: tuple, imported: list, fixed_key: Any
+) -> Callable[..., Any]:
   """`_fast_call` for plain CPU tensors: the parameters' zero-copy arrays as recorded (each
   parameter must be the same tensor, unchanged since: same version counter and data
   pointer), the arguments shared with JAX through NumPy, the outputs through DLPack."""
   slots = tuple(compiled._slots or ())
-  entries = tuple([(table, attr, t, version, a)
-                   for (table, attr), (t, version, a) in zip(slots, imported)])
+  entries = tuple(
+    [(table, attr, t, version, a) for (table, attr), (t, version, a) in zip(slots, imported)]
+  )
   single = _single(program)
   snap, live = compiled._guarded()
   n_args, n_state = len(sig), len(slots)
@@ -390,11 +422,18 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
   # the lean output straight through DLPack: a fresh array of the CPU device, of a dtype
   # torch has (else `to_torch` checks it and `_to_torch` takes it)
   out_info = getattr(lean, "out_info", None)
-  to_dlpack = transfer.buffer_to_dlpack if (
-      lean is not None and transfer.buffer_to_dlpack is not None
-      and hasattr(out_info, "dtype") and hasattr(out_info, "sharding")
+  to_dlpack = (
+    transfer.buffer_to_dlpack
+    if (
+      lean is not None
+      and transfer.buffer_to_dlpack is not None
+      and hasattr(out_info, "dtype")
+      and hasattr(out_info, "sharding")
       and transfer.is_one_cpu_device(out_info.sharding)
-      and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID) else None
+      and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID
+    )
+    else None
+  )
   from_dlpack = torch._C._from_dlpack
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
@@ -402,14 +441,23 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
       stale = snap != live
     except Exception:  # noqa: BLE001 - see `Guard.holds`
       stale = True
-    if (stale or kwargs or len(args) != n_args or self is not compiled or autocast_on("cpu")
-        or not on_cpu()):
+    if (
+      stale
+      or kwargs
+      or len(args) != n_args
+      or self is not compiled
+      or autocast_on("cpu")
+      or not on_cpu()
+    ):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
     for table, attr, t, version, a in entries:
-      if (table.get(attr) is not t or (t._version, t.data_ptr()) != version
-          or (grad and t.requires_grad)):
+      if (
+        table.get(attr) is not t
+        or (t._version, t.data_ptr()) != version
+        or (grad and t.requires_grad)
+      ):
         return general(self, args, kwargs)
       arrays.append(a)
     if to_dlpack is not None:  # lean: it checks the arguments' shapes and dtypes itself
@@ -438,8 +486,13 @@ def _fast_cpu_call(compiled: "Compiled", program: "_Program", sig: tuple, import
       key = fixed_key if fixed_key is not None else rng._key
       arrays.append(key if key is not None else current_key())
     for a, (shape, dtype) in zip(args, sig):
-      if (type(a) is not plain or a.dtype is not dtype or a.shape != shape or not a.is_cpu
-          or (grad and a.requires_grad)):
+      if (
+        type(a) is not plain
+        or a.dtype is not dtype
+        or a.shape != shape
+        or not a.is_cpu
+        or (grad and a.requires_grad)
+      ):
         return general(self, args, kwargs)
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
     try:
@@ -480,12 +533,17 @@ class Compiled:
     # Each compiled callable is the one instance of a class of its own, so that a recorded
     # call can become that class's `__call__` (`_record`): Python calls `type(c).__call__`,
     # and a call that goes straight to the shortcut saves a Python frame.
-    own = type(cls.__name__, (cls,), {"__module__": cls.__module__,
-                                      "__qualname__": cls.__qualname__})
+    own = type(
+      cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    )
     return super().__new__(own)
 
-  def __init__(self, target: Callable[..., Any], dynamic_argnums: Iterable[int] = (),
-               dynamic_argnames: Iterable[str] = ()):
+  def __init__(
+    self,
+    target: Callable[..., Any],
+    dynamic_argnums: Iterable[int] = (),
+    dynamic_argnames: Iterable[str] = (),
+  ):
     self.target = target
     self.module = module_of(target)
     self.call = target
@@ -503,8 +561,9 @@ class Compiled:
     self._lock = threading.RLock()  # see `_locked`
     if self.module is not None:
       self._submodules = list(self.module.modules())
-    functools.update_wrapper(self, target.forward if isinstance(target, torch.nn.Module)
-                             else target, updated=())
+    functools.update_wrapper(
+      self, target.forward if isinstance(target, torch.nn.Module) else target, updated=()
+    )
 
   def wait_optimized(self) -> "Compiled":
     """Blocks until every program compiled so far runs with XLA's full optimization.
@@ -558,8 +617,7 @@ class Compiled:
       owner_name, _, attr = name.rpartition(".")
       owner = self.module.get_submodule(owner_name)
       params = modules_lib.own_table(owner, "_parameters")
-      slots.append((params if attr in params else modules_lib.own_table(owner, "_buffers"),
-                    attr))
+      slots.append((params if attr in params else modules_lib.own_table(owner, "_buffers"), attr))
     if self._slots is not None and tuple(state) != self._names:
       self._programs = {}  # traced with other state names
       self._record(None)
@@ -613,8 +671,11 @@ class Compiled:
   def _split(self, args: tuple, kwargs: dict) -> tuple[Any, tuple, list, tuple]:
     """(spec, statics, dynamic values, shape/dtype key) of the arguments."""
     leaves, spec = tree_lib.flatten((args, kwargs))
-    dynamic = self._dynamic_leaves(args, kwargs, len(leaves)) if (
-        self.dynamic_argnums or self.dynamic_argnames) else None
+    dynamic = (
+      self._dynamic_leaves(args, kwargs, len(leaves))
+      if (self.dynamic_argnums or self.dynamic_argnames)
+      else None
+    )
     statics, dyn, sig = [], [], []
     for i, leaf in enumerate(leaves):
       if isinstance(leaf, torch.Tensor):
@@ -632,9 +693,10 @@ class Compiled:
         except TypeError:
           path = tree_lib.leaf_paths((args, kwargs))[i]
           raise BridgeTypeError(
-              f"`{API}`: argument {path} is a {type(leaf).__name__}, neither a tensor nor a "
-              "hashable value, so it cannot be a static argument of the compiled program. Pass "
-              "a tensor, a hashable value (e.g. a tuple), or close over it.") from None
+            f"`{API}`: argument {path} is a {type(leaf).__name__}, neither a tensor nor a "
+            "hashable value, so it cannot be a static argument of the compiled program. Pass "
+            "a tensor, a hashable value (e.g. a tuple), or close over it."
+          ) from None
         statics.append(leaf)
     return spec, tuple(statics), dyn, tuple(sig)
 
@@ -685,8 +747,9 @@ class Compiled:
         return self._run(program, state, args, dyn, fast, amp)
     return self._run(program, state, args, dyn, fast, amp)
 
-  def _run(self, program: _Program, state: list, args: tuple, dyn: Any, fast: bool,
-           amp: torch.dtype | None) -> Any:
+  def _run(
+    self, program: _Program, state: list, args: tuple, dyn: Any, fast: bool, amp: torch.dtype | None
+  ) -> Any:
     """Runs `program` on the module's state and the call's tensors `dyn` (a plain call's
     `args`, when `fast`), and writes back what it updated."""
     traces = self._traces
@@ -706,12 +769,14 @@ class Compiled:
         elif d is not device and d != device:
           raise _device_error(self.name, device, d)
       try:
-        if torch.is_grad_enabled() and (any([t.requires_grad for t in state])
-                                        or any([t.requires_grad for t in dyn])):
+        if torch.is_grad_enabled() and (
+          any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])
+        ):
           if self._guard is not None and self._guard.backward_hooks:
             raise self._backward_hooks_error()
-          outs, updates, new_key = self._call_with_grad(program, arrays, state + list(dyn),
-                                                        len(state), device)
+          outs, updates, new_key = self._call_with_grad(
+            program, arrays, state + list(dyn), len(state), device
+          )
           if self._traces != traces:
             self._retake()
         else:
@@ -747,29 +812,56 @@ class Compiled:
     else:
       own.__call__ = call
 
-  def _record_fast(self, program: _Program, state: list, args: tuple, device: torch.device,
-                   outs: list, arrays: list) -> None:
+  def _record_fast(
+    self,
+    program: _Program,
+    state: list,
+    args: tuple,
+    device: torch.device,
+    outs: list,
+    arrays: list,
+  ) -> None:
     """Records this call for the shortcut if it was a plain one on the `jax` device."""
     tensors = state + list(args)
-    if all([type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device
-            for t in tensors]):
+    if all(
+      [type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device for t in tensors]
+    ):
       sig = tuple([(a._storage.array.shape, a._storage.array.dtype) for a in args])
-      self._record(_locked(self, program, _fast_call(
-          self, program, sig, device, tuple([o.dtype for o in outs]),
-          _fixed_key(program, arrays, len(state)))))
+      self._record(
+        _locked(
+          self,
+          program,
+          _fast_call(
+            self,
+            program,
+            sig,
+            device,
+            tuple([o.dtype for o in outs]),
+            _fixed_key(program, arrays, len(state)),
+          ),
+        )
+      )
     else:
       self._record(None)
 
-  def _record_fast_cpu(self, program: _Program, state: list, args: tuple, arrays: list
-                       ) -> None:
+  def _record_fast_cpu(self, program: _Program, state: list, args: tuple, arrays: list) -> None:
     """Records this call for the shortcut if it was a plain one with CPU tensors."""
     imported = self._imported
-    if (len(imported) == len(state) and all([h is not None and h[0] is t
-                                                for h, t in zip(imported, state)])
-        and all([type(a) is torch.Tensor for a in args])):
+    if (
+      len(imported) == len(state)
+      and all([h is not None and h[0] is t for h, t in zip(imported, state)])
+      and all([type(a) is torch.Tensor for a in args])
+    ):
       sig = tuple([(a.shape, a.dtype) for a in args])
-      self._record(_locked(self, program, _fast_cpu_call(
-          self, program, sig, list(imported), _fixed_key(program, arrays, len(state)))))
+      self._record(
+        _locked(
+          self,
+          program,
+          _fast_cpu_call(
+            self, program, sig, list(imported), _fixed_key(program, arrays, len(state))
+          ),
+        )
+      )
     else:
       self._record(None)
 
@@ -807,27 +899,33 @@ class Compiled:
 
   def _backward_hooks_error(self) -> BridgeError:
     return BridgeError(
-        f"`{API}({self.name})`: {', '.join(self._guard.backward_hooks[:3])} has a module "
-        "backward hook (`register_full_backward_hook`, `register_full_backward_pre_hook` or "
-        "a global one). A compiled call's backward is JAX's derivative of the traced forward, "
-        "which cannot run torch's module backward hooks, so its gradients would skip them. "
-        "Remove the hook (`handle.remove()`), or hook tensors instead (`out.register_hook(...)` "
-        "on the call's output, `param.register_hook(...)` on a parameter), or call it under "
-        "`torch.no_grad()` where no backward is needed.")
+      f"`{API}({self.name})`: {', '.join(self._guard.backward_hooks[:3])} has a module "
+      "backward hook (`register_full_backward_hook`, `register_full_backward_pre_hook` or "
+      "a global one). A compiled call's backward is JAX's derivative of the traced forward, "
+      "which cannot run torch's module backward hooks, so its gradients would skip them. "
+      "Remove the hook (`handle.remove()`), or hook tensors instead (`out.register_hook(...)` "
+      "on the call's output, `param.register_hook(...)` on a parameter), or call it under "
+      "`torch.no_grad()` where no backward is needed."
+    )
 
   def _placement_error(self, arrays: list, n: int) -> Exception:
     """The module's state and the arguments are on different sets of devices (meshes)."""
-    names = [f"parameter/buffer {name}" for name in self._names] + ["the random key"] + [
-        f"argument {i}" for i in range(len(arrays) - n - 1)]
+    names = (
+      [f"parameter/buffer {name}" for name in self._names]
+      + ["the random key"]
+      + [f"argument {i}" for i in range(len(arrays) - n - 1)]
+    )
     lines = placement_lines(zip(names, arrays), distinct=True)  # a line per set of devices
     return DeviceMismatchError(
-        f"`{API}({self.name})`: the module's state and the arguments are placed on different "
-        "sets of devices:\n" + "\n".join(lines) + "\nOne compiled program runs on one mesh: "
-        "place them together first (`bridge.shard(module, sharding)` and "
-        "`bridge.shard(x, sharding)` with shardings over the same mesh).")
+      f"`{API}({self.name})`: the module's state and the arguments are placed on different "
+      "sets of devices:\n" + "\n".join(lines) + "\nOne compiled program runs on one mesh: "
+      "place them together first (`bridge.shard(module, sharding)` and "
+      "`bridge.shard(x, sharding)` with shardings over the same mesh)."
+    )
 
-  def _call_with_grad(self, program: _Program, arrays: list, tensors: list, n: int,
-                      device: torch.device | None) -> tuple:
+  def _call_with_grad(
+    self, program: _Program, arrays: list, tensors: list, n: int, device: torch.device | None
+  ) -> tuple:
     positions = [i if i < n else i + 1 for i in range(len(tensors))]  # the key sits at n
     entries = [(pos, pos, t) for pos, t in zip(positions, tensors)]
     if not (type(device) is torch.device and device.type == tensor_lib.device_type()):
@@ -835,13 +933,20 @@ class Compiled:
     to_torch = functools.partial(_outputs_to_torch, device)
     flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
     outs, updates, new_key = out_def.unflatten(flat)
-    updates = [tensor_lib.value(u) if type(u) is tensor_lib.Tensor else
-               transfer.tensor_to_jax(u.detach(), api=API, where=lambda: "a buffer update")
-               for u in updates]
+    updates = [
+      tensor_lib.value(u)
+      if type(u) is tensor_lib.Tensor
+      else transfer.tensor_to_jax(u.detach(), api=API, where=lambda: "a buffer update")
+      for u in updates
+    ]
     if new_key is not None:
-      new_key = (tensor_lib.value(new_key) if isinstance(new_key, tensor_lib.Tensor)
-                 else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key"))
+      new_key = (
+        tensor_lib.value(new_key)
+        if isinstance(new_key, tensor_lib.Tensor)
+        else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key")
+      )
     return list(outs), updates, new_key
+
 
 def _array(t: torch.Tensor) -> Any:
   if type(t) is tensor_lib.Tensor:
@@ -858,9 +963,10 @@ _NO_DEVICE = object()  # no tensor seen yet
 def _device_error(name: str, first: Any, other: Any) -> TransferError:
   first, other = first or torch.device("cpu"), other or torch.device("cpu")
   return TransferError(
-      f"`{API}`: {name} got tensors on two devices, {first} and {other} (parameters, "
-      f"buffers and arguments together). Move them to one device first, e.g. "
-      f"`module.to('{first}')` and `x.to('{first}')`.")
+    f"`{API}`: {name} got tensors on two devices, {first} and {other} (parameters, "
+    f"buffers and arguments together). Move them to one device first, e.g. "
+    f"`module.to('{first}')` and `x.to('{first}')`."
+  )
 
 
 def _to_torch(a: Any, device: torch.device | None) -> torch.Tensor:
@@ -877,8 +983,12 @@ def _outputs_to_torch(device: torch.device | None, entry: Any, out: Any) -> tupl
   return [_to_torch(a, device) for a in leaves], treedef
 
 
-def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (),
-            dynamic_argnames: Iterable[str] = ()) -> Compiled:
+def compile(
+  target: Callable[..., Any],
+  *,
+  dynamic_argnums: Iterable[int] = (),
+  dynamic_argnames: Iterable[str] = (),
+) -> Compiled:
   """Compiles a torch module or function into one cached `jax.jit` program; call it from torch.
 
   The returned callable takes and returns torch tensors (on the CPU or the `jax`
@@ -960,6 +1070,7 @@ def compile(target: Callable[..., Any], *, dynamic_argnums: Iterable[int] = (),
     torch.Size([3, 2])
   """
   if not callable(target):
-    raise BridgeTypeError(f"`{API}`: expected a module or a function, got a "
-                          f"{type(target).__name__}.")
+    raise BridgeTypeError(
+      f"`{API}`: expected a module or a function, got a {type(target).__name__}."
+    )
   return Compiled(target, dynamic_argnums, dynamic_argnames)

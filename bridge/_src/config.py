@@ -51,6 +51,7 @@ class Config:
       host round trip per op, and needs a platform whose programs can call back into Python
       (CPU, GPU). Read when a program is traced: a program built without it stays unchecked.
   """
+
   debug_print_each_op: bool = False
   debug_file: TextIO | None = None
   decompose_missing_ops: bool = True
@@ -83,16 +84,18 @@ class config:  # (used like a function: `with bridge.config(...):`)
     unknown = sorted(set(changes) - names)
     if unknown:
       raise BridgeTypeError(
-          f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
-          f"{', '.join(sorted(names))}.")
+        f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
+        f"{', '.join(sorted(names))}."
+      )
     if "fallback" in changes and changes["fallback"] not in get_args(Fallback):
       raise BridgeTypeError(
-          f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', "
-          "'error'.")
+        f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', 'error'."
+      )
     if "check_indices" in changes and not isinstance(changes["check_indices"], bool):
       raise BridgeTypeError(
-          f"`bridge.config`: check_indices={changes['check_indices']!r} is not a bool; pass "
-          "True or False.")
+        f"`bridge.config`: check_indices={changes['check_indices']!r} is not a bool; pass "
+        "True or False."
+      )
     self._changes = changes
     self._tokens: list[contextvars.Token] = []
 

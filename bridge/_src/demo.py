@@ -20,16 +20,20 @@ def _fmt(values: list[float]) -> str:
 
 def _versions() -> None:
   import jaxlib
-  print(f"bridge {bridge.__version__} | torch {torch.__version__} | jax {jax.__version__} | "
-        f"jaxlib {jaxlib.__version__} | numpy {np.__version__} | python {platform.python_version()}")
+
+  print(
+    f"bridge {bridge.__version__} | torch {torch.__version__} | jax {jax.__version__} | "
+    f"jaxlib {jaxlib.__version__} | numpy {np.__version__} | python {platform.python_version()}"
+  )
   found = plugins.discover()
   if not found:
     print("lowering plugins: none installed (pip install -e ./bridge_ops)")
   for p in found:
-    print(f"lowering plugin: {p.distribution} {p.version} (entry point {p.name!r}, "
-          f"registry API {p.api_version})")
-  cuda = (f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available()
-          else "no CUDA")
+    print(
+      f"lowering plugin: {p.distribution} {p.version} (entry point {p.name!r}, "
+      f"registry API {p.api_version})"
+    )
+  cuda = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA"
   print(f"JAX devices: {jax.devices()} (default backend {jax.default_backend()}); torch: {cuda}")
 
 
@@ -64,8 +68,10 @@ def _torch_from_jax() -> float:
   loss = lambda p, x: jnp.mean(fn(p, x) ** 2)
   value, grads = jax.jit(jax.value_and_grad(loss))(params, x)
   net(torch.tensor(np.asarray(x))).pow(2).mean().backward()
-  err = max(float(jnp.max(jnp.abs(grads[name] - p.grad.numpy())))  # type: ignore[union-attr]
-            for name, p in net.named_parameters())  # (each has a .grad after backward)
+  err = max(
+    float(jnp.max(jnp.abs(grads[name] - p.grad.numpy())))  # type: ignore[union-attr]
+    for name, p in net.named_parameters()
+  )  # (each has a .grad after backward)
   print(f"   loss {float(value):.4f}; d loss/d bias = {_fmt(np.asarray(grads['2.bias']).tolist())}")
   print(f"   max |jax.grad - torch autograd grad| = {err:.2e}")
   return err

@@ -49,6 +49,7 @@ _library: Any = None  # keeps the torch.library registrations alive
 
 # --- the torch.jax module ---------------------------------------------------------
 
+
 def synchronize(device: Any = None) -> None:
   """Wait until every op issued so far on the `jax` device has finished."""
   del device
@@ -97,8 +98,9 @@ def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
 
 def _no_quantized(*args: Any, **kwargs: Any) -> Any:
   raise BridgeTypeError(
-      "bridge: quantized tensors cannot live on the `jax` device (JAX has no quantized "
-      "arrays). Dequantize first: `t.dequantize().to('jax')`, and quantize with JAX code.")
+    "bridge: quantized tensors cannot live on the `jax` device (JAX has no quantized "
+    "arrays). Dequantize first: `t.dequantize().to('jax')`, and quantize with JAX code."
+  )
 
 
 class _DeviceModule:
@@ -151,14 +153,26 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 # --- factory kernels ------------------------------------------------------------
 
 
-def _empty(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
-           pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+def _empty(
+  size: Any,
+  dtype: Any = None,
+  layout: Any = None,
+  device: Any = None,
+  pin_memory: Any = None,
+  memory_format: Any = None,
+) -> torch.Tensor:
   del layout, pin_memory, memory_format
   return new_zeros(tuple(int(s) for s in size), dtype, device)
 
 
-def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None,
-                   device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+def _empty_strided(
+  size: Any,
+  stride: Any,
+  dtype: Any = None,
+  layout: Any = None,
+  device: Any = None,
+  pin_memory: Any = None,
+) -> torch.Tensor:
   del stride, layout, pin_memory  # jax tensors are created contiguous
   return new_zeros(tuple(int(s) for s in size), dtype, device)
 
@@ -208,12 +222,17 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
   ours = all(type(t) is tensor.Tensor for t in tensors)
   if packet.__name__ in _WHOLE_WHEN_TRACED:
-    whole = ours and any(isinstance(t._storage.array, jax.core.Tracer)  # type: ignore[attr-defined]
-                         for t in tensors)  # (`ours`: all are bridge.Tensors)
+    whole = ours and any(
+      isinstance(t._storage.array, jax.core.Tracer)  # type: ignore[attr-defined]
+      for t in tensors
+    )  # (`ours`: all are bridge.Tensors)
   else:
     whole = ours and len({t.dtype for t in tensors}) == 1
-  whole = (whole and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-           and REGISTRY.lookup(op) is not None)
+  whole = (
+    whole
+    and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    and REGISTRY.lookup(op) is not None
+  )
   if whole:
     with torch._C._AutoDispatchBelowAutograd():
       return get_plan(op)(args, kwargs)
@@ -262,18 +281,21 @@ def _name() -> None:
       return
     if cuda_usable():
       warnings.warn(
-          "bridge: the `jax` torch device is now registered by name in a process where torch "
-          "can use a CUDA GPU. torch now takes `jax` for its accelerator, and its autograd "
-          "engine cannot run a backward over CUDA tensors any more in this process (\"INTERNAL "
-          "ASSERT FAILED ... opt_ready_stream && opt_parent_stream\", pytorch/pytorch#161129). "
-          "Train CUDA models in another process, or use bridge without the device name "
-          "(everything but the `\"jax\"` device strings works without it).",
-          CudaAutogradWarning, stacklevel=3)
+        "bridge: the `jax` torch device is now registered by name in a process where torch "
+        "can use a CUDA GPU. torch now takes `jax` for its accelerator, and its autograd "
+        'engine cannot run a backward over CUDA tensors any more in this process ("INTERNAL '
+        'ASSERT FAILED ... opt_ready_stream && opt_parent_stream", pytorch/pytorch#161129). '
+        "Train CUDA models in another process, or use bridge without the device name "
+        '(everything but the `"jax"` device strings works without it).',
+        CudaAutogradWarning,
+        stacklevel=3,
+      )
     torch.utils.rename_privateuse1_backend(NAME)
     if not hasattr(torch, NAME):
       torch._register_device_module(NAME, _MODULE)
     torch.utils.generate_methods_for_privateuse1_backend(
-        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+      for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
+    )
 
 
 _MODULE = _DeviceModule()
@@ -284,8 +306,9 @@ def _backend_name() -> str:
   current = tensor.device_type()
   if current not in ("privateuseone", NAME):
     raise BridgeError(
-        f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
-        "device cannot be registered. Only one out-of-tree backend can be loaded per process.")
+      f"bridge: torch's PrivateUse1 backend is already taken by {current!r}, so the `jax` "
+      "device cannot be registered. Only one out-of-tree backend can be loaded per process."
+    )
   return current
 
 
@@ -314,5 +337,3 @@ def _install() -> None:
     _autograd_library.impl(op_name, functools.partial(_composite, getattr(torch.ops.aten, op_name)))
   _library = (_library, _quantized_library, _autograd_library)
   autocast.register()
-
-

@@ -32,14 +32,18 @@ def place(a: jax.Array, index: int) -> jax.Array:
 
 def device_index(device: Any) -> int:
   """The index of a torch `device` of type jax, checked against the JAX devices."""
-  index = 0 if device is None else (device.index if isinstance(device, torch.device)
-                                    else torch.device(device).index)
+  index = (
+    0
+    if device is None
+    else (device.index if isinstance(device, torch.device) else torch.device(device).index)
+  )
   index = current_device() if index is None else index
   n = len(jax_devices())
   if not 0 <= index < n:
     raise TransferError(
-        f"bridge: device jax:{index} does not exist; this process has {n} JAX device(s) "
-        f"(jax:0 to jax:{n - 1}: {list(jax_devices())}). Pick one of those indices.")
+      f"bridge: device jax:{index} does not exist; this process has {n} JAX device(s) "
+      f"(jax:0 to jax:{n - 1}: {list(jax_devices())}). Pick one of those indices."
+    )
   return index
 
 
@@ -66,14 +70,18 @@ def current_device() -> int:
 
 def set_device(device: Any) -> None:
   """Make `device` (an index or `jax:i`) the current `jax` device of this thread."""
-  _state.index = device_index(device if not isinstance(device, int) else torch.device(tensor_lib.device_type(), device))
+  _state.index = device_index(
+    device if not isinstance(device, int) else torch.device(tensor_lib.device_type(), device)
+  )
 
 
 class device:  # (lowercase, as torch's device modules spell it: `torch.cuda.device`)
   """Context manager that makes `jax:i` the current `jax` device of this thread."""
 
   def __init__(self, device: Any):
-    self.index = device_index(torch.device(tensor_lib.device_type(), device) if isinstance(device, int) else device)
+    self.index = device_index(
+      torch.device(tensor_lib.device_type(), device) if isinstance(device, int) else device
+    )
 
   def __enter__(self) -> None:
     self.prev = current_device()

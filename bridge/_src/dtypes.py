@@ -17,21 +17,32 @@ from bridge._src.errors import BridgeTypeError
 # (torch attribute, jax.numpy attribute). Only pairs present in both installed
 # versions are kept, so a newer float8 type appears as soon as both sides have it.
 _PAIRS = (
-    ("bool", "bool_"),
-    ("uint8", "uint8"), ("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
-    ("int8", "int8"), ("int16", "int16"), ("int32", "int32"), ("int64", "int64"),
-    ("float16", "float16"), ("bfloat16", "bfloat16"),
-    ("float32", "float32"), ("float64", "float64"),
-    ("complex64", "complex64"), ("complex128", "complex128"),
-    ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2"),
-    ("float8_e4m3fnuz", "float8_e4m3fnuz"), ("float8_e5m2fnuz", "float8_e5m2fnuz"),
-    ("float8_e8m0fnu", "float8_e8m0fnu"),
+  ("bool", "bool_"),
+  ("uint8", "uint8"),
+  ("uint16", "uint16"),
+  ("uint32", "uint32"),
+  ("uint64", "uint64"),
+  ("int8", "int8"),
+  ("int16", "int16"),
+  ("int32", "int32"),
+  ("int64", "int64"),
+  ("float16", "float16"),
+  ("bfloat16", "bfloat16"),
+  ("float32", "float32"),
+  ("float64", "float64"),
+  ("complex64", "complex64"),
+  ("complex128", "complex128"),
+  ("float8_e4m3fn", "float8_e4m3fn"),
+  ("float8_e5m2", "float8_e5m2"),
+  ("float8_e4m3fnuz", "float8_e4m3fnuz"),
+  ("float8_e5m2fnuz", "float8_e5m2fnuz"),
+  ("float8_e8m0fnu", "float8_e8m0fnu"),
 )
 
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
-    getattr(torch, t): np.dtype(getattr(jnp, j))
-    for t, j in _PAIRS
-    if hasattr(torch, t) and hasattr(jnp, j)
+  getattr(torch, t): np.dtype(getattr(jnp, j))
+  for t, j in _PAIRS
+  if hasattr(torch, t) and hasattr(jnp, j)
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {j: t for t, j in TORCH_TO_JAX.items()}
 # The same, keyed by `id` of the dtype objects JAX arrays carry (hot paths: no dtype hashing).
@@ -41,8 +52,12 @@ JAX_TO_TORCH_BY_ID: dict[int, torch.dtype] = {id(j): t for j, t in JAX_TO_TORCH.
 TORCH_X64 = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})
 
 # ... and what they become (also what the bridge computes them as in a 32-bit program).
-NARROWED = {torch.int64: torch.int32, torch.uint64: torch.uint32, torch.float64: torch.float32,
-            torch.complex128: torch.complex64}
+NARROWED = {
+  torch.int64: torch.int32,
+  torch.uint64: torch.uint32,
+  torch.float64: torch.float32,
+  torch.complex128: torch.complex64,
+}
 
 
 def x64_enabled() -> bool:
@@ -56,8 +71,8 @@ def jax_dtype(dtype: torch.dtype, *, api: str, where: str) -> np.dtype:
     return TORCH_TO_JAX[dtype]
   except KeyError:
     raise BridgeTypeError(
-        f"`{api}`: {where} has dtype {dtype}, which JAX has no exact equivalent for. "
-        f"Cast it to a supported dtype first ({_supported(TORCH_TO_JAX)})."
+      f"`{api}`: {where} has dtype {dtype}, which JAX has no exact equivalent for. "
+      f"Cast it to a supported dtype first ({_supported(TORCH_TO_JAX)})."
     ) from None
 
 
@@ -67,8 +82,8 @@ def torch_dtype(dtype: np.dtype, *, api: str, where: str) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
   except (KeyError, TypeError):
     raise BridgeTypeError(
-        f"`{api}`: {where} has dtype {dtype}, which torch has no exact equivalent for. "
-        f"Cast it with `.astype(...)` to a supported dtype first ({_supported(JAX_TO_TORCH)})."
+      f"`{api}`: {where} has dtype {dtype}, which torch has no exact equivalent for. "
+      f"Cast it with `.astype(...)` to a supported dtype first ({_supported(JAX_TO_TORCH)})."
     ) from None
 
 
@@ -78,11 +93,11 @@ def check_x64(dtype: torch.dtype, *, api: str, where: str) -> None:
     short = str(dtype).removeprefix("torch.")
     narrow = str(NARROWED[dtype]).removeprefix("torch.")
     raise BridgeTypeError(
-        f"`{api}`: {where} is {short}, but JAX's 64-bit types are disabled, so JAX "
-        f"would silently turn it into {narrow}. Either enable them, globally "
-        "with `jax.config.update('jax_enable_x64', True)` or for this call with "
-        "`with jax.enable_x64(True): ...`, or narrow the tensor yourself, e.g. "
-        f"`t.to(torch.{narrow})`."
+      f"`{api}`: {where} is {short}, but JAX's 64-bit types are disabled, so JAX "
+      f"would silently turn it into {narrow}. Either enable them, globally "
+      "with `jax.config.update('jax_enable_x64', True)` or for this call with "
+      "`with jax.enable_x64(True): ...`, or narrow the tensor yourself, e.g. "
+      f"`t.to(torch.{narrow})`."
     )
 
 
@@ -90,5 +105,12 @@ def _supported(table: dict) -> str:
   return ", ".join(str(k).removeprefix("torch.") for k in table)
 
 
-__all__ = ["TORCH_TO_JAX", "JAX_TO_TORCH", "TORCH_X64", "x64_enabled", "jax_dtype",
-           "torch_dtype", "check_x64"]
+__all__ = [
+  "TORCH_TO_JAX",
+  "JAX_TO_TORCH",
+  "TORCH_X64",
+  "x64_enabled",
+  "jax_dtype",
+  "torch_dtype",
+  "check_x64",
+]

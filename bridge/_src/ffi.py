@@ -47,12 +47,25 @@ HostFn = Callable[[list], Sequence[torch.Tensor]]
 
 # XLA's primitive types (xla_data.proto; `XLA_FFI_DataType` in XLA's FFI C API).
 _XLA_TYPES = {
-    1: torch.bool, 2: torch.int8, 3: torch.int16, 4: torch.int32, 5: torch.int64,
-    6: torch.uint8, 7: torch.uint16, 8: torch.uint32, 9: torch.uint64,
-    10: torch.float16, 11: torch.float32, 12: torch.float64, 16: torch.bfloat16,
-    15: torch.complex64, 18: torch.complex128,
-    19: getattr(torch, "float8_e5m2", None), 20: getattr(torch, "float8_e4m3fn", None),
-    24: getattr(torch, "float8_e5m2fnuz", None), 25: getattr(torch, "float8_e4m3fnuz", None),
+  1: torch.bool,
+  2: torch.int8,
+  3: torch.int16,
+  4: torch.int32,
+  5: torch.int64,
+  6: torch.uint8,
+  7: torch.uint16,
+  8: torch.uint32,
+  9: torch.uint64,
+  10: torch.float16,
+  11: torch.float32,
+  12: torch.float64,
+  16: torch.bfloat16,
+  15: torch.complex64,
+  18: torch.complex128,
+  19: getattr(torch, "float8_e5m2", None),
+  20: getattr(torch, "float8_e4m3fn", None),
+  24: getattr(torch, "float8_e5m2fnuz", None),
+  25: getattr(torch, "float8_e4m3fnuz", None),
 }
 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -92,8 +105,9 @@ def _view(ptr: int) -> torch.Tensor:
   if t is None:
     dtype = _XLA_TYPES.get(code)
     if dtype is None:
-      raise BridgeError(f"bridge: a host call got a buffer of XLA type {code}, which torch "
-                        "has no equivalent for.")
+      raise BridgeError(
+        f"bridge: a host call got a buffer of XLA type {code}, which torch has no equivalent for."
+      )
     n = int(np.prod(dims, dtype=np.int64))
     if n == 0:
       return torch.empty(dims, dtype=dtype)
@@ -117,8 +131,10 @@ def _pointer_at(address: int) -> int:
   """The pointer stored at `address` in one of XLA's FFI structs (never null where read)."""
   value = ctypes.c_void_p.from_address(address).value
   if value is None:
-    raise BridgeError(f"bridge: XLA's FFI frame holds a null pointer at {address:#x}; "
-                      "this XLA speaks another FFI version. Please report it.")
+    raise BridgeError(
+      f"bridge: XLA's FFI frame holds a null pointer at {address:#x}; "
+      "this XLA speaks another FFI version. Please report it."
+    )
   return value
 
 
@@ -160,9 +176,14 @@ def _handler(frame_ptr: int) -> int:
       result = results[i]
       b = _BUFFER.from_address(p)
       rank = b[4]
-      if (type(result) is torch.Tensor and result.dtype is _XLA_TYPES.get(b[2] & 0xFFFFFFFF)
-          and result.shape == (tuple((_I64 * rank).from_address(b[5])) if rank else ())
-          and result.is_cpu and result.is_contiguous() and not result.dtype.is_complex):
+      if (
+        type(result) is torch.Tensor
+        and result.dtype is _XLA_TYPES.get(b[2] & 0xFFFFFFFF)
+        and result.shape == (tuple((_I64 * rank).from_address(b[5])) if rank else ())
+        and result.is_cpu
+        and result.is_contiguous()
+        and not result.dtype.is_complex
+      ):
         ctypes.memmove(b[3], result.data_ptr(), result.nbytes)  # the common case, inline
       else:  # (complex: a conjugate view's bytes are not its values)
         copy_result(_view(p), result, i, name)
@@ -174,20 +195,23 @@ def _handler(frame_ptr: int) -> int:
       return 0
 
 
-def check_result(result: Any, shape: Sequence[int], dtype: torch.dtype, i: int,
-                 name: str) -> torch.Tensor:
+def check_result(
+  result: Any, shape: Sequence[int], dtype: torch.dtype, i: int, name: str
+) -> torch.Tensor:
   """`result`, if it is a tensor of the shape and dtype (or 32-bit counterpart) expected."""
   if not isinstance(result, torch.Tensor):
     raise BridgeError(f"{name}: output {i} is a {type(result).__name__}, not a tensor.")
-  if tuple(result.shape) != tuple(shape) or (result.dtype != dtype and
-                                               dtypes.NARROWED.get(result.dtype) != dtype):
+  if tuple(result.shape) != tuple(shape) or (
+    result.dtype != dtype and dtypes.NARROWED.get(result.dtype) != dtype
+  ):
     raise BridgeError(
-        f"{name}: output {i} came out as {str(result.dtype).removeprefix('torch.')}"
-        f"{list(result.shape)}, but the JAX program was built for "
-        f"{str(dtype).removeprefix('torch.')}{list(shape)}, the shape found before "
-        "running it (from fake tensors, or `result_shape_dtypes`). In callback mode an "
-        "output's shape and dtype must follow from the inputs' shapes and dtypes alone; "
-        "pass the true ones with `result_shape_dtypes=` if they are static.")
+      f"{name}: output {i} came out as {str(result.dtype).removeprefix('torch.')}"
+      f"{list(result.shape)}, but the JAX program was built for "
+      f"{str(dtype).removeprefix('torch.')}{list(shape)}, the shape found before "
+      "running it (from fake tensors, or `result_shape_dtypes`). In callback mode an "
+      "output's shape and dtype must follow from the inputs' shapes and dtypes alone; "
+      "pass the true ones with `result_shape_dtypes=` if they are static."
+    )
   if result.dtype != dtype and not (dtype.is_floating_point or dtype.is_complex) and result.numel():
     # an int64 result leaving as int32 (the edge of a 32-bit program): only if it fits
     limits = torch.iinfo(dtype)
@@ -195,12 +219,13 @@ def check_result(result: Any, shape: Sequence[int], dtype: torch.dtype, i: int,
     if bool(bad.any()):
       position = int(torch.nonzero(bad.reshape(-1))[0, 0])
       raise NarrowingError(
-          f"{name}: output {i} is {str(result.dtype).removeprefix('torch.')}, and the JAX "
-          "program it is called from is built with JAX's 64-bit types disabled, so it leaves "
-          f"as {str(dtype).removeprefix('torch.')}; but it holds "
-          f"{result.reshape(-1)[position].item()} (at flat position {position}), which "
-          f"{str(dtype).removeprefix('torch.')} cannot hold. Enable 64-bit types "
-          "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly.")
+        f"{name}: output {i} is {str(result.dtype).removeprefix('torch.')}, and the JAX "
+        "program it is called from is built with JAX's 64-bit types disabled, so it leaves "
+        f"as {str(dtype).removeprefix('torch.')}; but it holds "
+        f"{result.reshape(-1)[position].item()} (at flat position {position}), which "
+        f"{str(dtype).removeprefix('torch.')} cannot hold. Enable 64-bit types "
+        "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly."
+      )
   return result
 
 
@@ -221,8 +246,10 @@ def describe_error(e: BaseException, name: str) -> str:
   while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
     tb = tb.tb_next  # the frames of this module and of callback mode are not the user's
   text = "".join(traceback.format_exception(type(e), e, tb))
-  return (f"{name} raised {type(e).__name__}: {e} [bridge host error #{ident}]\n\n"
-          f"The torch traceback, from inside the JAX program:\n{text}")
+  return (
+    f"{name} raised {type(e).__name__}: {e} [bridge host error #{ident}]\n\n"
+    f"The torch traceback, from inside the JAX program:\n{text}"
+  )
 
 
 def reraise(error: BaseException) -> None:
@@ -231,7 +258,7 @@ def reraise(error: BaseException) -> None:
   start = text.find("[bridge host error #")
   if start < 0:
     return
-  ident = int(text[start + 20:text.index("]", start)])
+  ident = int(text[start + 20 : text.index("]", start)])
   original = _ERRORS.pop(ident, None)
   if original is not None:
     raise original.with_traceback(original.__traceback__)
@@ -266,6 +293,7 @@ def stage_check(bad: Any, values: Any, error: Callable[[Any, int], BaseException
   for the first True element of bool array `bad` (`values`: what to report there, broadcast
   to `bad`'s shape; None reports the position). The caller checks `supported()` first."""
   import jax.numpy as jnp
+
   if not _check_key:
     _check_key.append(register(_raise_check, "a value check"))
   ident = next(_CHECK_IDS)
@@ -273,8 +301,13 @@ def stage_check(bad: Any, values: Any, error: Callable[[Any, int], BaseException
   flat = jnp.ravel(bad)
   position = jnp.argmax(flat)
   value = position if values is None else jnp.ravel(jnp.broadcast_to(values, bad.shape))[position]
-  emit(_check_key[0], [jnp.any(flat), value, position, np.int32(ident)], [],
-       vmap_method="broadcast_all", side_effect=True)
+  emit(
+    _check_key[0],
+    [jnp.any(flat), value, position, np.int32(ident)],
+    [],
+    vmap_method="broadcast_all",
+    side_effect=True,
+  )
 
 
 def _raise_check(tensors: list) -> list:
@@ -285,7 +318,6 @@ def _raise_check(tensors: list) -> list:
     i = int(hits[0, 0])
     raise _CHECKS[int(idents[i])](values[i].item(), int(positions[i]))
   return []
-
 
 
 def platform() -> str:
@@ -305,8 +337,12 @@ def route(platform_name: str | None = None) -> str:
   name = platform_name or platform()
   if name == "cpu":
     return "ffi"
-  if (name in ("gpu", "cuda") and _buffer_callback is not None and torch.cuda.is_available()
-      and torch.version.cuda is not None):
+  if (
+    name in ("gpu", "cuda")
+    and _buffer_callback is not None
+    and torch.cuda.is_available()
+    and torch.version.cuda is not None
+  ):
     return "buffers"
   return "host"
 
@@ -324,19 +360,25 @@ def _cuda_index(device: Any) -> int:
   return int(index) if index is not None else int(device.id)
 
 
-def emit(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
-         vmap_method: str, side_effect: bool = False) -> Sequence[Any]:
+def emit(
+  key: int,
+  args: Sequence[Any],
+  results: Sequence[jax.ShapeDtypeStruct],
+  *,
+  vmap_method: str,
+  side_effect: bool = False,
+) -> Sequence[Any]:
   """Stage (or run, for concrete arguments) a call of host function `key`."""
   how = route()
   if how == "ffi":
     _register_target("cpu")
-    call = jax.ffi.ffi_call(TARGET, list(results), has_side_effect=side_effect,
-                            vmap_method=vmap_method)
+    call = jax.ffi.ffi_call(
+      TARGET, list(results), has_side_effect=side_effect, vmap_method=vmap_method
+    )
     return call(*args, key=np.int64(key))
   if how == "buffers":
     return _emit_on_device(key, args, results, vmap_method=vmap_method, side_effect=side_effect)
-  return _emit_through_host(key, args, results, vmap_method=vmap_method,
-                            side_effect=side_effect)
+  return _emit_through_host(key, args, results, vmap_method=vmap_method, side_effect=side_effect)
 
 
 try:
@@ -363,8 +405,14 @@ def _xla_stream(ctx: Any, bufs: Sequence[Any]) -> Any:
   return torch.cuda.stream(stream)
 
 
-def _emit_on_device(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
-                    *, vmap_method: str, side_effect: bool) -> list[Any]:
+def _emit_on_device(
+  key: int,
+  args: Sequence[Any],
+  results: Sequence[jax.ShapeDtypeStruct],
+  *,
+  vmap_method: str,
+  side_effect: bool,
+) -> list[Any]:
   """The host call through JAX's buffer callback: torch works on XLA's device buffers, in the
   order of XLA's stream (see the module docstring)."""
   fn, name = _HOST[key]
@@ -378,8 +426,9 @@ def _emit_on_device(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDt
     except BaseException as e:  # noqa: BLE001 - kept for `reraise`, described for JAX
       raise RuntimeError(describe_error(e, name)) from None
 
-  call = _buffer_callback(callback, list(results), has_side_effect=side_effect,
-                          vmap_method=vmap_method)
+  call = _buffer_callback(
+    callback, list(results), has_side_effect=side_effect, vmap_method=vmap_method
+  )
   return list(call(*args))
 
 
@@ -404,8 +453,14 @@ def _torch_to_numpy(t: torch.Tensor, spec: jax.ShapeDtypeStruct) -> np.ndarray:
   return t.numpy()
 
 
-def _emit_through_host(key: int, args: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct],
-                       *, vmap_method: str, side_effect: bool) -> list[Any]:
+def _emit_through_host(
+  key: int,
+  args: Sequence[Any],
+  results: Sequence[jax.ShapeDtypeStruct],
+  *,
+  vmap_method: str,
+  side_effect: bool,
+) -> list[Any]:
   """The host call where no FFI handler is registered: JAX's Python callbacks (the data goes
   through host memory)."""
   fn, name = _HOST[key]
@@ -416,7 +471,9 @@ def _emit_through_host(key: int, args: Sequence[Any], results: Sequence[jax.Shap
       return [_torch_to_numpy(o, spec) for o, spec in zip(outs, results)]
     except BaseException as e:  # noqa: BLE001 - kept for `reraise`, described for JAX
       raise RuntimeError(describe_error(e, name)) from None
+
   if side_effect:
     from jax.experimental import io_callback
+
     return list(io_callback(host, list(results), *args, ordered=False))
   return list(jax.pure_callback(host, list(results), *args, vmap_method=vmap_method))

@@ -114,20 +114,27 @@ def _is_traced(t: tensor_lib.Tensor) -> bool:
 
 def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
   api = scope.active()
-  if (api is None or cls.__module__.split(".")[0] in ("torch", "bridge")
-      or _user_backward(cls) is None):
+  if (
+    api is None
+    or cls.__module__.split(".")[0] in ("torch", "bridge")
+    or _user_backward(cls) is None
+  ):
     return _original_apply(cls, *args, **kwargs)
   setup = _function._is_setup_context_defined(cls.setup_context)
   if setup and kwargs:  # as torch does: bind keyword and default arguments to positions
     import inspect
+
     bound = inspect.signature(cls.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     args, kwargs = bound.args, bound.kwargs
   positions = [i for i, a in enumerate(args) if type(a) is tensor_lib.Tensor]
   grad_on = torch.is_grad_enabled()
-  if (kwargs or not any(_is_traced(args[i]) for i in positions)
-      or (grad_on and any(args[i].requires_grad for i in positions))
-      or any(_nested_tensor(a) for a in args)):
+  if (
+    kwargs
+    or not any(_is_traced(args[i]) for i in positions)
+    or (grad_on and any(args[i].requires_grad for i in positions))
+    or any(_nested_tensor(a) for a in args)
+  ):
     return _original_apply(cls, *args, **kwargs)
   try:
     return _traced_apply(cls, api, setup, args, positions)
@@ -137,11 +144,12 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return _original_apply(cls, *args)
   except _InPlace:
     warnings.warn(
-        f"bridge: the custom autograd.Function {cls.__name__} modifies an input in place, at\n"
-        f"  {scope.user_line()}\nTraced, its in-place forward is differentiated as JAX code, "
-        "not with its `backward` (right when that is the forward's derivative). For its own "
-        "backward, return a new tensor instead or run this code with `mode='callback'`.",
-        stacklevel=2)
+      f"bridge: the custom autograd.Function {cls.__name__} modifies an input in place, at\n"
+      f"  {scope.user_line()}\nTraced, its in-place forward is differentiated as JAX code, "
+      "not with its `backward` (right when that is the forward's derivative). For its own "
+      "backward, return a new tensor instead or run this code with `mode='callback'`.",
+      stacklevel=2,
+    )
     return _original_apply(cls, *args)
 
 
@@ -168,7 +176,8 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
   inputs = [tensor_lib.value(args[i]) for i in positions]
   avals = [(a.shape, a.dtype) for a in inputs]
   needs_input_grad = tuple(
-      type(a) is tensor_lib.Tensor and (a.is_floating_point() or a.is_complex()) for a in args)
+    type(a) is tensor_lib.Tensor and (a.is_floating_point() or a.is_complex()) for a in args
+  )
   structure: dict[str, Any] = {}  # what the forward's trace found out (Python values)
 
   def forward(*arrays: Any) -> tuple[tuple, _Ctx]:
@@ -202,8 +211,9 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
         frozen.append(any(o is n for n in ctx.non_differentiable))
       else:  # a CPU tensor (a constant) or a Python value: returned as it is
         statics.append((o,))
-    structure.update(single=single, statics=statics, meta=meta, frozen=frozen,
-                     materialize=ctx.materialize_grads)
+    structure.update(
+      single=single, statics=statics, meta=meta, frozen=frozen, materialize=ctx.materialize_grads
+    )
     return tuple(arrays_out), ctx
 
   @jax.custom_vjp
@@ -214,8 +224,7 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
     outs, ctx = forward(*arrays)
     leaves, treedef = torch_pytree.tree_flatten(dict(vars(ctx)))
     residuals = [tensor_lib.value(x) for x in leaves if type(x) is tensor_lib.Tensor]
-    structure["ctx"] = (treedef, [None if type(x) is tensor_lib.Tensor else (x,)
-                                  for x in leaves])
+    structure["ctx"] = (treedef, [None if type(x) is tensor_lib.Tensor else (x,) for x in leaves])
     return outs, residuals
 
   def function_bwd(residuals: list, cotangents: tuple) -> tuple:
@@ -226,19 +235,30 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
   outs = iter(function(*inputs))
   results = []
   for s in structure["statics"]:
-    results.append(array_to_tensor(next(outs), lambda: f"an output of {name}", api)
-                   if s is None else s[0])
+    results.append(
+      array_to_tensor(next(outs), lambda: f"an output of {name}", api) if s is None else s[0]
+    )
   return results[0] if structure["single"] else tuple(results)
 
 
-def _backward(cls: Any, api: str, structure: dict, residuals: list, cotangents: tuple,
-              avals: list, positions: list[int], n_args: int) -> tuple:
+def _backward(
+  cls: Any,
+  api: str,
+  structure: dict,
+  residuals: list,
+  cotangents: tuple,
+  avals: list,
+  positions: list[int],
+  n_args: int,
+) -> tuple:
 
   name = cls.__name__
   it = iter(residuals)
   treedef, slots = structure["ctx"]
-  leaves = [array_to_tensor(next(it), lambda: f"a value {name} saved", api) if s is None
-            else s[0] for s in slots]
+  leaves = [
+    array_to_tensor(next(it), lambda: f"a value {name} saved", api) if s is None else s[0]
+    for s in slots
+  ]
   ctx = object.__new__(_Ctx)
   vars(ctx).update(torch_pytree.tree_unflatten(leaves, treedef))
   grads_out = []
@@ -246,8 +266,9 @@ def _backward(cls: Any, api: str, structure: dict, residuals: list, cotangents: 
     if frozen or ct.dtype == jax.dtypes.float0:
       with jax.enable_x64(True):  # an int64 output's zeros stay int64
         zeros = jnp.zeros(shape, dtype)
-      grads_out.append(array_to_tensor(zeros, lambda: "a zero gradient", api)
-                       if structure["materialize"] else None)
+      grads_out.append(
+        array_to_tensor(zeros, lambda: "a zero gradient", api) if structure["materialize"] else None
+      )
     else:
       grads_out.append(array_to_tensor(ct, lambda: f"a gradient of {name}'s output", api))
   with torch.enable_grad():  # a backward is differentiable (JAX's higher derivatives)
@@ -258,9 +279,10 @@ def _backward(cls: Any, api: str, structure: dict, residuals: list, cotangents: 
     grads = (grads,)
   if len(grads) < n_args or any(g is not None for g in grads[n_args:]):
     raise BridgeError(
-        f"`{api}`: {name}.backward returned {len(grads)} gradients for a forward of {n_args} "
-        "inputs; it must return one per input (None for inputs without a gradient), as torch "
-        "requires.")
+      f"`{api}`: {name}.backward returned {len(grads)} gradients for a forward of {n_args} "
+      "inputs; it must return one per input (None for inputs without a gradient), as torch "
+      "requires."
+    )
   result: list[Any] = []
   for i, (shape, dtype) in zip(positions, avals):
     g = grads[i]
@@ -273,12 +295,14 @@ def _backward(cls: Any, api: str, structure: dict, residuals: list, cotangents: 
     if type(g) is tensor_lib.Tensor:
       v = tensor_lib.value(g)
     elif isinstance(g, torch.Tensor):  # computed on the CPU: a constant
-      v = transfer.tensor_to_jax(g.detach(), copy=True, api=api,
-                                 where=lambda: f"a gradient {name}.backward returned")
+      v = transfer.tensor_to_jax(
+        g.detach(), copy=True, api=api, where=lambda: f"a gradient {name}.backward returned"
+      )
     else:
       raise BridgeTypeError(
-          f"`{api}`: {name}.backward returned a {type(g).__name__} as the gradient of input "
-          f"{i}; it must return tensors (or None).")
+        f"`{api}`: {name}.backward returned a {type(g).__name__} as the gradient of input "
+        f"{i}; it must return tensors (or None)."
+      )
     if tuple(v.shape) != tuple(shape):
       v = _sum_to(v, tuple(shape), name, i, api)
     result.append(v.astype(dtype))
@@ -292,11 +316,13 @@ def _sum_to(v: Any, shape: tuple, name: str, i: int, api: str) -> Any:
       raise ValueError
   except ValueError:
     raise BridgeError(
-        f"`{api}`: {name}.backward returned a gradient of shape {tuple(v.shape)} for input {i} "
-        f"of shape {shape}.") from None
+      f"`{api}`: {name}.backward returned a gradient of shape {tuple(v.shape)} for input {i} "
+      f"of shape {shape}."
+    ) from None
   lead = len(v.shape) - len(shape)
-  axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape)
-                                    if n == 1 and v.shape[lead + k] != 1)
+  axes = tuple(range(lead)) + tuple(
+    lead + k for k, n in enumerate(shape) if n == 1 and v.shape[lead + k] != 1
+  )
   return jnp.sum(v, axis=axes, keepdims=False).reshape(shape) if axes else v.reshape(shape)
 
 

@@ -51,9 +51,10 @@ class DeviceLoader:
   def __init__(self, loader: Iterable[Any], sharding: Any, *, prefetch: int = 2):
     if sharding is None:
       raise BridgeTypeError(
-          "`bridge.DeviceLoader`: sharding=None; pass a `jax.sharding.Sharding` (e.g. "
-          "`NamedSharding(mesh, PartitionSpec('data'))`, or `SingleDeviceSharding(device)`) or "
-          "a function `(path, tensor) -> Sharding`.")
+        "`bridge.DeviceLoader`: sharding=None; pass a `jax.sharding.Sharding` (e.g. "
+        "`NamedSharding(mesh, PartitionSpec('data'))`, or `SingleDeviceSharding(device)`) or "
+        "a function `(path, tensor) -> Sharding`."
+      )
     if not isinstance(prefetch, int) or prefetch < 1:
       raise BridgeTypeError(f"`bridge.DeviceLoader`: prefetch={prefetch!r}; expected an int >= 1.")
     self.loader, self.sharding, self.prefetch = loader, sharding, prefetch
@@ -71,8 +72,9 @@ class _Prefetcher:
   def __init__(self, batches: Iterator[Any], sharding: Any, prefetch: int):
     self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, args=(batches, sharding), daemon=True,
-                                    name="bridge-DeviceLoader")
+    self._thread = threading.Thread(
+      target=self._run, args=(batches, sharding), daemon=True, name="bridge-DeviceLoader"
+    )
     self._finished = False
     self._thread.start()
 

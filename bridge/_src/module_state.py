@@ -20,8 +20,10 @@ import torch
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 
-def module_state(module: torch.nn.Module, *, persistent_only: bool = False
-                 ) -> dict[str, torch.Tensor]:
+
+def module_state(
+  module: torch.nn.Module, *, persistent_only: bool = False
+) -> dict[str, torch.Tensor]:
   """Parameters and buffers by state-dict name; a tied tensor once, under its first name.
 
   With `persistent_only`, exactly the names of `module.state_dict()` (less tied
@@ -41,8 +43,9 @@ def module_state(module: torch.nn.Module, *, persistent_only: bool = False
   return state
 
 
-def state_to_jax(state: Mapping[str, torch.Tensor], *, copy: bool | None, api: str
-                 ) -> dict[str, Any]:
+def state_to_jax(
+  state: Mapping[str, torch.Tensor], *, copy: bool | None, api: str
+) -> dict[str, Any]:
   """The JAX arrays of module state (exact dtypes: 64-bit stays 64-bit)."""
   out: dict[str, Any] = {}
   with jax.enable_x64(True):
@@ -50,8 +53,9 @@ def state_to_jax(state: Mapping[str, torch.Tensor], *, copy: bool | None, api: s
       if isinstance(t, tensor_lib.Tensor):
         out[name] = tensor_lib.value(t)  # immutable: no copy needed
       else:
-        out[name] = transfer.tensor_to_jax(t.detach(), copy=copy, api=api,
-                                           where=functools.partial(state_where, name))
+        out[name] = transfer.tensor_to_jax(
+          t.detach(), copy=copy, api=api, where=functools.partial(state_where, name)
+        )
   return out
 
 
@@ -179,8 +183,9 @@ def own_table(module: torch.nn.Module, name: str) -> dict:
 
 
 @contextlib.contextmanager
-def reparametrized(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
-                   ) -> Iterator[dict[str, Any]]:
+def reparametrized(
+  module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
+) -> Iterator[dict[str, Any]]:
   """`module` with the named parameters and buffers replaced by `tensors`, in this thread only.
 
   As torch's `_reparametrize_module(module, tensors, tie_weights=True)`, but other threads
@@ -192,8 +197,10 @@ def reparametrized(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
   """
   untied = dict(tensors)
   by_id: dict[int, list[str]] = {}
-  for name, t in [*module.named_parameters(remove_duplicate=False),
-                  *module.named_buffers(remove_duplicate=False)]:
+  for name, t in [
+    *module.named_parameters(remove_duplicate=False),
+    *module.named_buffers(remove_duplicate=False),
+  ]:
     by_id.setdefault(id(t), []).append(name)
   for names in by_id.values():
     given = [n for n in names if n in tensors]
@@ -204,8 +211,11 @@ def reparametrized(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
   for name in untied:
     prefix, _, attr = name.rpartition(".")
     owner = module.get_submodule(prefix)
-    slots[name] = (owner, "_parameters" if attr in own_table(owner, "_parameters")
-                   else "_buffers", attr)
+    slots[name] = (
+      owner,
+      "_parameters" if attr in own_table(owner, "_parameters") else "_buffers",
+      attr,
+    )
   ident = _get_ident()
   installed = []
   with _overlay_lock:

@@ -36,15 +36,26 @@ from bridge._src import tracing
 from bridge._src.arrays import array_to_tensor
 from bridge._src.dispatch import special
 from bridge._src.errors import BridgeError, BridgeTypeError
-from bridge._src.module_state import (TABLES, module_state, own_table, reparametrized,
-                                      state_to_jax, state_where)
+from bridge._src.module_state import (
+  TABLES,
+  module_state,
+  own_table,
+  reparametrized,
+  state_to_jax,
+  state_where,
+)
 
 API = "bridge.extract_jax"
 
 
-
-def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str, Any],
-          args: tuple, kwargs: dict, api: str) -> tuple[Any, dict[str, Any]]:
+def apply(
+  module: torch.nn.Module,
+  call: Callable[..., Any],
+  params: Mapping[str, Any],
+  args: tuple,
+  kwargs: dict,
+  api: str,
+) -> tuple[Any, dict[str, Any]]:
   """Run `call(*args, **kwargs)` with `module`'s state replaced by `params` (JAX arrays).
 
   Names missing from `params` keep the module's own tensors (constants of the program).
@@ -52,18 +63,23 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
   """
   if not isinstance(params, Mapping):
     raise BridgeTypeError(
-        f"`{api}`: the parameters must be a mapping from state-dict names to arrays (as "
-        f"`extract_jax` returns them), got a {type(params).__name__}.")
+      f"`{api}`: the parameters must be a mapping from state-dict names to arrays (as "
+      f"`extract_jax` returns them), got a {type(params).__name__}."
+    )
   known = _known_names(module)
   unknown = [k for k in params if k not in known]
   if unknown:
     raise BridgeError(
-        f"`{api}`: {type(module).__name__} has no parameter or buffer named "
-        f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''}. Use the "
-        "names of `module.state_dict()` (the keys `extract_jax` returns).")
-  tensors = {name: a if isinstance(a, tensor_lib.Tensor)
-             else array_to_tensor(a, functools.partial(state_where, name), api)
-             for name, a in params.items()}
+      f"`{api}`: {type(module).__name__} has no parameter or buffer named "
+      f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''}. Use the "
+      "names of `module.state_dict()` (the keys `extract_jax` returns)."
+    )
+  tensors = {
+    name: a
+    if isinstance(a, tensor_lib.Tensor)
+    else array_to_tensor(a, functools.partial(state_where, name), api)
+    for name, a in params.items()
+  }
   missing = {name: t for name, t in module_state(module).items() if name not in tensors}
   if missing:  # the module's own values, as copies: an in-place update must not reach them
     # (inside a 32-bit program a 64-bit one must fit; its bound is kept for the call's scope)
@@ -80,8 +96,9 @@ def apply(module: torch.nn.Module, call: Callable[..., Any], params: Mapping[str
   mutated = {}
   for name, t in after.items():  # reassigned, or updated in place
     if t is not tensors[name] or t._storage.array is not arrays[name]:
-      mutated[name] = (tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor)
-                       else tracing.outputs_to_jax(t, api))
+      mutated[name] = (
+        tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor) else tracing.outputs_to_jax(t, api)
+      )
   return out, mutated
 
 
@@ -100,31 +117,64 @@ def check_no_leak(module: torch.nn.Module, api: str) -> None:
         if isinstance(t, tensor_lib.Tensor) and isinstance(t._storage.array, jax.core.Tracer):
           where = f"{prefix + '.' if prefix else ''}{attr}{'' if key is None else f'[{key!r}]'}"
           raise scope.LeakedTracerError(
-              f"`{api}`: during the call, {type(module).__name__} stored a traced tensor in "
-              f"`{where}` (shape {tuple(t.shape)}, dtype {t.dtype}). Its value only exists "
-              "inside the JAX program being built, so it cannot be kept on the module. Return "
-              "it from `forward`, or register it as a buffer (`self.register_buffer(...)`) "
-              "and update it in place: buffers are threaded through (`extract_jax(..., "
-              "return_state=True)`, `bridge.compile`).")
+            f"`{api}`: during the call, {type(module).__name__} stored a traced tensor in "
+            f"`{where}` (shape {tuple(t.shape)}, dtype {t.dtype}). Its value only exists "
+            "inside the JAX program being built, so it cannot be kept on the module. Return "
+            "it from `forward`, or register it as a buffer (`self.register_buffer(...)`) "
+            "and update it in place: buffers are threaded through (`extract_jax(..., "
+            "return_state=True)`, `bridge.compile`)."
+          )
 
 
 # --- what a trace of a module depends on ---------------------------------------------------
 
-_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-          "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
-          "_backward_hooks")
+_HOOKS = (
+  "_forward_pre_hooks",
+  "_forward_pre_hooks_with_kwargs",
+  "_forward_hooks",
+  "_forward_hooks_with_kwargs",
+  "_forward_hooks_always_called",
+  "_backward_pre_hooks",
+  "_backward_hooks",
+)
 # those `holds` compares (the other three change only with `_forward[_pre]_hooks`)
 _QUICK_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_backward_pre_hooks",
-                 "_global_backward_hooks", "_global_forward_hooks",
-                 "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
+_GLOBAL_HOOKS = (
+  "_global_forward_pre_hooks",
+  "_global_backward_pre_hooks",
+  "_global_backward_hooks",
+  "_global_forward_hooks",
+  "_global_forward_hooks_with_kwargs",
+  "_global_forward_hooks_always_called",
+)
 # a module's own bookkeeping: the tables are compared by content, the rest does not change
 # what its forward computes (`training` is part of `bridge.compile`'s cache key instead)
-_INTERNAL = frozenset(_HOOKS + TABLES + (
-    "_modules", "_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "training"))
-_SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
-            torch.layout, torch.memory_format)
+_INTERNAL = frozenset(
+  _HOOKS
+  + TABLES
+  + (
+    "_modules",
+    "_non_persistent_buffers_set",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+    "training",
+  )
+)
+_SCALARS = (
+  bool,
+  int,
+  float,
+  complex,
+  str,
+  bytes,
+  type(None),
+  torch.dtype,
+  torch.device,
+  torch.layout,
+  torch.memory_format,
+)
 
 
 class _Same:
@@ -161,10 +211,13 @@ def _module_print(m: torch.nn.Module) -> tuple:
   """What of `m` a trace depends on: class, children, state names, hooks; its plain
   attributes last, as a dict."""
   d = m.__dict__
-  hooks = tuple(tuple((k, _Same(h)) for k, h in d[key].items()) if key in d else None
-                for key in _HOOKS)
-  tables = tuple(tuple((k, v is None) for k, v in own_table(m, key).items()) if key in d
-                 else None for key in TABLES)
+  hooks = tuple(
+    tuple((k, _Same(h)) for k, h in d[key].items()) if key in d else None for key in _HOOKS
+  )
+  tables = tuple(
+    tuple((k, v is None) for k, v in own_table(m, key).items()) if key in d else None
+    for key in TABLES
+  )
   children = tuple((k, _Same(c)) for k, c in d.get("_modules", {}).items())
   attrs = {k: _value(v) for k, v in d.items() if k not in _INTERNAL}
   return _Same(m), type(m), children, tables, hooks, attrs
@@ -202,13 +255,17 @@ class Guard:
     self.modules = [m for _, m in named]
     self.volatile = volatile  # (id(submodule), attribute name) pairs
     hook_dicts = _global_hook_dicts()
-    self.fingerprint = (tuple([_Same(d) for d in hook_dicts]),
-                        tuple([tuple(_Same(h) for h in d.values()) for d in hook_dicts]),
-                        [_module_print(m) for m in self.modules])
+    self.fingerprint = (
+      tuple([_Same(d) for d in hook_dicts]),
+      tuple([tuple(_Same(h) for h in d.values()) for d in hook_dicts]),
+      [_module_print(m) for m in self.modules],
+    )
     # where torch would run backward hooks (which a JAX derivative of the trace skips)
-    self.backward_hooks = [f"`{name or type(module).__name__}`" for name, m in named
-                           if m.__dict__.get("_backward_hooks")
-                           or m.__dict__.get("_backward_pre_hooks")]
+    self.backward_hooks = [
+      f"`{name or type(module).__name__}`"
+      for name, m in named
+      if m.__dict__.get("_backward_hooks") or m.__dict__.get("_backward_pre_hooks")
+    ]
     if any(d for d, name in zip(hook_dicts, _GLOBAL_HOOKS) if "backward" in name):
       self.backward_hooks.append("every module (a global hook)")
     live: list[Any] = hook_dicts[:4]  # (`_GLOBAL_HOOKS`: the other two come with the third)
@@ -243,8 +300,9 @@ class Guard:
         key = id(pa[0].obj)
         if any((key, k) not in volatile for k in pa[-1].keys() ^ pb[-1].keys()):
           return False
-        if any((key, k) not in volatile and v != pb[-1][k] for k, v in pa[-1].items()
-               if k in pb[-1]):
+        if any(
+          (key, k) not in volatile and v != pb[-1][k] for k, v in pa[-1].items() if k in pb[-1]
+        ):
           return False
     return True
 
@@ -270,8 +328,16 @@ def _snapshot(x: Any) -> Any:
     return frozenset(x)
   copy = type(x)()  # an OrderedDict stays one: its `==` also compares the order
   for k, v in x.items():
-    copy[k] = v if (k in _INTERNAL or _scalar(v) or type(v).__eq__ is object.__eq__
-                    or isinstance(v, (torch.nn.Module, types.MethodType))) else _Same(v)
+    copy[k] = (
+      v
+      if (
+        k in _INTERNAL
+        or _scalar(v)
+        or type(v).__eq__ is object.__eq__
+        or isinstance(v, (torch.nn.Module, types.MethodType))
+      )
+      else _Same(v)
+    )
   return copy
 
 
@@ -285,9 +351,11 @@ def warn_dropped_updates(module: torch.nn.Module, names: list[str], api: str, fi
     return
   _warned.add(key)
   warnings.warn(
-      f"`{api}`: {type(module).__name__}'s forward updated {', '.join(map(repr, names[:4]))}"
-      f"{' ...' if len(names) > 4 else ''} in place while JAX was tracing it; the new values "
-      f"are not written back to the module. {fix}", stacklevel=4)
+    f"`{api}`: {type(module).__name__}'s forward updated {', '.join(map(repr, names[:4]))}"
+    f"{' ...' if len(names) > 4 else ''} in place while JAX was tracing it; the new values "
+    f"are not written back to the module. {fix}",
+    stacklevel=4,
+  )
 
 
 def write_back(module: torch.nn.Module, mutated: Mapping[str, Any]) -> None:
@@ -304,31 +372,44 @@ def _is_param(module: torch.nn.Module, name: str) -> bool:
   return leaf in module.get_submodule(owner)._parameters
 
 
-def call_module(module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                api: str) -> Any:
+def call_module(
+  module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kwargs: dict, api: str
+) -> Any:
   """`call_torch` of a module or one of its bound methods."""
   params = state_to_jax(module_state(module), copy=None, api=api)
   targs, tkwargs = tracing.inputs_to_torch((args, kwargs), api)
   out, mutated = apply(module, fn, params, targs, tkwargs, api)
   check_no_leak(module, api)
   if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
-    warn_dropped_updates(module, list(mutated), api,
-                         "To keep them, train through `bridge.extract_jax(module, "
-                         "return_state=True)` or use `bridge.compile`.")
+    warn_dropped_updates(
+      module,
+      list(mutated),
+      api,
+      "To keep them, train through `bridge.extract_jax(module, "
+      "return_state=True)` or use `bridge.compile`.",
+    )
   else:  # concrete values (an eager call): as torch would, the module's buffers change
     write_back(module, mutated)
   return tracing.outputs_to_jax(out, api)
 
 
 def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
-  return [k for k, a in params.items() if np.dtype(a.dtype).itemsize == 8
-          and np.dtype(a.dtype).kind in "iuf" or np.dtype(a.dtype) == np.complex128]
+  return [
+    k
+    for k, a in params.items()
+    if np.dtype(a.dtype).itemsize == 8
+    and np.dtype(a.dtype).kind in "iuf"
+    or np.dtype(a.dtype) == np.complex128
+  ]
 
 
-def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
-                mode: tracing.Mode = "trace",
-                vmap_method: tracing.VmapMethod | None = None
-                ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
+def extract_jax(
+  module: torch.nn.Module,
+  *,
+  return_state: bool = False,
+  mode: tracing.Mode = "trace",
+  vmap_method: tracing.VmapMethod | None = None,
+) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
   """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
 
   `params` maps state-dict names to JAX arrays (copies of the parameters and
@@ -383,18 +464,20 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
   """
   if not isinstance(module, torch.nn.Module):
     raise BridgeTypeError(
-        f"`{API}`: expected a `torch.nn.Module`, got a {type(module).__name__}. For a "
-        "function use `bridge.call_torch` / `bridge.jax_view`.")
+      f"`{API}`: expected a `torch.nn.Module`, got a {type(module).__name__}. For a "
+      "function use `bridge.call_torch` / `bridge.jax_view`."
+    )
   params = state_to_jax(module_state(module, persistent_only=True), copy=True, api=API)
   wide = _has_64_bit(params)
   if wide and not dtypes.x64_enabled():
     warnings.warn(
-        f"`{API}`: {type(module).__name__} has 64-bit state ({', '.join(wide[:4])}"
-        f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but a program built "
-        "with JAX's 64-bit types disabled cannot hold them: `fn` checks there that int64 state "
-        "fits in int32 and refuses float64 state. Enable them "
-        "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
-        stacklevel=2)
+      f"`{API}`: {type(module).__name__} has 64-bit state ({', '.join(wide[:4])}"
+      f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but a program built "
+      "with JAX's 64-bit types disabled cannot hold them: `fn` checks there that int64 state "
+      "fits in int32 and refuses float64 state. Enable them "
+      "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
+      stacklevel=2,
+    )
 
   tracing.check_mode(mode, vmap_method, None, api=API)
   if mode == "callback":
@@ -412,8 +495,13 @@ def extract_jax(module: torch.nn.Module, *, return_state: bool = False,
   return params, fn
 
 
-def _with_state(module: torch.nn.Module, params: Mapping[str, Any], out: Any,
-                mutated: Mapping[str, Any], return_state: bool) -> Any:
+def _with_state(
+  module: torch.nn.Module,
+  params: Mapping[str, Any],
+  out: Any,
+  mutated: Mapping[str, Any],
+  return_state: bool,
+) -> Any:
   """An `extract_jax` function's result: `(out, new_params)` with the buffers the forward
   updated, or `out` (and a warning if there were updates to drop)."""
   if return_state:
@@ -421,13 +509,15 @@ def _with_state(module: torch.nn.Module, params: Mapping[str, Any], out: Any,
     new.update(mutated)
     return out, new
   if mutated:
-    warn_dropped_updates(module, list(mutated), API,
-                         "Pass `return_state=True` to `extract_jax` to get them.")
+    warn_dropped_updates(
+      module, list(mutated), API, "Pass `return_state=True` to `extract_jax` to get them."
+    )
   return out
 
 
-def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str | None
-                 ) -> Callable[..., Any]:
+def _callback_fn(
+  module: torch.nn.Module, return_state: bool, vmap_method: str | None
+) -> Callable[..., Any]:
   """`extract_jax(module, mode="callback")`'s function of (params, *args, **kwargs)."""
 
   def forward(state: dict, args: tuple, kwargs: dict) -> Any:
@@ -438,13 +528,16 @@ def _callback_fn(module: torch.nn.Module, return_state: bool, vmap_method: str |
 
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     state = dict(params)
-    out, written = callback.call(forward, (state, args, kwargs), {}, vmap_method=vmap_method,
-                                 name=name, return_mutated=True)
+    out, written = callback.call(
+      forward, (state, args, kwargs), {}, vmap_method=vmap_method, name=name, return_mutated=True
+    )
     names = sorted(state)  # the state's leaves come first, in JAX's (sorted) key order
     mutated = {names[i]: v for i, v in written.items() if i < len(names)}
     return _with_state(module, params, out, mutated, return_state)
 
   fn.__name__ = fn.__qualname__ = f"{type(module).__name__}_jax"
-  fn.__doc__ = (f"`{type(module).__name__}.forward` as a JAX function of (params, *args), "
-                "run by torch through a host callback.")
+  fn.__doc__ = (
+    f"`{type(module).__name__}.forward` as a JAX function of (params, *args), "
+    "run by torch through a host callback."
+  )
   return fn

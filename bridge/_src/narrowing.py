@@ -36,12 +36,19 @@ from bridge._src.errors import NarrowingError
 LIMIT = 2**31 - 1
 INF = math.inf
 _TRUE_32 = (torch.int32, torch.uint32)
-_NATIVE = {np.dtype(np.bool_): 1, np.dtype(np.int8): 128, np.dtype(np.uint8): 255,
-           np.dtype(np.int16): 2**15, np.dtype(np.uint16): 2**16 - 1,
-           np.dtype(np.int32): 2**31, np.dtype(np.uint32): 2**32 - 1}
+_NATIVE = {
+  np.dtype(np.bool_): 1,
+  np.dtype(np.int8): 128,
+  np.dtype(np.uint8): 255,
+  np.dtype(np.int16): 2**15,
+  np.dtype(np.uint16): 2**16 - 1,
+  np.dtype(np.int32): 2**31,
+  np.dtype(np.uint32): 2**32 - 1,
+}
 
 # Ops whose results are values of their inputs, moved or selected (or a scalar argument).
-_MOVE = frozenset("""
+_MOVE = frozenset(
+  """
   _to_copy to clone copy copy_ detach alias lift_fresh view _unsafe_view reshape expand expand_as
   permute transpose t squeeze unsqueeze flatten unflatten slice select narrow as_strided
   diagonal movedim split split_with_sizes chunk unbind tensor_split cat stack hstack vstack
@@ -53,34 +60,51 @@ _MOVE = frozenset("""
   adaptive_max_pool2d adaptive_max_pool3d fractional_max_pool2d fractional_max_pool3d
   sign sgn relu _reshape_alias contiguous index_put scatter masked_scatter diag diag_embed
   block_diag randint randperm index_select gather take take_along_dim index embedding one_hot
-""".split())
+""".split()
+)
 # ... of which only the first argument's values (and a `value`/`src`) reach the result.
-_SELECT = {"index_select": (0,), "gather": (0,), "take": (0,), "take_along_dim": (0,),
-           "index": (0,), "embedding": (0,), "index_put": (0, 2), "scatter": (0, 3),
-           "scatter_reduce": (0, 3), "masked_scatter": (0, 2), "masked_fill": (0, 2),
-           "where": (1, 2), "one_hot": ()}
+_SELECT = {
+  "index_select": (0,),
+  "gather": (0,),
+  "take": (0,),
+  "take_along_dim": (0,),
+  "index": (0,),
+  "embedding": (0,),
+  "index_put": (0, 2),
+  "scatter": (0, 3),
+  "scatter_reduce": (0, 3),
+  "masked_scatter": (0, 2),
+  "masked_fill": (0, 2),
+  "where": (1, 2),
+  "one_hot": (),
+}
 # Ops whose integer results are positions or counts: below the largest input's size.
-_INDEX = frozenset("""
+_INDEX = frozenset(
+  """
   argmax argmin argsort nonzero nonzero_static searchsorted bucketize bincount count_nonzero
   unique _unique _unique2 unique_consecutive unique_dim histc _embedding_bag multinomial
   sym_numel numel size
-""".split())
+""".split()
+)
 # Multi-output ops whose output 0 is values of the input, and output 1 positions.
-_INDEX_OUT1 = frozenset("""
+_INDEX_OUT1 = frozenset(
+  """
   sort topk kthvalue median nanmedian mode cummax cummin max min max_pool1d_with_indices
   max_pool2d_with_indices max_pool3d_with_indices adaptive_max_pool1d adaptive_max_pool2d
   adaptive_max_pool3d fractional_max_pool2d fractional_max_pool3d
-""".split())
+""".split()
+)
 # ... and those whose output 0 is the input's values, the others positions or counts.
 _VALUES_OUT0 = frozenset("unique _unique _unique2 unique_consecutive unique_dim".split())
 _SUM = frozenset("sum nansum cumsum trace".split())
 _PROD = frozenset("prod cumprod".split())
-_MATMUL = frozenset("mm bmm matmul dot vdot mv addmm addmv addbmm baddbmm linear einsum "
-                    "tensordot inner outer ger".split())
+_MATMUL = frozenset(
+  "mm bmm matmul dot vdot mv addmm addmv addbmm baddbmm linear einsum "
+  "tensordot inner outer ger".split()
+)
 _DIV = frozenset("floor_divide div remainder fmod rshift bitwise_right_shift __rshift__".split())
 # Ops that add the values of `src` (argument 2 or 3) into `self`, possibly several times.
-_ACCUMULATE = {"scatter_add": 3, "index_add": 3, "index_put": 2, "scatter": 3,
-               "scatter_reduce": 3}
+_ACCUMULATE = {"scatter_add": 3, "index_add": 3, "index_put": 2, "scatter": 3, "scatter_reduce": 3}
 
 
 def _table() -> dict | None:
@@ -111,8 +135,9 @@ def narrow_dtype(dtype: torch.dtype, what: str) -> torch.dtype:
   return narrowed
 
 
-def known(t: torch.Tensor, what: str, narrow: bool | None = None
-          ) -> tuple[torch.Tensor, float | None]:
+def known(
+  t: torch.Tensor, what: str, narrow: bool | None = None
+) -> tuple[torch.Tensor, float | None]:
   """CPU tensor `t`, of known values, about to join a program: inside a 32-bit one (`narrow`;
   default: whether the current trace scope is one), a 64-bit integer tensor is checked to fit
   and narrowed, and its bound returned for `track`; a float64 one is refused. Elsewhere, or
@@ -142,11 +167,17 @@ def enter(array: Any, where: str) -> Any:
   limits = np.iinfo(np.int32)
   with jax.enable_x64(True):  # (comparisons only: JAX lowers the program with x64 off)
     bad = (array < limits.min) | (array > limits.max)
-  _stage_or_refuse(bad, None, where, lambda value, position: NarrowingError(
+  _stage_or_refuse(
+    bad,
+    None,
+    where,
+    lambda value, position: NarrowingError(
       f"bridge: {where} is {dtype.name} and holds a value at flat position {position} that "
       "int32 cannot hold; the JAX program it was passed to is built with JAX's 64-bit types "
       "disabled, so it computes with int32. Enable 64-bit types "
-      "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly."))
+      "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly."
+    ),
+  )
   return track(array, 2**31)
 
 
@@ -156,8 +187,9 @@ def _concrete(x: Any) -> Any:
   return _jax_core.to_concrete_value(x)
 
 
-def _stage_or_refuse(bad: Any, values: Any, what: str,
-                     error: Callable[[Any, int], BaseException]) -> None:
+def _stage_or_refuse(
+  bad: Any, values: Any, what: str, error: Callable[[Any, int], BaseException]
+) -> None:
   """A run-time check of `bad` (`ffi.stage_check`), or a refusal where programs cannot make
   host calls."""
   if not ffi.supported():
@@ -250,8 +282,11 @@ def _arith(name: str, i: int, args: tuple, kwargs: dict, table: dict) -> float |
     return first
   if name in _ACCUMULATE and _accumulates(name, args, kwargs):
     k = _ACCUMULATE[name]
-    src = args[k] if len(args) > k else kwargs.get("src", kwargs.get("source", kwargs.get(
-        "values", kwargs.get("value", 0))))
+    src = (
+      args[k]
+      if len(args) > k
+      else kwargs.get("src", kwargs.get("source", kwargs.get("values", kwargs.get("value", 0))))
+    )
     reduce = kwargs.get("reduce", args[4] if name == "scatter_reduce" and len(args) > 4 else "")
     if reduce in ("prod", "multiply"):
       return INF
@@ -265,7 +300,7 @@ def _arith(name: str, i: int, args: tuple, kwargs: dict, table: dict) -> float |
     return first * max(_size(args[0]), 1)
   if name in _PROD:
     n = max(_size(args[0]), 1)
-    return first ** n if first <= 1 or n * math.log2(first) < 64 else INF
+    return first**n if first <= 1 or n * math.log2(first) < 64 else INF
   if name in _MATMUL:
     arrays = [v for v in leaves if hasattr(v, "shape")]
     return math.prod(bound_of(v, table) for v in arrays) * max(map(_size, arrays), default=1)
@@ -278,10 +313,10 @@ def _arith(name: str, i: int, args: tuple, kwargs: dict, table: dict) -> float |
     return first + 1
   if name in ("pow", "square"):
     e = b[1] if len(b) > 1 else 2
-    return first ** e if first <= 1 or e * math.log2(first) < 64 else INF
+    return first**e if first <= 1 or e * math.log2(first) < 64 else INF
   if name in ("lshift", "bitwise_left_shift", "__lshift__"):
     shift = b[1] if len(b) > 1 else 0
-    return first * 2 ** shift if shift < 64 else INF
+    return first * 2**shift if shift < 64 else INF
   return None
 
 
@@ -305,26 +340,31 @@ def _name(func: Any) -> str:
 def refuse_float(what: str, dtype: Any) -> NarrowingError:
   name = str(dtype).removeprefix("torch.")
   return NarrowingError(
-      f"bridge: {what} ({name}) cannot be computed exactly here: the torch code is being "
-      f"traced into a JAX program built with JAX's 64-bit types disabled, which cannot hold "
-      f"{name} values, and computing it in 32 bits would give other numbers than torch. "
-      "Enable 64-bit types (`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
-      "the jitted call), or keep the torch code in 32 bits (`.float()`). First at\n  "
-      f"{scope.user_line()}")
+    f"bridge: {what} ({name}) cannot be computed exactly here: the torch code is being "
+    f"traced into a JAX program built with JAX's 64-bit types disabled, which cannot hold "
+    f"{name} values, and computing it in 32 bits would give other numbers than torch. "
+    "Enable 64-bit types (`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
+    "the jitted call), or keep the torch code in 32 bits (`.float()`). First at\n  "
+    f"{scope.user_line()}"
+  )
 
 
 def refuse_int(what: str, bound: float, reason: str = "") -> NarrowingError:
-  reach = reason or ("unbounded values from its inputs" if bound == INF
-                     else f"values up to {int(bound)} from its inputs")
+  reach = reason or (
+    "unbounded values from its inputs"
+    if bound == INF
+    else f"values up to {int(bound)} from its inputs"
+  )
   return NarrowingError(
-      f"bridge: {what} (int64) cannot be computed exactly here: the torch code is being traced "
-      "into a JAX program built with JAX's 64-bit types disabled, which holds int64 tensors as "
-      "int32. That is exact "
-      "only while every value fits in int32, and here the bridge cannot show it does "
-      f"({reach}). Enable 64-bit types "
-      "(`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
-      "the jitted call). First at\n  "
-      f"{scope.user_line()}")
+    f"bridge: {what} (int64) cannot be computed exactly here: the torch code is being traced "
+    "into a JAX program built with JAX's 64-bit types disabled, which holds int64 tensors as "
+    "int32. That is exact "
+    "only while every value fits in int32, and here the bridge cannot show it does "
+    f"({reach}). Enable 64-bit types "
+    "(`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
+    "the jitted call). First at\n  "
+    f"{scope.user_line()}"
+  )
 
 
 def check(what: str, bound: float, moved: bool = False) -> None:
@@ -356,8 +396,11 @@ def after_call(func: Any, args: tuple, kwargs: dict, result: Any) -> None:
           tensors = _tensors((args, kwargs))
           # (a factory's result is tracked whatever its dtype: an int64 `out=` target made
           # as int32 hands its dtype down to the factory that fills it)
-          tracked = (not tensors or any(_is_tracked(table, v) for v in tensors)
-                     or _wide_in_torch(func, args, kwargs))
+          tracked = (
+            not tensors
+            or any(_is_tracked(table, v) for v in tensors)
+            or _wide_in_torch(func, args, kwargs)
+          )
         if not tracked:
           continue  # int32 from int32: torch computes it in 32 bits too
       name = _name(func)
@@ -381,9 +424,11 @@ def _checkable(args: tuple, kwargs: dict, table: dict) -> bool:
 
 def _check_overflow(func: Any, name: str, args: tuple, result: Any) -> None:
   """Stage a check that `result` (int32) is the exact result of this int64 op."""
+
   def int32(x: Any) -> Any:
     v = tensor_lib.value(x) if isinstance(x, tensor_lib.Tensor) else x
     return jnp.asarray(v).astype(np.int32)  # (exact: every input fits, `_checkable`)
+
   a = int32(args[0])
   r = result.astype(np.int32)
   if name in ("neg", "negative", "abs"):
@@ -401,30 +446,44 @@ def _check_overflow(func: Any, name: str, args: tuple, result: Any) -> None:
     if np.any(known):
       raise refuse_int(what, INF)
     return
-  _stage_or_refuse(bad, None, what, lambda value, position: NarrowingError(
+  _stage_or_refuse(
+    bad,
+    None,
+    what,
+    lambda value, position: NarrowingError(
       f"bridge: {what} (int64) overflows int32 at flat position {position}: the JAX program "
       "it runs in is built with JAX's 64-bit types disabled, so it computes torch's int64 "
       "values as int32, checked each run where they may not fit. Enable 64-bit types "
-      "(`jax.config.update('jax_enable_x64', True)`) to keep them exactly."))
+      "(`jax.config.update('jax_enable_x64', True)`) to keep them exactly."
+    ),
+  )
 
 
 def _wide_in_torch(func: Any, args: tuple, kwargs: dict) -> bool:
   """Whether torch gives an int64 result for these arguments (asked of its meta kernels)."""
+
   def meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
       return torch.empty(x.shape, dtype=x.dtype, device="meta")
     if isinstance(x, torch.device):
       return torch.device("meta")
     return x
+
   try:
-    out = func(*[_map(meta, a) for a in args],
-               **{k: _map(meta, v) for k, v in kwargs.items() if k != "device"}, device="meta") \
-        if "device" in kwargs else func(*[_map(meta, a) for a in args],
-                                        **{k: _map(meta, v) for k, v in kwargs.items()})
+    out = (
+      func(
+        *[_map(meta, a) for a in args],
+        **{k: _map(meta, v) for k, v in kwargs.items() if k != "device"},
+        device="meta",
+      )
+      if "device" in kwargs
+      else func(*[_map(meta, a) for a in args], **{k: _map(meta, v) for k, v in kwargs.items()})
+    )
   except Exception:  # noqa: BLE001 - no meta kernel: not known to be wide
     return False
-  return any(isinstance(o, torch.Tensor) and o.dtype in (torch.int64, torch.uint64)
-             for o in _tensors(out))
+  return any(
+    isinstance(o, torch.Tensor) and o.dtype in (torch.int64, torch.uint64) for o in _tensors(out)
+  )
 
 
 def _map(fn: Any, x: Any) -> Any:
@@ -435,8 +494,9 @@ def _map(fn: Any, x: Any) -> Any:
 
 def _is_tracked(table: dict, t: Any) -> bool:
   storage = getattr(t, "_storage", None)
-  return storage is not None and (_entry(table, storage) is not None
-                                  or _entry(table, storage.array) is not None)
+  return storage is not None and (
+    _entry(table, storage) is not None or _entry(table, storage.array) is not None
+  )
 
 
 def stored(target: Any, new: Any) -> None:

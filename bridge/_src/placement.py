@@ -35,8 +35,7 @@ def placement_lines(named: Any, *, distinct: bool = False) -> list[str]:
     if distinct and devices in seen:
       continue
     seen.add(devices)
-    lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices "
-                 f"{list(devices)}")
+    lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices {list(devices)}")
   return lines
 
 
@@ -45,16 +44,18 @@ def check_devices(sharding: Any, what: str, api: str = API) -> None:
   mesh = getattr(sharding, "mesh", None)
   if mesh is not None and isinstance(mesh, jax.sharding.AbstractMesh):
     raise ShardingError(
-        f"`{api}`: the sharding for {what} is over an `AbstractMesh` {dict(mesh.shape)}, which "
-        "has no devices to hold data. Build the mesh from devices: `jax.make_mesh(...)` or "
-        "`Mesh(np.array(jax.devices()).reshape(...), axis_names)`.")
+      f"`{api}`: the sharding for {what} is over an `AbstractMesh` {dict(mesh.shape)}, which "
+      "has no devices to hold data. Build the mesh from devices: `jax.make_mesh(...)` or "
+      "`Mesh(np.array(jax.devices()).reshape(...), axis_names)`."
+    )
   known = {d.id: d for d in jax.devices()}
   missing = sorted(d.id for d in sharding.device_set if known.get(d.id) is not d)
   if missing:
     raise ShardingError(
-        f"`{api}`: the sharding for {what} ({describe(sharding)}) uses devices {missing}, which "
-        f"this JAX does not have (it has {len(known)}: {sorted(known)}). Build the mesh from "
-        "`jax.devices()`.")
+      f"`{api}`: the sharding for {what} ({describe(sharding)}) uses devices {missing}, which "
+      f"this JAX does not have (it has {len(known)}: {sorted(known)}). Build the mesh from "
+      "`jax.devices()`."
+    )
 
 
 def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> None:
@@ -66,8 +67,9 @@ def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> Non
   spec = tuple(sharding.spec)
   if len(spec) > len(shape):
     raise ShardingError(
-        f"`{api}`: {what} has shape {tuple(shape)} ({len(shape)} dimensions), but the "
-        f"sharding {describe(sharding)} partitions {len(spec)} dimensions.")
+      f"`{api}`: {what} has shape {tuple(shape)} ({len(shape)} dimensions), but the "
+      f"sharding {describe(sharding)} partitions {len(spec)} dimensions."
+    )
   for dim, axes in enumerate(spec):
     if axes is None:
       continue
@@ -75,13 +77,15 @@ def check_divides(shape: tuple, sharding: Any, what: str, api: str = API) -> Non
     unknown = [n for n in names if n not in sharding.mesh.shape]
     if unknown:
       raise ShardingError(
-          f"`{api}`: the sharding for {what} names mesh axis {unknown[0]!r}, but the mesh "
-          f"has axes {tuple(sharding.mesh.shape)}.")
+        f"`{api}`: the sharding for {what} names mesh axis {unknown[0]!r}, but the mesh "
+        f"has axes {tuple(sharding.mesh.shape)}."
+      )
     parts = math.prod(sharding.mesh.shape[n] for n in names)
     if shape[dim] % parts:
       raise ShardingError(
-          f"`{api}`: {what} has shape {tuple(shape)}; its dimension {dim} ({shape[dim]}) "
-          f"cannot be split {parts} ways over mesh axis {'x'.join(names)} of "
-          f"{describe(sharding)}. Pad it to a multiple of {parts}, or shard another "
-          "dimension (or replicate it: `PartitionSpec()`).")
+        f"`{api}`: {what} has shape {tuple(shape)}; its dimension {dim} ({shape[dim]}) "
+        f"cannot be split {parts} ways over mesh axis {'x'.join(names)} of "
+        f"{describe(sharding)}. Pad it to a multiple of {parts}, or shard another "
+        "dimension (or replicate it: `PartitionSpec()`)."
+      )
   check_devices(sharding, what, api)

@@ -36,6 +36,7 @@ SUPPORTED_API_VERSIONS = frozenset({1})
 @dataclasses.dataclass(frozen=True)
 class PluginInfo:
   """One installed lowering plugin: entry point name, distribution, version, API version."""
+
   name: str
   distribution: str
   version: str
@@ -53,14 +54,16 @@ def discover() -> list[PluginInfo]:
       obj = ep.load()
     except ImportError as e:
       raise PluginError(
-          f"bridge: the lowering plugin {ep.name!r} ({dist} {version}, entry point "
-          f"{ep.value!r}) failed to import: {e}. Reinstall it or uninstall it.") from e
+        f"bridge: the lowering plugin {ep.name!r} ({dist} {version}, entry point "
+        f"{ep.value!r}) failed to import: {e}. Reinstall it or uninstall it."
+      ) from e
     api = getattr(obj, "REGISTRY_API_VERSION", None)
     if api not in SUPPORTED_API_VERSIONS or not callable(getattr(obj, "register", None)):
       raise PluginError(
-          f"bridge: the lowering plugin {ep.name!r} ({dist} {version}) declares registry "
-          f"API version {api!r}, but this bridge supports {sorted(SUPPORTED_API_VERSIONS)} "
-          "and needs a `register(registry)` function. Install a matching version "
-          f"(`pip install -U {dist}` or upgrade bridge), or uninstall {dist}.")
+        f"bridge: the lowering plugin {ep.name!r} ({dist} {version}) declares registry "
+        f"API version {api!r}, but this bridge supports {sorted(SUPPORTED_API_VERSIONS)} "
+        "and needs a `register(registry)` function. Install a matching version "
+        f"(`pip install -U {dist}` or upgrade bridge), or uninstall {dist}."
+      )
     found.append(PluginInfo(ep.name, dist, version, api, obj))
   return found

@@ -56,6 +56,7 @@ _DTYPES: Mapping[torch.dtype, np.dtype] = types.MappingProxyType(dtypes.TORCH_TO
 @dataclasses.dataclass(frozen=True)
 class Lowering:
   """One registered lowering and how to call it."""
+
   op: torch._ops.OpOverload
   fn: Callable[..., Any]
   random: bool = False
@@ -71,11 +72,13 @@ def _overloads(op: Any) -> list[torch._ops.OpOverload]:
   if isinstance(op, torch._ops.OpOverload):
     return [op]
   if isinstance(op, torch._ops.OpOverloadPacket):
-    return [getattr(op, name) for name in op.overloads()
-            if not getattr(op, name)._schema.is_mutable]
+    return [
+      getattr(op, name) for name in op.overloads() if not getattr(op, name)._schema.is_mutable
+    ]
   raise RegistrationError(
-      f"bridge: lowerings are registered for aten overloads (e.g. `torch.ops.aten.add.Tensor`) "
-      f"or packets (`torch.ops.aten.add`), got {op!r} of type {type(op).__name__}.")
+    f"bridge: lowerings are registered for aten overloads (e.g. `torch.ops.aten.add.Tensor`) "
+    f"or packets (`torch.ops.aten.add`), got {op!r} of type {type(op).__name__}."
+  )
 
 
 class Registry:
@@ -89,21 +92,36 @@ class Registry:
     self._source = "user"
     self._jit_free = False  # the plugin being registered declares `TRACE_JIT_FREE`
 
-  def register(self, op: Any, fn: Callable[..., Any], *, override: bool = False,
-               random: bool = False, static_argnames: tuple[str, ...] = (),
-               dynamic_shape: DynamicShape = False) -> None:
+  def register(
+    self,
+    op: Any,
+    fn: Callable[..., Any],
+    *,
+    override: bool = False,
+    random: bool = False,
+    static_argnames: tuple[str, ...] = (),
+    dynamic_shape: DynamicShape = False,
+  ) -> None:
     """Registers `fn` as the lowering of `op` (an overload, or every functional overload of a packet)."""
     with self._lock:
       for overload in _overloads(op):
         old = self._table.get(overload)
         if old is not None and not override:
           raise RegistrationError(
-              f"bridge: {overload} already has a lowering ({old.fn.__module__}."
-              f"{old.fn.__qualname__}, from {old.source}); registering "
-              f"{fn.__module__}.{fn.__qualname__} would replace it. Pass `override=True` "
-              "to replace it on purpose.")
-        self._table[overload] = Lowering(overload, fn, random, frozenset(static_argnames),
-                                         dynamic_shape, self._source, self._jit_free)
+            f"bridge: {overload} already has a lowering ({old.fn.__module__}."
+            f"{old.fn.__qualname__}, from {old.source}); registering "
+            f"{fn.__module__}.{fn.__qualname__} would replace it. Pass `override=True` "
+            "to replace it on purpose."
+          )
+        self._table[overload] = Lowering(
+          overload,
+          fn,
+          random,
+          frozenset(static_argnames),
+          dynamic_shape,
+          self._source,
+          self._jit_free,
+        )
 
   @property
   def dtypes(self) -> Mapping[torch.dtype, np.dtype]:
@@ -144,17 +162,22 @@ class Registry:
     self.load_plugins()
     if not self.plugins:
       raise PluginError(
-          "bridge: no lowering plugin is installed, so ops on the `jax` device have nothing to "
-          "run. Install the standard one: `pip install bridge-ops` (from this repository: "
-          "`pip install -e ./bridge_ops`). Transfers and `call_jax` work without it.")
+        "bridge: no lowering plugin is installed, so ops on the `jax` device have nothing to "
+        "run. Install the standard one: `pip install bridge-ops` (from this repository: "
+        "`pip install -e ./bridge_ops`). Transfers and `call_jax` work without it."
+      )
 
 
 REGISTRY = Registry()
 
 
-def register_lowering(*ops: Any, override: bool = False, random: bool = False,
-                      static_argnames: tuple[str, ...] = (),
-                      dynamic_shape: DynamicShape = False) -> Callable[[Callable], Callable]:
+def register_lowering(
+  *ops: Any,
+  override: bool = False,
+  random: bool = False,
+  static_argnames: tuple[str, ...] = (),
+  dynamic_shape: DynamicShape = False,
+) -> Callable[[Callable], Callable]:
   """Registers the decorated JAX function as the lowering of aten `ops` on the `jax` device.
 
   Example:
@@ -163,9 +186,17 @@ def register_lowering(*ops: Any, override: bool = False, random: bool = False,
     ... def hypot(self, other):
     ...   return jnp.hypot(self, other)
   """
+
   def decorate(fn: Callable) -> Callable:
     for op in ops:
-      REGISTRY.register(op, fn, override=override, random=random,
-                        static_argnames=static_argnames, dynamic_shape=dynamic_shape)
+      REGISTRY.register(
+        op,
+        fn,
+        override=override,
+        random=random,
+        static_argnames=static_argnames,
+        dynamic_shape=dynamic_shape,
+      )
     return fn
+
   return decorate

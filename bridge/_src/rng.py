@@ -79,8 +79,7 @@ class KeyBox:
     return sub
 
 
-_BOX: contextvars.ContextVar[KeyBox | None] = contextvars.ContextVar("bridge_rng_box",
-                                                                    default=None)
+_BOX: contextvars.ContextVar[KeyBox | None] = contextvars.ContextVar("bridge_rng_box", default=None)
 
 
 class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
@@ -126,11 +125,12 @@ def next_key(op: Any = None) -> Any:
     return box.split()
   if scope.is_staged():
     raise BridgeError(
-        f"bridge: the random op {op or 'here'} runs inside a staged JAX program (`jax.jit`, "
-        "`lax.scan`, ...), where the `jax` device's generator would be baked in as a constant "
-        "key and repeat the same numbers on every run. Pass a key into the program and make "
-        "it current with `with bridge.rng_key(key): ...` around the call, or use "
-        "`bridge.compile`, which threads the generator through for you.")
+      f"bridge: the random op {op or 'here'} runs inside a staged JAX program (`jax.jit`, "
+      "`lax.scan`, ...), where the `jax` device's generator would be baked in as a constant "
+      "key and repeat the same numbers on every run. Pass a key into the program and make "
+      "it current with `with bridge.rng_key(key): ...` around the call, or use "
+      "`bridge.compile`, which threads the generator through for you."
+    )
   return _next_global_key()
 
 

@@ -54,8 +54,9 @@ class _Scope:
 
 _pending = threading.local()  # .bounds: a `_Scope.bounds` table for the next scope, or None
 _NONE = _Scope("", False, False)
-_ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar("bridge_trace_scope",
-                                                                 default=_NONE)
+_ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar(
+  "bridge_trace_scope", default=_NONE
+)
 
 
 def no_grad_inside() -> bool:
@@ -65,8 +66,7 @@ def no_grad_inside() -> bool:
   `torch.autograd.Function` (and `inference_mode`) turns off forward-mode AD too. Those are
   not taken for `no_grad()` (a Function's derivative is its backward: `functions`).
   """
-  return (_ACTIVE.get().grad and not torch.is_grad_enabled()
-          and torch._C._is_fwd_grad_enabled())
+  return _ACTIVE.get().grad and not torch.is_grad_enabled() and torch._C._is_fwd_grad_enabled()
 
 
 def active() -> str | None:
@@ -113,13 +113,15 @@ def warn_narrowed(what: str) -> None:
     return
   _warned_narrow[0] = True
   warnings.warn(
-      f"bridge: torch code is being traced into a JAX program built with JAX's 64-bit types "
-      f"disabled, which cannot hold 64-bit values, so {what} (and every other int64 value in "
-      "it) is held as int32: exact, since the bridge shows while tracing that each value "
-      "fits (a sum it cannot bound is checked each time the program runs), and refuses an op "
-      f"where it cannot. First at\n  {user_line()}\nEnable "
-      "64-bit types (`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes "
-      "exactly; `bridge.compile` always does.", stacklevel=3)
+    f"bridge: torch code is being traced into a JAX program built with JAX's 64-bit types "
+    f"disabled, which cannot hold 64-bit values, so {what} (and every other int64 value in "
+    "it) is held as int32: exact, since the bridge shows while tracing that each value "
+    "fits (a sum it cannot bound is checked each time the program runs), and refuses an op "
+    f"where it cannot. First at\n  {user_line()}\nEnable "
+    "64-bit types (`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes "
+    "exactly; `bridge.compile` always does.",
+    stacklevel=3,
+  )
 
 
 # (enter, exit) pairs run as each trace scope opens and closes, registered by the layers above
@@ -145,8 +147,9 @@ class trace_scope:
     for enter, _ in _TRACE_HOOKS:  # (custom autograd.Functions keep their backward: `functions`)
       enter()
     staged = is_staged()
-    self._token = _ACTIVE.set(_Scope(self.api, staged and not dtypes.x64_enabled(), staged,
-                                     torch.is_grad_enabled()))
+    self._token = _ACTIVE.set(
+      _Scope(self.api, staged and not dtypes.x64_enabled(), staged, torch.is_grad_enabled())
+    )
     # (torch's context manager switches the mode when it is constructed)
     self._threads = torch.autograd.set_multithreading_enabled(False)
     self._threads.__enter__()
@@ -162,9 +165,11 @@ class trace_scope:
 def _internal_dirs() -> tuple[str, ...]:
   """Where torch, JAX and the bridge live (and the stdlib modules their frames pass through)."""
   import jax  # (imported by then; kept out of this module's import-time work)
+
   mods = [torch, jax]
   try:
     import bridge_ops  # the lowerings' own frames are not the user's line either
+
     mods.append(bridge_ops)
   except ImportError:  # pragma: no cover
     pass
@@ -205,24 +210,26 @@ def traced_value_error(what: str, tb: Any = None) -> TracedValueError:
   """The error for torch code that needs a traced tensor's value in Python."""
   api = active() or "jax.jit"
   return TracedValueError(
-      f"`{api}`: torch code needs the value of a tensor that JAX is tracing ({what}), at\n"
-      f"  {user_line(tb)}\n"
-      "Inside `jax.jit` (and `lax.scan`, `jax.vmap`, `bridge.compile`) a tensor's value is "
-      "not known while the program is built, so Python cannot branch on it. Keep the "
-      "computation in tensors (`torch.where(cond, a, b)` instead of `if`, masks instead of "
-      "`.item()`), or make the value a static argument (`jax.jit(..., static_argnums=...)`, "
-      "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`. "
-      "Or let torch run it for real inside the program: `bridge.call_torch(fn, ..., "
-      "mode='callback', result_shape_dtypes=...)` (its outputs' shapes must not depend "
-      "on the values; see recipes/torch_code_in_jax_callback_mode.ipynb).")
+    f"`{api}`: torch code needs the value of a tensor that JAX is tracing ({what}), at\n"
+    f"  {user_line(tb)}\n"
+    "Inside `jax.jit` (and `lax.scan`, `jax.vmap`, `bridge.compile`) a tensor's value is "
+    "not known while the program is built, so Python cannot branch on it. Keep the "
+    "computation in tensors (`torch.where(cond, a, b)` instead of `if`, masks instead of "
+    "`.item()`), or make the value a static argument (`jax.jit(..., static_argnums=...)`, "
+    "a Python number passed to `bridge.compile`), or call the function outside `jax.jit`. "
+    "Or let torch run it for real inside the program: `bridge.call_torch(fn, ..., "
+    "mode='callback', result_shape_dtypes=...)` (its outputs' shapes must not depend "
+    "on the values; see recipes/torch_code_in_jax_callback_mode.ipynb)."
+  )
 
 
 def leaked_tracer_error(cause: BaseException) -> LeakedTracerError:
   """The error for a tensor that outlived the trace it was made in."""
   return LeakedTracerError(
-      "bridge: a `jax` tensor made while JAX traced an earlier call (`bridge.call_torch`, an "
-      "`extract_jax` function, `bridge.compile`, `jax.jit`) was kept and used after that "
-      f"call ended, at\n  {user_line()}\n"
-      "Its value only existed inside that program. Do not store tensors computed in "
-      "`forward` on the module or in globals; return them as outputs (or register them as "
-      f"buffers, which are threaded through). JAX said: {str(cause).splitlines()[0]}")
+    "bridge: a `jax` tensor made while JAX traced an earlier call (`bridge.call_torch`, an "
+    "`extract_jax` function, `bridge.compile`, `jax.jit`) was kept and used after that "
+    f"call ended, at\n  {user_line()}\n"
+    "Its value only existed inside that program. Do not store tensors computed in "
+    "`forward` on the module or in globals; return them as outputs (or register them as "
+    f"buffers, which are threaded through). JAX said: {str(cause).splitlines()[0]}"
+  )

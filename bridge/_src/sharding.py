@@ -35,14 +35,16 @@ def _sharding_for(spec: ShardingSpec, name: str, leaf: Any, what: str | None = N
       sharding = spec(name, leaf)
     except Exception as e:  # (said again with the tensor's name)
       raise ShardingError(
-          f"`{API}`: the sharding rule failed for {what or name} (shape "
-          f"{tuple(leaf.shape)}): {type(e).__name__}: {e}") from e
+        f"`{API}`: the sharding rule failed for {what or name} (shape "
+        f"{tuple(leaf.shape)}): {type(e).__name__}: {e}"
+      ) from e
   else:
     sharding = spec
   if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
     raise BridgeTypeError(
-        f"`{API}`: the sharding for {name} is a {type(sharding).__name__}; expected a "
-        "`jax.sharding.Sharding` (e.g. `NamedSharding(mesh, PartitionSpec(...))`) or None.")
+      f"`{API}`: the sharding for {name} is a {type(sharding).__name__}; expected a "
+      "`jax.sharding.Sharding` (e.g. `NamedSharding(mesh, PartitionSpec(...))`) or None."
+    )
   return sharding
 
 
@@ -109,8 +111,11 @@ def shard(x: Any, sharding: ShardingSpec, /) -> Any:
     if isinstance(leaf, (torch.Tensor, jax.Array)):
       s = _sharding_for(sharding, name(i), leaf)
       if s is not None:
-        leaf = (_place_tensor(leaf, s, name(i)) if isinstance(leaf, torch.Tensor)
-                else _place_array(leaf, s, name(i)))
+        leaf = (
+          _place_tensor(leaf, s, name(i))
+          if isinstance(leaf, torch.Tensor)
+          else _place_array(leaf, s, name(i))
+        )
     out.append(leaf)
   return tree_lib.unflatten(spec, out)
 
@@ -143,6 +148,7 @@ def _shard_module(module: torch.nn.Module, sharding: ShardingSpec) -> torch.nn.M
     if id(t) not in done:
       done[id(t)] = _place_tensor(t, s, f"{type(module).__name__}.{names[id(t)]}").detach()
     return done[id(t)]
+
   module._apply(place)
   for owners in places.values():
     if len(owners) > 1:  # a tied weight: one tensor again, under every name
@@ -163,8 +169,9 @@ def constrain(t: torch.Tensor, sharding: jax.sharding.Sharding) -> torch.Tensor:
   """
   if not isinstance(t, tensor_lib.Tensor):
     raise BridgeTypeError(
-        f"`bridge.constrain`: expected a tensor on the `jax` device, got one on {t.device} "
-        "(shardings apply to JAX arrays: move it with `bridge.shard` or `.to('jax')`).")
+      f"`bridge.constrain`: expected a tensor on the `jax` device, got one on {t.device} "
+      "(shardings apply to JAX arrays: move it with `bridge.shard` or `.to('jax')`)."
+    )
   return _Constrain.apply(t, sharding)
 
 
@@ -195,4 +202,3 @@ def sharding_of(t: Any) -> Any:
   """The sharding of a `jax`-device tensor's array (None for a traced value)."""
   a = tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor) else t
   return None if isinstance(a, jax.core.Tracer) else getattr(a, "sharding", None)
-

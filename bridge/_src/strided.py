@@ -41,6 +41,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 class _Contiguous(NamedTuple):
   """The view is the flat elements [offset, offset + numel) reshaped to its size."""
+
   offset: int
   numel: int
 
@@ -54,6 +55,7 @@ class _Strided(NamedTuple):
   order of its dims of size > 1 and stride > 0), reshape to `expanded` (1 at the view's new
   axes and broadcast dims) and broadcast to the view's size.
   """
+
   window: tuple | None
   shape: tuple
   start: tuple
@@ -80,12 +82,14 @@ def _match(shape: tuple, strides: tuple, start: tuple, dims: list, used: list) -
   return None
 
 
-def _strided_plan(shape: tuple, size: tuple, stride: tuple, offset: int,
-                  window: tuple | None) -> _Strided | None:
+def _strided_plan(
+  shape: tuple, size: tuple, stride: tuple, offset: int, window: tuple | None
+) -> _Strided | None:
   """The view as a strided slice of a contiguous array of `shape`, or None where it is not."""
   strides = contiguous_strides(shape)
-  start = tuple((offset // b) % n if d else offset // b
-                for d, (n, b) in enumerate(zip(shape, strides)))
+  start = tuple(
+    (offset // b) % n if d else offset // b for d, (n, b) in enumerate(zip(shape, strides))
+  )
   if not shape or start[0] >= shape[0]:
     return None
   view_dims = [i for i, (n, s) in enumerate(zip(size, stride)) if n > 1 and s > 0]
@@ -212,8 +216,9 @@ def _set_strided(base: Any, new: Any, plan: _Strided) -> Any:
     return lax.dynamic_update_slice(base, x, plan.start)
   # A strided write without a scatter: spread `x` over the base's shape with interior
   # padding, and select it where the view's elements are.
-  config = tuple((a, n - b, k - 1)
-                 for a, b, k, n in zip(plan.start, plan.limit, plan.step, plan.shape))
+  config = tuple(
+    (a, n - b, k - 1) for a, b, k, n in zip(plan.start, plan.limit, plan.step, plan.shape)
+  )
   spread = lax.pad(x, jnp.zeros((), base.dtype), config)
   mask = lax.pad(jnp.ones(counts, bool), False, config)
   return jnp.where(mask, spread, base)

@@ -75,13 +75,15 @@ class Tensor(torch.Tensor):
   @staticmethod
   def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
     raise BridgeTypeError(
-        "`bridge.Tensor` is not constructed directly: use a torch factory with "
-        "`device='jax'` (e.g. `torch.zeros(3, device='jax')`), `tensor.to('jax')`, or wrap a "
-        "JAX array with `bridge.torch_view(array)`.")
+      "`bridge.Tensor` is not constructed directly: use a torch factory with "
+      "`device='jax'` (e.g. `torch.zeros(3, device='jax')`), `tensor.to('jax')`, or wrap a "
+      "JAX array with `bridge.torch_view(array)`."
+    )
 
   @classmethod
   def __torch_dispatch__(  # type: ignore[override]
-      cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+  ) -> Any:
     # (the override's signature is torch's documented one; its stub omits `func`)
     plan = _PLANS.get(func)  # the dispatcher's per-op plans (bridge._src.dispatch)
     if plan is None:
@@ -109,9 +111,10 @@ class Tensor(torch.Tensor):
     """
     if type(new) is not Tensor:
       raise BridgeTypeError(
-          f"bridge: `t.data = new` with `t` on the {self.device} device needs `new` there "
-          f"too, got a {type(new).__name__} on {getattr(new, 'device', 'no device')}. "
-          f"Move it first: `t.data = new.to('{self.device}')`.")
+        f"bridge: `t.data = new` with `t` on the {self.device} device needs `new` there "
+        f"too, got a {type(new).__name__} on {getattr(new, 'device', 'no device')}. "
+        f"Move it first: `t.data = new.to('{self.device}')`."
+      )
     _DATA.__set__(self, new)
     self._storage, self._whole, self._cache = new._storage, new._whole, None
 
@@ -122,8 +125,9 @@ class Tensor(torch.Tensor):
 
   def untyped_storage(self) -> Any:
     raise BridgeTypeError(
-        "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
-        "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy.")
+      "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
+      "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy."
+    )
 
   def tolist(self) -> Any:
     return self.detach().cpu().tolist()
@@ -131,8 +135,7 @@ class Tensor(torch.Tensor):
   def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
     del tensor_contents
     if isinstance(self._storage.array, jax.core.Tracer):
-      return (f"bridge.Tensor(<traced {tuple(self.shape)} {self.dtype}>, "
-              f"device='{self.device}')")
+      return f"bridge.Tensor(<traced {tuple(self.shape)} {self.dtype}>, device='{self.device}')"
     with torch.no_grad():
       text = repr(torch.Tensor._make_subclass(torch.Tensor, self.detach().cpu()))
     extra = [f"device='{self.device}'"]
@@ -147,8 +150,10 @@ class Tensor(torch.Tensor):
     # and onto the jax device with `torch.load(..., map_location="jax")`.
     with torch.no_grad():
       data = torch.Tensor._make_subclass(torch.Tensor, self.detach().cpu())
-    return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-            (data, self.dtype, "cpu", self.requires_grad))
+    return (
+      torch._utils._rebuild_device_tensor_from_cpu_tensor,
+      (data, self.dtype, "cpu", self.requires_grad),
+    )
 
 
 _DATA: Any = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
@@ -169,19 +174,28 @@ def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict
     pending = _deferred.get(task)
     if pending is None:
       pending = _deferred[task] = []
+
       def raise_pending() -> None:
         with _deferred_lock:
           errors = _deferred.pop(task, [error])
         raise errors[0]
+
       torch.autograd.Variable._execution_engine.queue_callback(raise_pending)
     pending.append(error)
+
   def placeholder(m: Any) -> Any:
     if isinstance(m, torch.Tensor):
       return make(jnp.zeros(tuple(m.shape), dtypes.TORCH_TO_JAX[m.dtype]), jax_device(0), m.dtype)
     return m
+
   meta = jax.tree_util.tree_map(
-      lambda x: torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
-      if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    lambda x: (
+      torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+      if isinstance(x, torch.Tensor)
+      else x
+    ),
+    (args, kwargs),
+  )
   try:
     shapes = func(*meta[0], **meta[1])
   except Exception:  # noqa: BLE001 - no meta kernel: a guess, the pass is failing anyway
@@ -230,15 +244,25 @@ def make(array: Any, device: Any, dtype: torch.dtype | None = None) -> Tensor:
   return make_result(array, device, dtype)
 
 
-def make_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
-              device: torch.device) -> Tensor:
+def make_view(
+  storage: Storage,
+  size: tuple,
+  stride: tuple,
+  offset: int,
+  dtype: torch.dtype,
+  device: torch.device,
+) -> Tensor:
   """A tensor sharing `storage`, with torch's view metadata."""
-  t = torch.Tensor._make_wrapper_subclass(Tensor, size, strides=stride, storage_offset=offset,
-                                          dtype=dtype, device=device)
+  t = torch.Tensor._make_wrapper_subclass(
+    Tensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=device
+  )
   t._storage = storage
   base_shape = tuple(storage.array.shape)
-  if not (tuple(size) == base_shape and offset == 0
-          and tuple(stride) == strided.contiguous_strides(base_shape)):
+  if not (
+    tuple(size) == base_shape
+    and offset == 0
+    and tuple(stride) == strided.contiguous_strides(base_shape)
+  ):
     t._whole = False
   return t
 
@@ -256,7 +280,8 @@ def value(t: Tensor, recorded: bool = False) -> Any:
   else:
     array = storage.array
     v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
-        array, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
+      array, tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
+    )
     t._cache = (storage.version, v)
   if t._detached and not recorded and isinstance(v, jax.core.Tracer):
     v = jax.lax.stop_gradient(v)
@@ -290,10 +315,12 @@ def write(t: Tensor, new: Any) -> None:
     size, stride = tuple(t.shape), tuple(t.stride())
     if any(s == 0 and n > 1 for s, n in zip(stride, size)):
       raise RuntimeError(
-          "unsupported operation: more than one element of the written-to tensor refers to a "
-          "single memory location. Please clone() the tensor before performing the operation.")
+        "unsupported operation: more than one element of the written-to tensor refers to a "
+        "single memory location. Please clone() the tensor before performing the operation."
+      )
     array = storage.array
     storage.array = (strided.write if isinstance(array, jax.core.Tracer) else strided.scatter)(
-        array, new, size, stride, int(t.storage_offset()))
+      array, new, size, stride, int(t.storage_offset())
+    )
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)

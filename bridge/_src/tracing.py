@@ -27,6 +27,7 @@ API = "bridge.call_torch"
 
 def inputs_to_torch(tree: Any, api: str = API) -> Any:
   """JAX arrays, tracers and NumPy arrays in `tree` -> `bridge.Tensor`s; other leaves kept."""
+
   def leaf(x: Any, where: Callable[[], str]) -> Any:
     if isinstance(x, jax.Array):  # tracers included
       return array_to_tensor(x, lambda: f"argument {where()}", api)
@@ -34,6 +35,7 @@ def inputs_to_torch(tree: Any, api: str = API) -> Any:
       with jax.enable_x64(True):  # exact dtypes: a float64 array stays float64
         return array_to_tensor(jnp.asarray(x), lambda: f"argument {where()}", api)
     return x
+
   return tree_lib.tree_map(leaf, tree)
 
 
@@ -42,8 +44,9 @@ def _output(x: Any, where: Callable[[], str], api: str) -> Any:
     return tensor_lib.value(x)
   if isinstance(x, torch.Tensor):  # made on the CPU (a constant of the program)
     with jax.enable_x64(True):
-      return transfer.tensor_to_jax(x.detach(), copy=True, api=api,
-                                    where=lambda: f"output {where()}")
+      return transfer.tensor_to_jax(
+        x.detach(), copy=True, api=api, where=lambda: f"output {where()}"
+      )
   if type(x).__module__ == "torch.return_types":  # torch's named tuples (values, indices)
     # (their fields may be lists of tensors: histogramdd's bin edges)
     return tree_lib.tree_map(lambda v, w: _output(v, w, api), tuple(x))
@@ -60,12 +63,17 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
   with scope.trace_scope(api):
     try:
       return call(*args, **kwargs)
-    except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
-            jax.errors.TracerArrayConversionError) as e:
+    except (
+      jax.errors.ConcretizationTypeError,
+      jax.errors.NonConcreteBooleanIndexError,
+      jax.errors.TracerArrayConversionError,
+    ) as e:
       # an op whose output shape depends on values (`nonzero`, boolean indexing...).
       raise scope.traced_value_error(
-          "an op whose result's shape depends on tensor values, e.g. `nonzero`, "
-          "`masked_select`, `x[mask]`, `unique`", tb=e.__traceback__) from e
+        "an op whose result's shape depends on tensor values, e.g. `nonzero`, "
+        "`masked_select`, `x[mask]`, `unique`",
+        tb=e.__traceback__,
+      ) from e
 
 
 # How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call
@@ -80,13 +88,16 @@ def check_mode(mode: Any, vmap_method: Any, result_shape_dtypes: Any, api: str =
   """Refuse a mode that is not one, and callback options given to trace mode."""
   if mode not in MODES:
     raise BridgeTypeError(
-        f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
-        "argument; to pass `mode=` to the torch function, bind it first: "
-        "`functools.partial(fn, mode=...)`.)")
+      f"`{api}`: mode={mode!r} is not one of 'trace', 'callback'. (`mode` is {api}'s own "
+      "argument; to pass `mode=` to the torch function, bind it first: "
+      "`functools.partial(fn, mode=...)`.)"
+    )
   if vmap_method is not None and vmap_method not in VMAP_METHODS:
     raise BridgeTypeError(
-        f"`{api}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}.")
+      f"`{api}`: vmap_method={vmap_method!r} is not one of {', '.join(VMAP_METHODS)}."
+    )
   if mode == "trace" and (vmap_method is not None or result_shape_dtypes is not None):
     raise BridgeTypeError(
-        f"`{api}`: `vmap_method` and `result_shape_dtypes` are options of "
-        "mode='callback'; in trace mode JAX batches and shapes the torch code itself.")
+      f"`{api}`: `vmap_method` and `result_shape_dtypes` are options of "
+      "mode='callback'; in trace mode JAX batches and shapes the torch code itself."
+    )

@@ -32,6 +32,7 @@ from bridge._src.errors import BridgeTypeError, TransferError
 try:  # The C++ entry points behind `jax.dlpack`; the public wrappers cost ~30 us a call.
   from jax._src.lib import _jax as _jaxlib
   from jax._src.lib import jaxlib_extension_version as _jaxlib_version
+
   _dlpack_to_buffer = _jaxlib.dlpack_managed_tensor_to_buffer
   _buffer_to_dlpack = _jaxlib.buffer_to_dlpack_managed_tensor
 except (ImportError, AttributeError):  # pragma: no cover - other jaxlib versions
@@ -67,9 +68,14 @@ def _describe(t: torch.Tensor) -> str:
 def check_tensor(t: torch.Tensor, *, api: str, where: Where) -> None:
   """Refuse tensors that have no JAX counterpart: sparse, quantized, nested, meta, bad dtype."""
   dtype = t.dtype
-  if (t.layout is torch.strided and dtype in dtypes.TORCH_TO_JAX and not t.is_quantized
-      and not t.is_nested and not t.is_meta
-      and (dtype not in dtypes.TORCH_X64 or dtypes.x64_enabled())):
+  if (
+    t.layout is torch.strided
+    and dtype in dtypes.TORCH_TO_JAX
+    and not t.is_quantized
+    and not t.is_nested
+    and not t.is_meta
+    and (dtype not in dtypes.TORCH_X64 or dtypes.x64_enabled())
+  ):
     return  # the common case, without building any message
   kind = None
   if t.is_nested:
@@ -81,8 +87,10 @@ def check_tensor(t: torch.Tensor, *, api: str, where: Where) -> None:
   elif t.is_meta:
     kind = "a meta tensor (it has no data)"
   if kind is not None:
-    fix = "Convert it first (e.g. `t.to_dense()`, `t.dequantize()`, "\
-          "`t.to_padded_tensor(0.0)`) or materialize it on a real device."
+    fix = (
+      "Convert it first (e.g. `t.to_dense()`, `t.dequantize()`, "
+      "`t.to_padded_tensor(0.0)`) or materialize it on a real device."
+    )
     raise BridgeTypeError(f"`{api}`: {where()} is {kind}; JAX has only dense arrays. {fix}")
   dtypes.jax_dtype(t.dtype, api=api, where=where())
   dtypes.check_x64(t.dtype, api=api, where=f"{where()} ({_describe(t)})")
@@ -90,8 +98,9 @@ def check_tensor(t: torch.Tensor, *, api: str, where: Where) -> None:
 
 # NumPy's 64-bit dtypes, and the 32-bit ones JAX silently narrows them to while its 64-bit
 # types are disabled (as `dtypes.TORCH_X64` and `dtypes.NARROWED` for torch).
-_NUMPY_NARROWED = {dtypes.TORCH_TO_JAX[wide]: dtypes.TORCH_TO_JAX[narrow]
-                   for wide, narrow in dtypes.NARROWED.items()}
+_NUMPY_NARROWED = {
+  dtypes.TORCH_TO_JAX[wide]: dtypes.TORCH_TO_JAX[narrow] for wide, narrow in dtypes.NARROWED.items()
+}
 
 
 def check_numpy_x64(x: np.ndarray | np.generic, *, api: str, where: Where) -> None:
@@ -107,10 +116,11 @@ def check_numpy_x64(x: np.ndarray | np.generic, *, api: str, where: Where) -> No
     else:
       what, fix = f"a NumPy scalar, {x!r:.40}", f"`np.{narrow}(x)`"
     raise BridgeTypeError(
-        f"`{api}`: {where()} ({what}) is {dtype.name}, but JAX's 64-bit types are disabled, "
-        f"so JAX would silently turn it into {narrow}. Either enable them, globally with "
-        "`jax.config.update('jax_enable_x64', True)` or for this call with "
-        f"`with jax.enable_x64(True): ...`, or narrow it yourself, e.g. {fix}.")
+      f"`{api}`: {where()} ({what}) is {dtype.name}, but JAX's 64-bit types are disabled, "
+      f"so JAX would silently turn it into {narrow}. Either enable them, globally with "
+      "`jax.config.update('jax_enable_x64', True)` or for this call with "
+      f"`with jax.enable_x64(True): ...`, or narrow it yourself, e.g. {fix}."
+    )
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -127,12 +137,16 @@ def is_dense(t: torch.Tensor) -> bool:
 
 def _not_zero_copy_reason(t: torch.Tensor) -> str | None:
   if not is_dense(t):
-    return (f"it is a strided view with strides {t.stride()} (a stride-0 `expand`, a "
-            "step slice or a gap), which JAX arrays cannot describe")
+    return (
+      f"it is a strided view with strides {t.stride()} (a stride-0 `expand`, a "
+      "step slice or a gap), which JAX arrays cannot describe"
+    )
   if t.data_ptr() % _ALIGNMENT:
-    return (f"its data pointer {t.data_ptr():#x} is not {_ALIGNMENT}-byte aligned (e.g. a "
-            f"view at an offset such as `t[1:]`), and JAX on CPU aliases only "
-            f"{_ALIGNMENT}-byte aligned buffers")
+    return (
+      f"its data pointer {t.data_ptr():#x} is not {_ALIGNMENT}-byte aligned (e.g. a "
+      f"view at an offset such as `t[1:]`), and JAX on CPU aliases only "
+      f"{_ALIGNMENT}-byte aligned buffers"
+    )
   return None
 
 
@@ -144,8 +158,9 @@ def _cpu_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str, where: Wher
     if reason is not None:
       if copy is False:
         raise TransferError(
-            f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: "
-            f"{reason}. {_STRICT}, or pass `t.contiguous()`.")
+          f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: "
+          f"{reason}. {_STRICT}, or pass `t.contiguous()`."
+        )
       t = t.clone(memory_format=torch.contiguous_format)
   if _dlpack_to_buffer is None:  # pragma: no cover
     return jax.dlpack.from_dlpack(t, copy=False)
@@ -162,13 +177,16 @@ def _jax_has(platform: str) -> bool:
     return False
 
 
-def _accelerator_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str,
-                               where: Where) -> jax.Array:
+def _accelerator_tensor_to_jax(
+  t: torch.Tensor, copy: bool | None, api: str, where: Where
+) -> jax.Array:
   if t.device.type == "cuda" and _jax_has("gpu"):
     if not is_dense(t):
       if copy is False:
-        raise TransferError(f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a "
-                            f"copy: {_not_zero_copy_reason(t)}. {_STRICT}.")
+        raise TransferError(
+          f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a "
+          f"copy: {_not_zero_copy_reason(t)}. {_STRICT}."
+        )
       t = t.contiguous()
     elif copy:
       # a copy made by torch, on its current stream, then shared: JAX's own copying import
@@ -177,24 +195,31 @@ def _accelerator_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str,
     return jax.dlpack.from_dlpack(t, copy=copy)
   if copy is False:
     raise TransferError(
-        f"`{api}`: {where()} ({_describe(t)}) is on torch device {t.device}, which has no "
-        f"JAX counterpart in this process (JAX devices: {jax.devices()}), so it cannot "
-        f"be shared without a copy. {_STRICT} through host memory, or install the JAX "
-        "build for that accelerator (e.g. `pip install jax[cuda12]`).")
+      f"`{api}`: {where()} ({_describe(t)}) is on torch device {t.device}, which has no "
+      f"JAX counterpart in this process (JAX devices: {jax.devices()}), so it cannot "
+      f"be shared without a copy. {_STRICT} through host memory, or install the JAX "
+      "build for that accelerator (e.g. `pip install jax[cuda12]`)."
+    )
   return _cpu_tensor_to_jax(t.cpu(), None, api, where)
 
 
-def tensor_to_jax(t: torch.Tensor, *, copy: bool | None = None, api: str = "bridge.to_jax",
-                  where: Where = lambda: "the tensor") -> jax.Array:
+def tensor_to_jax(
+  t: torch.Tensor,
+  *,
+  copy: bool | None = None,
+  api: str = "bridge.to_jax",
+  where: Where = lambda: "the tensor",
+) -> jax.Array:
   """Move one tensor to a `jax.Array` (see the module docstring for `copy`)."""
   check_tensor(t, api=api, where=where)
   t = t.detach()
   if t.is_conj() or t.is_neg():
     if copy is False:
       raise TransferError(
-          f"`{api}`: {where()} ({_describe(t)}) is a lazy conjugate/negative view, which "
-          f"must be materialized before JAX can read it. {_STRICT}, or call "
-          "`t.resolve_conj().resolve_neg()` first.")
+        f"`{api}`: {where()} ({_describe(t)}) is a lazy conjugate/negative view, which "
+        f"must be materialized before JAX can read it. {_STRICT}, or call "
+        "`t.resolve_conj().resolve_neg()` first."
+      )
     t, copy = t.resolve_conj().resolve_neg(), None  # already a fresh copy
   if t.device.type == "cpu":
     return _cpu_tensor_to_jax(t, copy, api, where)
@@ -311,9 +336,13 @@ def fast_array_out(a: Any) -> torch.Tensor | None:
   aborts the process (XLA's "Non-zero type 1 hold on destruction" check). An array the
   caller may still hold goes through `_cpu_array_to_torch`.
   """
-  if (type(a) is ArrayImpl and _buffer_to_dlpack is not None
-      and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(a.sharding)
-      and not a.is_deleted()):
+  if (
+    type(a) is ArrayImpl
+    and _buffer_to_dlpack is not None
+    and id(a.dtype) in dtypes.JAX_TO_TORCH_BY_ID
+    and is_one_cpu_device(a.sharding)
+    and not a.is_deleted()
+  ):
     return torch._C._from_dlpack(_buffer_to_dlpack(a))
   return None
 
@@ -337,17 +366,25 @@ def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
   return torch._C._from_dlpack(_buffer_to_dlpack(a.addressable_data(0)))
 
 
-def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge.to_torch",
-                   where: Where = lambda: "the array") -> torch.Tensor:
+def array_to_torch(
+  a: jax.Array,
+  *,
+  copy: bool | None = None,
+  api: str = "bridge.to_torch",
+  where: Where = lambda: "the array",
+) -> torch.Tensor:
   """Move one concrete `jax.Array` to a `torch.Tensor` (see the module docstring for `copy`)."""
   if isinstance(a, jax.core.Tracer):
     raise BridgeTypeError(
-        f"`{api}`: {where()} is a JAX tracer ({a.aval}), an abstract value inside "
-        "`jax.jit`/`jax.grad`/`jax.vmap`, with no data to hand to torch. Transfer concrete "
-        "arrays outside the transformation instead.")
+      f"`{api}`: {where()} is a JAX tracer ({a.aval}), an abstract value inside "
+      "`jax.jit`/`jax.grad`/`jax.vmap`, with no data to hand to torch. Transfer concrete "
+      "arrays outside the transformation instead."
+    )
   if a.is_deleted():
-    raise TransferError(f"`{api}`: {where()} was deleted (donated to a jitted call or "
-                        "`.delete()`d); there is no data left to transfer.")
+    raise TransferError(
+      f"`{api}`: {where()} was deleted (donated to a jitted call or "
+      "`.delete()`d); there is no data left to transfer."
+    )
   dtypes.torch_dtype(a.dtype, api=api, where=where())
   sharding = a.sharding
   if len(sharding.device_set) > 1:
@@ -355,9 +392,10 @@ def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge
       return array_to_torch(a.addressable_data(0), copy=copy, api=api, where=where)
     if copy is False:
       raise TransferError(
-          f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) is sharded over "
-          f"{len(sharding.device_set)} devices; a torch tensor needs it gathered into one "
-          f"buffer. {_STRICT}.")
+        f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) is sharded over "
+        f"{len(sharding.device_set)} devices; a torch tensor needs it gathered into one "
+        f"buffer. {_STRICT}."
+      )
     gathered = jax.device_put(a, jax.sharding.SingleDeviceSharding(_cpu_device()))
     return _cpu_array_to_torch(gathered)
   platform = next(iter(sharding.device_set)).platform  # type: ignore[attr-defined]
@@ -369,9 +407,10 @@ def array_to_torch(a: jax.Array, *, copy: bool | None = None, api: str = "bridge
     return out.clone() if copy else out
   if copy is False:
     raise TransferError(
-        f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) lives on JAX platform "
-        f"{platform!r}, which torch in this process cannot address, so it cannot be shared "
-        f"without a copy. {_STRICT} through host memory.")
+      f"`{api}`: {where()} (shape {a.shape}, dtype {a.dtype}) lives on JAX platform "
+      f"{platform!r}, which torch in this process cannot address, so it cannot be shared "
+      f"without a copy. {_STRICT} through host memory."
+    )
   return _cpu_array_to_torch(jax.device_put(a, _cpu_device()))
 
 
@@ -400,8 +439,13 @@ def to_torch(tree: Any, copy: bool | None = None) -> Any:
   """
   _check_copy(copy, "bridge.to_torch")
   if type(tree) is ArrayImpl:  # a lone array: skip the pytree machinery
-    if (copy is None and _buffer_to_dlpack is not None and id(tree.dtype) in
-        dtypes.JAX_TO_TORCH_BY_ID and is_one_cpu_device(tree.sharding) and not tree.is_deleted()):
+    if (
+      copy is None
+      and _buffer_to_dlpack is not None
+      and id(tree.dtype) in dtypes.JAX_TO_TORCH_BY_ID
+      and is_one_cpu_device(tree.sharding)
+      and not tree.is_deleted()
+    ):
       return _cpu_array_to_torch(tree)  # (the caller holds `tree`: not `fast_array_out`)
     return array_to_torch(tree, copy=copy, api="bridge.to_torch", where=lambda: "the array")
   return _convert_leaves(tree, jax.Array, array_to_torch, copy, "bridge.to_torch")
@@ -412,11 +456,14 @@ def _check_copy(copy: Any, api: str) -> None:
     raise BridgeTypeError(f"`{api}`: `copy` must be None, True or False, got {copy!r}.")
 
 
-def _convert_leaves(tree: Any, kind: type, convert: Callable[..., Any], copy: bool | None,
-                    api: str) -> Any:
+def _convert_leaves(
+  tree: Any, kind: type, convert: Callable[..., Any], copy: bool | None, api: str
+) -> Any:
   """`tree` with each leaf of type `kind` converted (`to_jax` and `to_torch` of a pytree)."""
+
   def leaf(x: Any, where: Where) -> Any:
     if isinstance(x, kind):
       return convert(x, copy=copy, api=api, where=lambda: f"leaf {where()}")
     return x
+
   return tree_lib.tree_map(leaf, tree)

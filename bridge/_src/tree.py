@@ -24,6 +24,7 @@ def is_dataclass_instance(x: Any) -> bool:
 @dataclasses.dataclass(frozen=True)
 class _DataclassNode:
   """How to rebuild one dataclass leaf: its class, field names and the fields' spec."""
+
   cls: type
   names: tuple[str, ...]
   spec: "Spec"
@@ -35,6 +36,7 @@ class _DataclassNode:
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """A hashable description of a tree's structure (a `PyTreeDef` plus dataclasses)."""
+
   treedef: Any
   nodes: tuple[tuple[int, _DataclassNode], ...] = ()
 
@@ -74,7 +76,7 @@ def unflatten(spec: Spec, leaves: list[Any]) -> Any:
       pos += 1
       continue
     n = node.spec.num_leaves
-    values = unflatten(node.spec, leaves[pos:pos + n])
+    values = unflatten(node.spec, leaves[pos : pos + n])
     pos += n
     obj = copy.copy(node.template)
     for name, value in zip(node.names, values):
@@ -112,6 +114,7 @@ def tree_map(fn: Callable[[Any, Callable[[], str]], Any], tree: Any) -> Any:
       if not paths:
         paths.extend(leaf_paths(tree))
       return paths[i] or "<root>"
+
     return thunk
 
   return unflatten(spec, [fn(leaf, path_of(i)) for i, leaf in enumerate(leaves)])
@@ -129,8 +132,9 @@ class _ArrayLeaf:
 DYN = _ArrayLeaf()
 
 
-def merge(statics: Iterable[Any], arrays: Iterator[Any],
-          static: Callable[[Any], Any] | None = None) -> list:
+def merge(
+  statics: Iterable[Any], arrays: Iterator[Any], static: Callable[[Any], Any] | None = None
+) -> list:
   """`statics` with each `DYN` replaced by the next item of `arrays` (an iterator, which the
   caller may go on reading); `static`, if given, maps the other leaves."""
   if static is None:

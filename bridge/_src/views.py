@@ -44,15 +44,20 @@ def torch_view(x: Any) -> Any:
     if isinstance(v, jax.Array):
       return array_to_tensor(v, lambda: f"leaf {where()}")
     return v
+
   return tree_lib.tree_map(leaf, x)
 
 
 _NOTHING = object()
 
 
-def jax_view(x: Any = _NOTHING, *, mode: tracing.Mode = "trace",
-             vmap_method: tracing.VmapMethod | None = None,
-             result_shape_dtypes: Any = None) -> Any:
+def jax_view(
+  x: Any = _NOTHING,
+  *,
+  mode: tracing.Mode = "trace",
+  vmap_method: tracing.VmapMethod | None = None,
+  result_shape_dtypes: Any = None,
+) -> Any:
   """JAX's view of `jax`-device tensors: the JAX arrays inside them, without copying.
 
   Args:
@@ -70,25 +75,28 @@ def jax_view(x: Any = _NOTHING, *, mode: tracing.Mode = "trace",
     ('ArrayImpl', dtype('float32'))
   """
   if x is _NOTHING:
-    return lambda fn: jax_view(fn, mode=mode, vmap_method=vmap_method,
-                               result_shape_dtypes=result_shape_dtypes)
+    return lambda fn: jax_view(
+      fn, mode=mode, vmap_method=vmap_method, result_shape_dtypes=result_shape_dtypes
+    )
   if callable(x) and not isinstance(x, torch.Tensor):
-    return call_torch_lib.jax_function(x, mode=mode, vmap_method=vmap_method,
-                                   result_shape_dtypes=result_shape_dtypes)
+    return call_torch_lib.jax_function(
+      x, mode=mode, vmap_method=vmap_method, result_shape_dtypes=result_shape_dtypes
+    )
   tracing.check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
   if mode != "trace":
-    raise BridgeTypeError("`bridge.jax_view`: `mode` applies to a torch callable, not to "
-                          f"a {type(x).__name__}.")
+    raise BridgeTypeError(
+      f"`bridge.jax_view`: `mode` applies to a torch callable, not to a {type(x).__name__}."
+    )
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, tensor_lib.Tensor):
       return tensor_lib.value(v)
     if isinstance(v, torch.Tensor):
       raise BridgeTypeError(
-          f"`bridge.jax_view`: leaf {where()} is a torch tensor on {v.device} (shape "
-          f"{tuple(v.shape)}, dtype {v.dtype}), not on the `jax` device, so there is no JAX "
-          "array to view. Transfer it with `bridge.to_jax(t)` or move it with `t.to('jax')`.")
+        f"`bridge.jax_view`: leaf {where()} is a torch tensor on {v.device} (shape "
+        f"{tuple(v.shape)}, dtype {v.dtype}), not on the `jax` device, so there is no JAX "
+        "array to view. Transfer it with `bridge.to_jax(t)` or move it with `t.to('jax')`."
+      )
     return v
+
   return tree_lib.tree_map(leaf, x)
-
-

@@ -38,13 +38,20 @@ _API = "bridge.call_jax"
 
 def _concrete_signature(arrays: tuple) -> tuple:
   x64 = dtypes.x64_enabled()
-  return tuple((a.shape, a.dtype if x64 else jax.dtypes.canonicalize_dtype(a.dtype),
-                getattr(a, "weak_type", False)) for a in arrays) + (x64,)
+  return tuple(
+    (
+      a.shape,
+      a.dtype if x64 else jax.dtypes.canonicalize_dtype(a.dtype),
+      getattr(a, "weak_type", False),
+    )
+    for a in arrays
+  ) + (x64,)
 
 
 def _abstract_signature(tracers: tuple) -> tuple:
-  return tuple((t.aval.shape, t.aval.dtype, t.aval.weak_type)
-               for t in tracers) + (dtypes.x64_enabled(),)
+  return tuple((t.aval.shape, t.aval.dtype, t.aval.weak_type) for t in tracers) + (
+    dtypes.x64_enabled(),
+  )
 
 
 class VjpCache:
@@ -63,17 +70,20 @@ class VjpCache:
     """The jitted `(diff, rest) -> (out, residuals)`; `mask` marks the differentiated inputs."""
     fwd = self._forwards.get(mask)
     if fwd is None:
+
       def fwd_impl(diff: tuple, rest: tuple) -> Any:
         out, pullback = jax.vjp(lambda *d: self.apply(*_merge(mask, d, rest)), *diff)
         residuals, res_def = jax.tree_util.tree_flatten(pullback)
         self._residual_defs[(mask, _abstract_signature(diff + rest))] = res_def
         return out, residuals
+
       with self._lock:
         fwd = self._forwards.setdefault(mask, jax.jit(fwd_impl))
     return fwd
 
-  def backward(self, mask: tuple[bool, ...], diff: tuple, rest: tuple,
-               out_shapes: tuple) -> Callable:
+  def backward(
+    self, mask: tuple[bool, ...], diff: tuple, rest: tuple, out_shapes: tuple
+  ) -> Callable:
     """The jitted `(residuals, cotangents) -> input cotangents` for this forward's inputs.
 
     Cotangents may come in smaller than the outputs (the stride-0 gradient of `.sum()` is
@@ -86,9 +96,12 @@ class VjpCache:
 
       def bwd_impl(res: list, cts: Any) -> Any:
         leaves, ct_def = jax.tree_util.tree_flatten(cts)
-        full = [c if np.dtype(c.dtype) == jax.dtypes.float0 else jnp.broadcast_to(c, shape)
-                for c, shape in zip(leaves, out_shapes)]
+        full = [
+          c if np.dtype(c.dtype) == jax.dtypes.float0 else jnp.broadcast_to(c, shape)
+          for c, shape in zip(leaves, out_shapes)
+        ]
         return res_def.unflatten(res)(jax.tree_util.tree_unflatten(ct_def, full))
+
       with self._lock:
         bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
@@ -106,8 +119,10 @@ class VjpCache:
 
 def _split(mask: tuple[bool, ...], arrays: Any) -> tuple[tuple, tuple]:
   """(the arrays `mask` marks, the others), each in order."""
-  return (tuple(a for a, m in zip(arrays, mask) if m),
-          tuple(a for a, m in zip(arrays, mask) if not m))
+  return (
+    tuple(a for a, m in zip(arrays, mask) if m),
+    tuple(a for a, m in zip(arrays, mask) if not m),
+  )
 
 
 def _merge(mask: tuple[bool, ...], diff: Any, rest: Any) -> list:
@@ -135,8 +150,8 @@ class _Pullback:
 
   def apply(self, *arrays: Any) -> tuple:
     mask = self.mask
-    given = iter(arrays[len(mask):])
-    diff, rest = _split(mask, arrays[:len(mask)])
+    given = iter(arrays[len(mask) :])
+    diff, rest = _split(mask, arrays[: len(mask)])
     out, pullback = jax.vjp(lambda *d: self.fn_apply(*_merge(mask, d, rest)), *diff)
     cts = []
     for o in jax.tree_util.tree_leaves(out):
@@ -152,8 +167,7 @@ class _Pullback:
 class _Call:
   """One differentiable call: the forward with residuals, then the backward."""
 
-  def __init__(self, entry: Any, mask: tuple[bool, ...], arrays: list,
-               outputs_to_torch: Callable):
+  def __init__(self, entry: Any, mask: tuple[bool, ...], arrays: list, outputs_to_torch: Callable):
     self.entry, self.mask = entry, mask
     self.diff: Any
     self.rest: Any
@@ -205,8 +219,9 @@ class _Call:
   def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
     with _x64_scope(self.x64):
       cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
-      bwd = self.entry.vjp.backward(self.mask, self.diff, self.rest,
-                                    tuple(shape for shape, _ in self.out_avals))
+      bwd = self.entry.vjp.backward(
+        self.mask, self.diff, self.rest, tuple(shape for shape, _ in self.out_avals)
+      )
       try:
         in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
       except Exception as e:  # (re-raised with the call named)
@@ -214,8 +229,9 @@ class _Call:
         raise _differentiation_error(self.entry.name, e) from e
       return [_gradient(c, self.device) for c in in_cts]
 
-  def differentiable_backward(self, saved: tuple[torch.Tensor, ...],
-                              grads: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+  def differentiable_backward(
+    self, saved: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...]
+  ) -> list[torch.Tensor]:
     """The input gradients as a differentiable call of the `_Pullback` on the saved input
     tensors and the output gradients (`create_graph=True`)."""
     self._check_usable()
@@ -250,10 +266,11 @@ class _Call:
     # torch raises this itself from `ctx.saved_tensors`; this covers a node that saved none
     if self.diff is None:
       raise RuntimeError(
-          f"`{_API}`: trying to backward through the graph a second time (or directly "
-          "access saved tensors after they have already been freed): the residuals of "
-          f"{self.entry.name} were released by the first backward. Specify "
-          "retain_graph=True if you need to backward through the graph a second time.")
+        f"`{_API}`: trying to backward through the graph a second time (or directly "
+        "access saved tensors after they have already been freed): the residuals of "
+        f"{self.entry.name} were released by the first backward. Specify "
+        "retain_graph=True if you need to backward through the graph a second time."
+      )
 
   def written_back(self) -> frozenset[int]:
     """Positions of inputs the entry's caller overwrites after the forward (compiled state)."""
@@ -271,9 +288,10 @@ def _full_array(g: torch.Tensor) -> Any:
 
 def _differentiation_error(name: str, cause: Exception) -> BridgeError:
   return BridgeError(
-      f"`{_API}`: a gradient was requested through {name}, but JAX cannot differentiate "
-      f"it: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''} Give "
-      "it a derivative with `jax.custom_vjp`, or detach its inputs if no gradient is needed.")
+    f"`{_API}`: a gradient was requested through {name}, but JAX cannot differentiate "
+    f"it: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''} Give "
+    "it a derivative with `jax.custom_vjp`, or detach its inputs if no gradient is needed."
+  )
 
 
 def _x64_scope(x64: bool) -> Any:
@@ -323,8 +341,7 @@ class _JaxFunction(torch.autograd.Function):
     else:
       ctx.unchecked = None
       ctx.save_for_backward(*tensors)
-    ctx.mark_non_differentiable(*(o for o in outs
-                                  if not (o.is_floating_point() or o.is_complex())))
+    ctx.mark_non_differentiable(*(o for o in outs if not (o.is_floating_point() or o.is_complex())))
     return tuple(outs)
 
   @staticmethod
@@ -333,8 +350,9 @@ class _JaxFunction(torch.autograd.Function):
     saved = ctx.saved_tensors  # torch's error if the graph was freed by an earlier backward
     if ctx.unchecked:
       rest = iter(saved)
-      saved = tuple(ctx.unchecked[i] if i in ctx.unchecked else next(rest)
-                    for i in range(len(call.positions)))
+      saved = tuple(
+        ctx.unchecked[i] if i in ctx.unchecked else next(rest) for i in range(len(call.positions))
+      )
     if torch.is_grad_enabled():  # create_graph=True: a backward that is itself recorded
       in_grads = iter(call.differentiable_backward(saved, grads))
     else:
@@ -351,8 +369,13 @@ def _keep_graph() -> bool:
   return True if get is None else bool(get())
 
 
-def call_with_grad(entry: Any, arrays: list, tensors: list, outputs_to_torch: Callable,
-                   device: torch.device | None = None) -> tuple[list[torch.Tensor], Any]:
+def call_with_grad(
+  entry: Any,
+  arrays: list,
+  tensors: list,
+  outputs_to_torch: Callable,
+  device: torch.device | None = None,
+) -> tuple[list[torch.Tensor], Any]:
   """Run `entry` on `arrays` as a torch autograd node; returns (outputs, output treedef).
 
   `device`: the `jax` device when the tensors live there (gradients are made there too).

@@ -9,9 +9,11 @@ import pytest
 
 def _why_no_gpu() -> str | None:
   import torch
+
   if not torch.cuda.is_available():
     return "needs a CUDA GPU: torch.cuda.is_available() is False"
   import jax
+
   try:
     if jax.devices()[0].platform != "gpu":
       return f"needs JAX on a CUDA GPU: JAX's default device is {jax.devices()[0]}"

@@ -37,6 +37,7 @@ def _profile(fn, path: str, calls: int = 200) -> None:
   import cProfile
   import io
   import pstats
+
   profiler = cProfile.Profile()
   profiler.enable()
   for _ in range(calls):
@@ -72,6 +73,7 @@ def main(out_path: str) -> int:
     return rows
 
   from bridge._src import ffi
+
   if jax.devices()[0].platform != "gpu":
     print(f"measure.py: JAX's default device is {jax.devices()[0]}, not a GPU; nothing timed")
     return 0
@@ -85,23 +87,31 @@ def main(out_path: str) -> int:
 
   # a Pallas softmax (Triton), from torch and from JAX; torch.softmax
   from benchmarks.gpu import pallas_softmax
+
   x_t = torch.randn(4096, 1024, device="cuda")
   x_j = bridge.to_jax(x_t.clone())
   jitted = jax.jit(pallas_softmax)
-  torch.testing.assert_close(bridge.call_jax(pallas_softmax, x_t), torch.softmax(x_t, -1),
-                             rtol=1e-4, atol=1e-5)
+  torch.testing.assert_close(
+    bridge.call_jax(pallas_softmax, x_t), torch.softmax(x_t, -1), rtol=1e-4, atol=1e-5
+  )
   plain = _median_us(lambda: jitted(x_j).block_until_ready())
   from_torch = _median_us(lambda: (bridge.call_jax(pallas_softmax, x_t), sync()))
   eager = _median_us(lambda: (torch.softmax(x_t, -1), sync()))
-  rows.append(("Pallas softmax (4096x1024) via call_jax", f"{from_torch:.1f} us",
-               f"plain JAX {plain:.1f} us ({from_torch / plain:.2f}x); torch.softmax "
-               f"{eager:.1f} us"))
-  _profile(lambda: (bridge.call_jax(pallas_softmax, x_t), sync()),
-           out_path.replace(".md", "") + "_call_jax_profile.txt")
+  rows.append(
+    (
+      "Pallas softmax (4096x1024) via call_jax",
+      f"{from_torch:.1f} us",
+      f"plain JAX {plain:.1f} us ({from_torch / plain:.2f}x); torch.softmax {eager:.1f} us",
+    )
+  )
+  _profile(
+    lambda: (bridge.call_jax(pallas_softmax, x_t), sync()),
+    out_path.replace(".md", "") + "_call_jax_profile.txt",
+  )
 
   # callback mode on the GPU: buffers (XLA's stream) vs host memory vs torch directly
   for n in (256, 2048):
-    w = torch.randn(n, n, device="cuda") / n ** 0.5
+    w = torch.randn(n, n, device="cuda") / n**0.5
 
     def f(x, w=w):
       return torch.nn.functional.gelu(x @ w)
@@ -123,14 +133,23 @@ def main(out_path: str) -> int:
       host_us = _median_us(lambda: through_host(x_j).block_until_ready(), reps=20)
     finally:
       ffi.route = route
-    rows.append((f"callback mode gelu(x @ w), {n}x{n}", f"{device_us:.1f} us",
-                 f"torch directly {direct:.1f} us ({device_us / direct:.2f}x); host path "
-                 f"{host_us:.1f} us ({host_us / direct:.2f}x)"))
+    rows.append(
+      (
+        f"callback mode gelu(x @ w), {n}x{n}",
+        f"{device_us:.1f} us",
+        f"torch directly {direct:.1f} us ({device_us / direct:.2f}x); host path "
+        f"{host_us:.1f} us ({host_us / direct:.2f}x)",
+      )
+    )
 
   gpu = torch.cuda.get_device_name(0)
-  lines = [f"GPU figures on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}; JAX "
-           f"{jax.__version__}); medians of 50 calls (host path: 20) after warm-up.", "",
-           "| what | bridge | baseline (same run) |", "|---|---|---|"]
+  lines = [
+    f"GPU figures on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}; JAX "
+    f"{jax.__version__}); medians of 50 calls (host path: 20) after warm-up.",
+    "",
+    "| what | bridge | baseline (same run) |",
+    "|---|---|---|",
+  ]
   lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
   text = "\n".join(lines) + "\n"
   print(text)

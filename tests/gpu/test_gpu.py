@@ -148,12 +148,17 @@ def _softmax_kernel(x_ref, o_ref):
 
 def _pallas_softmax(x):
   from jax.experimental import pallas as pl
+
   rows, cols = x.shape
   block = (16, cols)
   return pl.pallas_call(
-      _softmax_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(rows // 16,),
-      in_specs=[pl.BlockSpec(block, lambda i: (i, 0))],
-      out_specs=pl.BlockSpec(block, lambda i: (i, 0)), interpret=False)(x)
+    _softmax_kernel,
+    out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    grid=(rows // 16,),
+    in_specs=[pl.BlockSpec(block, lambda i: (i, 0))],
+    out_specs=pl.BlockSpec(block, lambda i: (i, 0)),
+    interpret=False,
+  )(x)
 
 
 @jax.custom_vjp
@@ -183,8 +188,10 @@ def test_pallas_kernel_with_custom_vjp_in_a_torch_training_step():
   opt = torch.optim.SGD(lin.parameters(), lr=0.5)
   opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
   for _ in range(3):
-    for model, o, sm in ((lin, opt, lambda h: bridge.call_jax(softmax, h)),
-                         (ref, opt_ref, lambda h: torch.softmax(h, -1))):
+    for model, o, sm in (
+      (lin, opt, lambda h: bridge.call_jax(softmax, h)),
+      (ref, opt_ref, lambda h: torch.softmax(h, -1)),
+    ):
       o.zero_grad()
       out = sm(model(x))
       assert out.device.type == "cuda"
@@ -235,8 +242,11 @@ def test_callback_mode_runs_torch_on_the_gpu_on_xlas_stream_with_gradients():
 
   rng = np.random.default_rng(1)
   x, w = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 4)))
-  loss = jax.jit(jax.value_and_grad(
-      lambda a, b: bridge.call_torch(f, a, b, mode="callback").sum(), argnums=(0, 1)))
+  loss = jax.jit(
+    jax.value_and_grad(
+      lambda a, b: bridge.call_torch(f, a, b, mode="callback").sum(), argnums=(0, 1)
+    )
+  )
   value, (gx, gw) = loss(jnp.asarray(x), jnp.asarray(w))
   tx, tw = (torch.tensor(v, device=CUDA, requires_grad=True) for v in (x, w))
   want = (torch.sin(tx @ tw) * 2).sum()
@@ -265,10 +275,12 @@ def test_callback_mode_module_on_the_gpu_updates_its_buffers():
 def test_callback_mode_torch_exception_is_reraised():
   def bad(t):
     raise KeyError("no such feature")
+
   spec = jax.ShapeDtypeStruct((3,), jnp.float32)
   with pytest.raises(jax.errors.JaxRuntimeError, match="KeyError: 'no such feature'"):
     jax.jit(lambda a: bridge.call_torch(bad, a, mode="callback", result_shape_dtypes=spec))(
-        jnp.ones(3)).block_until_ready()
+      jnp.ones(3)
+    ).block_until_ready()
 
 
 def test_extract_jax_of_a_cuda_module_trains_in_jax_on_the_gpu():
@@ -323,8 +335,9 @@ print("ok")
 
 def test_jax_device_optimizer_loop_on_the_gpu():
   # (in a process of its own: naming the device there breaks CUDA backward passes)
-  out = subprocess.run([sys.executable, "-c", _JAX_DEVICE_LOOP], capture_output=True, text=True,
-                       timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", _JAX_DEVICE_LOOP], capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-4000:]
 
 
@@ -347,6 +360,7 @@ def test_bridge_compile_with_cuda_tensors_in_and_out():
 
 def test_torch_compile_backend_jax_with_cuda_tensors():
   from torch._dynamo import list_backends
+
   if "jax" not in list_backends():
     pytest.skip("torch.compile(backend='jax') is not registered yet")
   model = torch.nn.Linear(8, 4).to(CUDA)
@@ -372,8 +386,9 @@ print(os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"), free / total)
 def _probe(**env: str) -> tuple[str, float]:
   run_env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
   run_env.update(env)
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=run_env, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", _PROBE], env=run_env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   setting, free = out.stdout.split()
   return setting, float(free)

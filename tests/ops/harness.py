@@ -25,10 +25,14 @@ def lowering_of(op: torch._ops.OpOverload):
   if not _BY_OP:
     from bridge._src.registry import REGISTRY
     from bridge_ops import plugin
+
     plugin.install_dtypes(REGISTRY.dtypes)  # what the core hands over when it registers them
     for r in plugin.import_families():
-      ops = [r.op] if isinstance(r.op, torch._ops.OpOverload) else [
-          getattr(r.op, n) for n in r.op.overloads() if not getattr(r.op, n)._schema.is_mutable]
+      ops = (
+        [r.op]
+        if isinstance(r.op, torch._ops.OpOverload)
+        else [getattr(r.op, n) for n in r.op.overloads() if not getattr(r.op, n)._schema.is_mutable]
+      )
       for o in ops:
         _BY_OP[o] = r
   return _BY_OP.get(op)
@@ -37,6 +41,7 @@ def lowering_of(op: torch._ops.OpOverload):
 def random_tensors(gen: torch.Generator):
   """`r(*shape, dtype=...)`: random test tensors from `gen` (normal floats, ints scaled by 10,
   bools by sign)."""
+
   def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     x = torch.randn(*shape, generator=gen)
     if dtype.is_floating_point or dtype.is_complex:
@@ -44,13 +49,17 @@ def random_tensors(gen: torch.Generator):
     if dtype == torch.bool:
       return x > 0
     return (x * 10).to(dtype)
+
   return r
 
 
 def _to_jax(x: Any) -> Any:
   if isinstance(x, torch.Tensor):
-    return jnp.asarray(x.detach().numpy()) if x.dtype is not torch.bfloat16 else \
-        jnp.asarray(x.detach().float().numpy()).astype(jnp.bfloat16)
+    return (
+      jnp.asarray(x.detach().numpy())
+      if x.dtype is not torch.bfloat16
+      else jnp.asarray(x.detach().float().numpy()).astype(jnp.bfloat16)
+    )
   if isinstance(x, (list, tuple)):
     return type(x)(_to_jax(v) for v in x)
   return x
@@ -88,20 +97,30 @@ def _to_device(x: Any) -> Any:
 def device_available() -> bool:
   try:
     import bridge
+
     return hasattr(bridge, "Tensor")
   except ImportError:
     return False
 
 
-def check(op, *args, atol: float | None = None, rtol: float | None = None,
-          exact_dtype: bool = True, **kwargs) -> None:
+def check(
+  op,
+  *args,
+  atol: float | None = None,
+  rtol: float | None = None,
+  exact_dtype: bool = True,
+  **kwargs,
+) -> None:
   """Compare the lowering of `op` (direct, and on the device when it exists) with torch on CPU."""
   out, expected = run_direct(op, *args, **kwargs)
-  torch.testing.assert_close(out, expected, atol=atol, rtol=rtol, check_dtype=exact_dtype,
-                             equal_nan=True)
+  torch.testing.assert_close(
+    out, expected, atol=atol, rtol=rtol, check_dtype=exact_dtype, equal_nan=True
+  )
   if device_available():
     dev_out = op(*_to_device(list(args)), **{k: _to_device(v) for k, v in kwargs.items()})
     dev_cpu = jax.tree_util.tree_map(
-        lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, dev_out)
-    torch.testing.assert_close(dev_cpu, expected, atol=atol, rtol=rtol,
-                               check_dtype=exact_dtype, equal_nan=True)
+      lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, dev_out
+    )
+    torch.testing.assert_close(
+      dev_cpu, expected, atol=atol, rtol=rtol, check_dtype=exact_dtype, equal_nan=True
+    )

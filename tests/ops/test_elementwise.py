@@ -26,8 +26,29 @@ INTS = (I32, I64)
 REALS = FLOATS + INTS
 ALL = REALS + (BOOL,)
 
-_FLOAT_EDGES = [nan, -inf, inf, -0.0, 0.0, -100.0, -7.5, -3.0, -2.5, -1.0, -0.5, -0.25, 0.25,
-                0.5, 0.75, 1.0, 1.5, 2.5, 3.0, 7.5, 100.0]
+_FLOAT_EDGES = [
+  nan,
+  -inf,
+  inf,
+  -0.0,
+  0.0,
+  -100.0,
+  -7.5,
+  -3.0,
+  -2.5,
+  -1.0,
+  -0.5,
+  -0.25,
+  0.25,
+  0.5,
+  0.75,
+  1.0,
+  1.5,
+  2.5,
+  3.0,
+  7.5,
+  100.0,
+]
 
 
 def values(dtype, *, nonzero=False):
@@ -41,9 +62,12 @@ def values(dtype, *, nonzero=False):
     v = torch.tensor([True, False, True, True, False, False])
   elif dtype.is_floating_point:
     gen = torch.Generator().manual_seed(0)
-    v = torch.cat([torch.tensor(_FLOAT_EDGES, dtype=torch.float64),
-                   torch.randn(64 - len(_FLOAT_EDGES), generator=gen,
-                               dtype=torch.float64) * 3]).to(dtype)
+    v = torch.cat(
+      [
+        torch.tensor(_FLOAT_EDGES, dtype=torch.float64),
+        torch.randn(64 - len(_FLOAT_EDGES), generator=gen, dtype=torch.float64) * 3,
+      ]
+    ).to(dtype)
   else:
     info = torch.iinfo(dtype)
     ints = [-100, -7, -3, -2, -1, 0, 1, 2, 3, 5, 7, 100, info.min + 1, info.max]
@@ -73,16 +97,20 @@ def check_traced(op, *args, **kwargs):
   scalar_names = {a.name for a in op._schema.arguments if _is_traced_arg(a)}
   bound = dict(zip(names, args))
   bound.update(kwargs)
-  traced = {n: v for n, v in bound.items()
-            if n in scalar_names and isinstance(v, (int, float)) and not isinstance(v, bool)}
+  traced = {
+    n: v
+    for n, v in bound.items()
+    if n in scalar_names and isinstance(v, (int, float)) and not isinstance(v, bool)
+  }
   assert traced, f"{op}: no Python-number Scalar argument to trace"
-  positional = names[:len(args)]
+  positional = names[: len(args)]
 
   def call(scalars):
     full = dict(bound, **scalars)
     full = {k: _to_jax(v) for k, v in full.items()}
-    return record.fn(*[full[n] for n in positional],
-                     **{k: v for k, v in full.items() if k not in positional})
+    return record.fn(
+      *[full[n] for n in positional], **{k: v for k, v in full.items() if k not in positional}
+    )
 
   with jax.enable_x64(True):
     out = jax.jit(call)(traced)
@@ -102,65 +130,64 @@ def _ids(v):
 
 # (op, input dtypes). The int_to_float ops compute int/bool inputs in float32, like torch.
 UNARY = [
-    (aten.reciprocal.default, ALL),
-    (aten.sqrt.default, ALL),
-    (aten.rsqrt.default, ALL),
-    (aten.exp.default, ALL),
-    (aten.exp2.default, ALL),
-    (aten.expm1.default, ALL),
-    (aten.log.default, ALL),
-    (aten.log2.default, ALL),
-    (aten.log10.default, ALL),
-    (aten.log1p.default, ALL),
-    (aten.sin.default, ALL),
-    (aten.cos.default, ALL),
-    (aten.tan.default, ALL),
-    (aten.asin.default, ALL),
-    (aten.acos.default, ALL),
-    (aten.atan.default, ALL),
-    (aten.sinh.default, ALL),
-    (aten.cosh.default, ALL),
-    (aten.tanh.default, ALL),
-    (aten.asinh.default, ALL),
-    (aten.acosh.default, ALL),
-    (aten.atanh.default, ALL),
-    (aten.sigmoid.default, ALL),
-    (aten.erf.default, ALL),
-    (aten.erfc.default, ALL),
-    (aten.erfinv.default, ALL),
-    (aten.logit.default, ALL),
-    (aten.neg.default, REALS + (I8, U8)),
-    (aten.abs.default, REALS + (I8, U8)),
-    (aten.sign.default, ALL + (U8,)),
-    (aten.sgn.default, ALL),
-    (aten.floor.default, REALS),
-    (aten.ceil.default, REALS),
-    (aten.round.default, FLOATS),
-    (aten.trunc.default, REALS),
-    (aten.frac.default, FLOATS),
-    (aten.bitwise_not.default, INTS + (I8, U8, BOOL)),
-    (aten.logical_not.default, ALL),
-    (aten.isnan.default, ALL),
-    (aten.isinf.default, ALL),
-    (aten.isfinite.default, ALL),
-    (aten.isposinf.default, REALS + (BOOL,)),
-    (aten.isneginf.default, REALS + (BOOL,)),
-    (aten.nan_to_num.default, ALL + (F16,)),
-    (aten.relu.default, REALS),
-    (aten.silu.default, FLOATS),
-    (aten.gelu.default, FLOATS),
-    (aten.hardsigmoid.default, FLOATS),
-    (aten.hardswish.default, FLOATS),
-    (aten.mish.default, FLOATS),
-    (aten.hardtanh.default, FLOATS + INTS),
-    (aten.leaky_relu.default, FLOATS),
-    (aten.elu.default, FLOATS),
-    (aten.softplus.default, FLOATS),
+  (aten.reciprocal.default, ALL),
+  (aten.sqrt.default, ALL),
+  (aten.rsqrt.default, ALL),
+  (aten.exp.default, ALL),
+  (aten.exp2.default, ALL),
+  (aten.expm1.default, ALL),
+  (aten.log.default, ALL),
+  (aten.log2.default, ALL),
+  (aten.log10.default, ALL),
+  (aten.log1p.default, ALL),
+  (aten.sin.default, ALL),
+  (aten.cos.default, ALL),
+  (aten.tan.default, ALL),
+  (aten.asin.default, ALL),
+  (aten.acos.default, ALL),
+  (aten.atan.default, ALL),
+  (aten.sinh.default, ALL),
+  (aten.cosh.default, ALL),
+  (aten.tanh.default, ALL),
+  (aten.asinh.default, ALL),
+  (aten.acosh.default, ALL),
+  (aten.atanh.default, ALL),
+  (aten.sigmoid.default, ALL),
+  (aten.erf.default, ALL),
+  (aten.erfc.default, ALL),
+  (aten.erfinv.default, ALL),
+  (aten.logit.default, ALL),
+  (aten.neg.default, REALS + (I8, U8)),
+  (aten.abs.default, REALS + (I8, U8)),
+  (aten.sign.default, ALL + (U8,)),
+  (aten.sgn.default, ALL),
+  (aten.floor.default, REALS),
+  (aten.ceil.default, REALS),
+  (aten.round.default, FLOATS),
+  (aten.trunc.default, REALS),
+  (aten.frac.default, FLOATS),
+  (aten.bitwise_not.default, INTS + (I8, U8, BOOL)),
+  (aten.logical_not.default, ALL),
+  (aten.isnan.default, ALL),
+  (aten.isinf.default, ALL),
+  (aten.isfinite.default, ALL),
+  (aten.isposinf.default, REALS + (BOOL,)),
+  (aten.isneginf.default, REALS + (BOOL,)),
+  (aten.nan_to_num.default, ALL + (F16,)),
+  (aten.relu.default, REALS),
+  (aten.silu.default, FLOATS),
+  (aten.gelu.default, FLOATS),
+  (aten.hardsigmoid.default, FLOATS),
+  (aten.hardswish.default, FLOATS),
+  (aten.mish.default, FLOATS),
+  (aten.hardtanh.default, FLOATS + INTS),
+  (aten.leaky_relu.default, FLOATS),
+  (aten.elu.default, FLOATS),
+  (aten.softplus.default, FLOATS),
 ]
 
 
-@pytest.mark.parametrize("op,dtype", [(op, dt) for op, dtypes in UNARY for dt in dtypes],
-                         ids=_ids)
+@pytest.mark.parametrize("op,dtype", [(op, dt) for op, dtypes in UNARY for dt in dtypes], ids=_ids)
 def test_unary(op, dtype):
   x = values(dtype)
   if op is aten.gelu.default and dtype in (F32, BF16):
@@ -172,24 +199,48 @@ def test_unary(op, dtype):
 
 def test_complex():
   z = torch.complex(values(F32), values(F32).flip(0))
-  for op in (aten.neg.default, aten.abs.default, aten.sgn.default, aten.isnan.default,
-             aten.isinf.default, aten.isfinite.default):
+  for op in (
+    aten.neg.default,
+    aten.abs.default,
+    aten.sgn.default,
+    aten.isnan.default,
+    aten.isinf.default,
+    aten.isfinite.default,
+  ):
     check(op, z)
   check(aten.nan_to_num.default, z, 1.0, 2.0, -2.0)
   # Transcendental functions on finite values only: C99's complex inf/nan rules are not
   # followed alike by any two libraries.
   finite = z[torch.isfinite(z) & (z.abs() < 20)]
-  for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.sqrt.default,
-             aten.sin.default, aten.tanh.default, aten.sigmoid.default, aten.reciprocal.default):
+  for op in (
+    aten.exp.default,
+    aten.exp2.default,
+    aten.log.default,
+    aten.sqrt.default,
+    aten.sin.default,
+    aten.tanh.default,
+    aten.sigmoid.default,
+    aten.reciprocal.default,
+  ):
     check(op, finite)
   w = finite.flip(0)
   for op in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.eq.Tensor):
     check(op, finite, w)
-  check(aten.add.Tensor, finite, values(F32)[:len(finite)], alpha=2)
+  check(aten.add.Tensor, finite, values(F32)[: len(finite)], alpha=2)
 
 
-@pytest.mark.parametrize("op", [aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor,
-                                aten.maximum.default, aten.lt.Tensor, aten.where.self], ids=_ids)
+@pytest.mark.parametrize(
+  "op",
+  [
+    aten.add.Tensor,
+    aten.mul.Tensor,
+    aten.div.Tensor,
+    aten.maximum.default,
+    aten.lt.Tensor,
+    aten.where.self,
+  ],
+  ids=_ids,
+)
 def test_float16(op):
   a, b = pairs(F16, F16)
   check(op, a > 0, a, b) if op is aten.where.self else check(op, a, b)
@@ -197,25 +248,25 @@ def test_float16(op):
 
 # (op, kwargs): unary ops with extra arguments, all float dtypes.
 UNARY_ARGS = [
-    (aten.round.decimals, {"decimals": 2}),
-    (aten.round.decimals, {"decimals": -1}),
-    (aten.round.decimals, {"decimals": 0}),
-    (aten.logit.default, {"eps": 0.1}),
-    (aten.logit.default, {"eps": 0.0}),
-    (aten.logit.default, {"eps": -0.5}),
-    (aten.nan_to_num.default, {"nan": 1.5}),
-    (aten.nan_to_num.default, {"nan": -1.0, "posinf": 1e30, "neginf": -3.0}),
-    (aten.gelu.default, {"approximate": "none"}),
-    (aten.gelu.default, {"approximate": "tanh"}),
-    (aten.hardtanh.default, {"min_val": -0.5, "max_val": 2.5}),
-    (aten.hardtanh.default, {"min_val": 2.0, "max_val": -1.0}),
-    (aten.leaky_relu.default, {"negative_slope": 0.2}),
-    (aten.leaky_relu.default, {"negative_slope": -1.5}),
-    (aten.elu.default, {"alpha": 1.5, "scale": 2.0, "input_scale": 0.5}),
-    (aten.softplus.default, {"beta": 2.0, "threshold": 3.0}),
-    (aten.softplus.default, {"beta": -1.0, "threshold": 1.0}),
-    (aten.threshold.default, {"threshold": 0.5, "value": -9.0}),
-    (aten.threshold.default, {"threshold": -2.5, "value": 7}),
+  (aten.round.decimals, {"decimals": 2}),
+  (aten.round.decimals, {"decimals": -1}),
+  (aten.round.decimals, {"decimals": 0}),
+  (aten.logit.default, {"eps": 0.1}),
+  (aten.logit.default, {"eps": 0.0}),
+  (aten.logit.default, {"eps": -0.5}),
+  (aten.nan_to_num.default, {"nan": 1.5}),
+  (aten.nan_to_num.default, {"nan": -1.0, "posinf": 1e30, "neginf": -3.0}),
+  (aten.gelu.default, {"approximate": "none"}),
+  (aten.gelu.default, {"approximate": "tanh"}),
+  (aten.hardtanh.default, {"min_val": -0.5, "max_val": 2.5}),
+  (aten.hardtanh.default, {"min_val": 2.0, "max_val": -1.0}),
+  (aten.leaky_relu.default, {"negative_slope": 0.2}),
+  (aten.leaky_relu.default, {"negative_slope": -1.5}),
+  (aten.elu.default, {"alpha": 1.5, "scale": 2.0, "input_scale": 0.5}),
+  (aten.softplus.default, {"beta": 2.0, "threshold": 3.0}),
+  (aten.softplus.default, {"beta": -1.0, "threshold": 1.0}),
+  (aten.threshold.default, {"threshold": 0.5, "value": -9.0}),
+  (aten.threshold.default, {"threshold": -2.5, "value": 7}),
 ]
 
 
@@ -231,12 +282,16 @@ def test_unary_args(op, kwargs, dtype):
 
 
 @pytest.mark.parametrize("dtype", (I32, I64, I8), ids=_ids)
-@pytest.mark.parametrize("op,kwargs", [
+@pytest.mark.parametrize(
+  "op,kwargs",
+  [
     (aten.threshold.default, {"threshold": -2.5, "value": 9}),
     (aten.threshold.default, {"threshold": 2.5, "value": -9}),
     (aten.hardtanh.default, {"min_val": -1.5, "max_val": 2.5}),
     (aten.hardtanh.default, {"min_val": -3, "max_val": 5}),
-], ids=lambda v: _ids(v) or repr(v))
+  ],
+  ids=lambda v: _ids(v) or repr(v),
+)
 def test_unary_args_int(op, kwargs, dtype):
   # torch casts these bounds to the integer dtype (truncating) before comparing.
   check(op, values(dtype), **kwargs)
@@ -254,58 +309,78 @@ def test_threshold_bf16_compares_in_float32():
 # ---------------------------------------------------------------------------- binary, tensor-tensor
 
 _SAME = [(d, d) for d in ALL]
-_MIXED = [(I32, F32), (I64, F64), (BOOL, I32), (I8, U8), (F32, F64), (BF16, F32), (I64, BF16),
-          (BOOL, F32)]
+_MIXED = [
+  (I32, F32),
+  (I64, F64),
+  (BOOL, I32),
+  (I8, U8),
+  (F32, F64),
+  (BF16, F32),
+  (I64, BF16),
+  (BOOL, F32),
+]
 
 # (op, kwargs, (lhs, rhs) dtypes, whether an integer rhs must be nonzero)
 BINARY = [
-    (aten.add.Tensor, {}, _SAME + _MIXED, False),
-    (aten.add.Tensor, {"alpha": 2}, [(d, d) for d in REALS] + _MIXED[:4], False),
-    (aten.sub.Tensor, {}, [(d, d) for d in REALS] + [(I32, F32), (I64, F64), (I8, U8)], False),
-    (aten.sub.Tensor, {"alpha": -3}, [(d, d) for d in REALS], False),
-    (aten.rsub.Tensor, {"alpha": 2}, [(d, d) for d in REALS] + _MIXED[:2], False),
-    (aten.mul.Tensor, {}, _SAME + _MIXED, False),
-    (aten.div.Tensor, {}, _SAME + _MIXED, False),
-    (aten.div.Tensor_mode, {"rounding_mode": None}, [(d, d) for d in REALS], False),
-    (aten.div.Tensor_mode, {"rounding_mode": "trunc"}, [(d, d) for d in REALS] + _MIXED[:4],
-     True),
-    (aten.div.Tensor_mode, {"rounding_mode": "floor"}, [(d, d) for d in REALS] + _MIXED[:4],
-     True),
-    (aten.floor_divide.default, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
-    (aten.remainder.Tensor, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
-    (aten.fmod.Tensor, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
-    (aten.atan2.default, {}, _SAME + _MIXED[:2], False),
-    (aten.copysign.Tensor, {}, _SAME + _MIXED[:2], False),
-    (aten.hypot.default, {}, [(d, d) for d in FLOATS] + [(F32, F64)], False),
-    (aten.xlogy.Tensor, {}, _SAME + _MIXED[:2], False),
-    (aten.heaviside.default, {}, [(d, d) for d in ALL], False),
-    (aten.minimum.default, {}, _SAME + _MIXED, False),
-    (aten.maximum.default, {}, _SAME + _MIXED, False),
-    (aten.fmin.default, {}, _SAME + _MIXED, False),
-    (aten.fmax.default, {}, _SAME + _MIXED, False),
-    (aten.eq.Tensor, {}, _SAME + _MIXED, False),
-    (aten.ne.Tensor, {}, _SAME + _MIXED, False),
-    (aten.lt.Tensor, {}, _SAME + _MIXED, False),
-    (aten.le.Tensor, {}, _SAME + _MIXED, False),
-    (aten.gt.Tensor, {}, _SAME + _MIXED, False),
-    (aten.ge.Tensor, {}, _SAME + _MIXED, False),
-    (aten.logical_and.default, {}, _SAME + _MIXED, False),
-    (aten.logical_or.default, {}, _SAME + _MIXED, False),
-    (aten.logical_xor.default, {}, _SAME + _MIXED, False),
-    (aten.bitwise_and.Tensor, {}, [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
-     False),
-    (aten.bitwise_or.Tensor, {}, [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
-     False),
-    (aten.bitwise_xor.Tensor, {}, [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
-     False),
-    (aten.clamp_min.Tensor, {}, [(d, d) for d in REALS] + _MIXED[:2], False),
-    (aten.clamp_max.Tensor, {}, [(d, d) for d in REALS] + _MIXED[:2], False),
+  (aten.add.Tensor, {}, _SAME + _MIXED, False),
+  (aten.add.Tensor, {"alpha": 2}, [(d, d) for d in REALS] + _MIXED[:4], False),
+  (aten.sub.Tensor, {}, [(d, d) for d in REALS] + [(I32, F32), (I64, F64), (I8, U8)], False),
+  (aten.sub.Tensor, {"alpha": -3}, [(d, d) for d in REALS], False),
+  (aten.rsub.Tensor, {"alpha": 2}, [(d, d) for d in REALS] + _MIXED[:2], False),
+  (aten.mul.Tensor, {}, _SAME + _MIXED, False),
+  (aten.div.Tensor, {}, _SAME + _MIXED, False),
+  (aten.div.Tensor_mode, {"rounding_mode": None}, [(d, d) for d in REALS], False),
+  (aten.div.Tensor_mode, {"rounding_mode": "trunc"}, [(d, d) for d in REALS] + _MIXED[:4], True),
+  (aten.div.Tensor_mode, {"rounding_mode": "floor"}, [(d, d) for d in REALS] + _MIXED[:4], True),
+  (aten.floor_divide.default, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
+  (aten.remainder.Tensor, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
+  (aten.fmod.Tensor, {}, [(d, d) for d in REALS] + [(I8, U8), (I32, F32)], True),
+  (aten.atan2.default, {}, _SAME + _MIXED[:2], False),
+  (aten.copysign.Tensor, {}, _SAME + _MIXED[:2], False),
+  (aten.hypot.default, {}, [(d, d) for d in FLOATS] + [(F32, F64)], False),
+  (aten.xlogy.Tensor, {}, _SAME + _MIXED[:2], False),
+  (aten.heaviside.default, {}, [(d, d) for d in ALL], False),
+  (aten.minimum.default, {}, _SAME + _MIXED, False),
+  (aten.maximum.default, {}, _SAME + _MIXED, False),
+  (aten.fmin.default, {}, _SAME + _MIXED, False),
+  (aten.fmax.default, {}, _SAME + _MIXED, False),
+  (aten.eq.Tensor, {}, _SAME + _MIXED, False),
+  (aten.ne.Tensor, {}, _SAME + _MIXED, False),
+  (aten.lt.Tensor, {}, _SAME + _MIXED, False),
+  (aten.le.Tensor, {}, _SAME + _MIXED, False),
+  (aten.gt.Tensor, {}, _SAME + _MIXED, False),
+  (aten.ge.Tensor, {}, _SAME + _MIXED, False),
+  (aten.logical_and.default, {}, _SAME + _MIXED, False),
+  (aten.logical_or.default, {}, _SAME + _MIXED, False),
+  (aten.logical_xor.default, {}, _SAME + _MIXED, False),
+  (
+    aten.bitwise_and.Tensor,
+    {},
+    [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
+    False,
+  ),
+  (
+    aten.bitwise_or.Tensor,
+    {},
+    [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
+    False,
+  ),
+  (
+    aten.bitwise_xor.Tensor,
+    {},
+    [(I32, I32), (I64, I64), (BOOL, BOOL), (I8, U8), (BOOL, I32)],
+    False,
+  ),
+  (aten.clamp_min.Tensor, {}, [(d, d) for d in REALS] + _MIXED[:2], False),
+  (aten.clamp_max.Tensor, {}, [(d, d) for d in REALS] + _MIXED[:2], False),
 ]
 
 
-@pytest.mark.parametrize("op,kwargs,da,db,nonzero", [
-    (op, kw, da, db, nz) for op, kw, dts, nz in BINARY for da, db in dts],
-    ids=lambda v: _ids(v) or (repr(v) if isinstance(v, dict) and v else ""))
+@pytest.mark.parametrize(
+  "op,kwargs,da,db,nonzero",
+  [(op, kw, da, db, nz) for op, kw, dts, nz in BINARY for da, db in dts],
+  ids=lambda v: _ids(v) or (repr(v) if isinstance(v, dict) and v else ""),
+)
 def test_binary(op, kwargs, da, db, nonzero):
   # torch raises on an integer division by zero; the lowering cannot, so leave those out.
   nonzero_b = nonzero and not db.is_floating_point
@@ -333,39 +408,45 @@ _SCALARS = [2, -3, 0.5, -2.5, 0, True]
 
 # (op, tensor dtypes, scalars[, kwargs])
 SCALAR = [
-    (aten.add.Scalar, REALS, _SCALARS),
-    (aten.sub.Scalar, REALS, [2, -2.5]),
-    (aten.rsub.Scalar, REALS, [2, -2.5]),
-    (aten.mul.Scalar, ALL, _SCALARS),
-    (aten.div.Scalar, ALL, [2, -3, 0.5, 0, -0.0]),
-    (aten.remainder.Scalar, REALS, [3, -3, 2.5, -0.5]),
-    (aten.fmod.Scalar, REALS, [3, -3, 2.5, -0.5]),
-    (aten.floor_divide.Scalar, REALS, [3, -3, 2.5, -0.5]),
-    (aten.div.Scalar_mode, REALS, [3, -3, 2.5, -0.5], {"rounding_mode": "trunc"}),
-    (aten.div.Scalar_mode, REALS, [3, -3, 2.5, -0.5], {"rounding_mode": "floor"}),
-    (aten.div.Scalar_mode, REALS, [3, -0.5], {"rounding_mode": None}),
-    (aten.pow.Tensor_Scalar, FLOATS, [0, 1, 2, 3, -1, -2, 0.5, -0.5, 1 / 3, -1.5, nan, inf, -inf]),
-    (aten.pow.Tensor_Scalar, INTS + (I8, U8), [0, 1, 2, 3, 7, 0.5, -1.5]),
-    (aten.copysign.Scalar, REALS, [-1, 2.5, -0.0]),
-    (aten.xlogy.Scalar_Other, REALS, [0, 2, 0.5, -1, nan]),
-    (aten.bitwise_and.Scalar, (I32, I64, U8), [6, -1, 0]),
-    (aten.bitwise_or.Scalar, (I32, I64, U8), [6, 0]),
-    (aten.bitwise_xor.Scalar, (I32, I64, U8), [6, 0]),
-    (aten.eq.Scalar, ALL + (U8,), [0, 2, -0.5, 2.5, True]),
-    (aten.ne.Scalar, ALL, [0, 2, 2.5]),
-    (aten.lt.Scalar, ALL + (U8,), [0, 2, -0.5, 2.5, -1]),
-    (aten.le.Scalar, ALL, [0, 2, 2.5]),
-    (aten.gt.Scalar, ALL, [0, -2, 2.5, nan]),
-    (aten.ge.Scalar, ALL, [0, 2, 2.5, inf]),
-    (aten.clamp_min.default, REALS, [0, -2, 1.5, nan]),
-    (aten.clamp_max.default, REALS, [0, 2, -1.5, nan]),
+  (aten.add.Scalar, REALS, _SCALARS),
+  (aten.sub.Scalar, REALS, [2, -2.5]),
+  (aten.rsub.Scalar, REALS, [2, -2.5]),
+  (aten.mul.Scalar, ALL, _SCALARS),
+  (aten.div.Scalar, ALL, [2, -3, 0.5, 0, -0.0]),
+  (aten.remainder.Scalar, REALS, [3, -3, 2.5, -0.5]),
+  (aten.fmod.Scalar, REALS, [3, -3, 2.5, -0.5]),
+  (aten.floor_divide.Scalar, REALS, [3, -3, 2.5, -0.5]),
+  (aten.div.Scalar_mode, REALS, [3, -3, 2.5, -0.5], {"rounding_mode": "trunc"}),
+  (aten.div.Scalar_mode, REALS, [3, -3, 2.5, -0.5], {"rounding_mode": "floor"}),
+  (aten.div.Scalar_mode, REALS, [3, -0.5], {"rounding_mode": None}),
+  (aten.pow.Tensor_Scalar, FLOATS, [0, 1, 2, 3, -1, -2, 0.5, -0.5, 1 / 3, -1.5, nan, inf, -inf]),
+  (aten.pow.Tensor_Scalar, INTS + (I8, U8), [0, 1, 2, 3, 7, 0.5, -1.5]),
+  (aten.copysign.Scalar, REALS, [-1, 2.5, -0.0]),
+  (aten.xlogy.Scalar_Other, REALS, [0, 2, 0.5, -1, nan]),
+  (aten.bitwise_and.Scalar, (I32, I64, U8), [6, -1, 0]),
+  (aten.bitwise_or.Scalar, (I32, I64, U8), [6, 0]),
+  (aten.bitwise_xor.Scalar, (I32, I64, U8), [6, 0]),
+  (aten.eq.Scalar, ALL + (U8,), [0, 2, -0.5, 2.5, True]),
+  (aten.ne.Scalar, ALL, [0, 2, 2.5]),
+  (aten.lt.Scalar, ALL + (U8,), [0, 2, -0.5, 2.5, -1]),
+  (aten.le.Scalar, ALL, [0, 2, 2.5]),
+  (aten.gt.Scalar, ALL, [0, -2, 2.5, nan]),
+  (aten.ge.Scalar, ALL, [0, 2, 2.5, inf]),
+  (aten.clamp_min.default, REALS, [0, -2, 1.5, nan]),
+  (aten.clamp_max.default, REALS, [0, 2, -1.5, nan]),
 ]
 
 
-@pytest.mark.parametrize("op,dtype,scalar,kwargs", [
+@pytest.mark.parametrize(
+  "op,dtype,scalar,kwargs",
+  [
     (row[0], dt, s, row[3] if len(row) > 3 else {})
-    for row in SCALAR for dt in row[1] for s in row[2]],
-    ids=lambda v: _ids(v) or repr(v))
+    for row in SCALAR
+    for dt in row[1]
+    for s in row[2]
+  ],
+  ids=lambda v: _ids(v) or repr(v),
+)
 def test_scalar(op, dtype, scalar, kwargs):
   x = values(dtype)
   check(op, x, scalar, **kwargs)
@@ -391,7 +472,9 @@ def test_scalar_out_of_range_int_wraps_like_torch():
   check_traced(aten.eq.Scalar, x, 300)
 
 
-@pytest.mark.parametrize("op,scalars,dtypes", [
+@pytest.mark.parametrize(
+  "op,scalars,dtypes",
+  [
     (aten.remainder.Scalar_Tensor, [7, -7, 2.5], REALS),
     (aten.pow.Scalar, [2, -2, 1, 0, 2.5, -0.5], REALS),
     (aten.xlogy.Scalar_Self, [0, 2, -1.5], REALS),
@@ -400,7 +483,9 @@ def test_scalar_out_of_range_int_wraps_like_torch():
     (aten.bitwise_xor.Scalar_Tensor, [6], (I32, I64)),
     (aten.bitwise_left_shift.Scalar_Tensor, [1, -3], (I32, I64, I8)),
     (aten.bitwise_right_shift.Scalar_Tensor, [1000, -3], (I32, I64)),
-], ids=_ids)
+  ],
+  ids=_ids,
+)
 def test_scalar_tensor(op, scalars, dtypes):
   for dtype, s in itertools.product(dtypes, scalars):
     x = values(dtype, nonzero=op is aten.remainder.Scalar_Tensor)
@@ -411,6 +496,7 @@ def test_scalar_tensor(op, scalars, dtypes):
 
 
 # ----------------------------------------------------------------------------- specific semantics
+
 
 def test_pow_int_wraps_and_negative_exponents():
   # torch's integer pow: repeated squaring that wraps; b < 0 gives 1 / +-1 / 0.
@@ -435,22 +521,41 @@ def test_pow_float_edges():
 
 
 @pytest.mark.parametrize("dtype", (I8, U8, I32, I64), ids=_ids)
-@pytest.mark.parametrize("op", [aten.bitwise_left_shift.Tensor, aten.bitwise_right_shift.Tensor,
-                                aten.__lshift__.Tensor, aten.__rshift__.Tensor], ids=_ids)
+@pytest.mark.parametrize(
+  "op",
+  [
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_right_shift.Tensor,
+    aten.__lshift__.Tensor,
+    aten.__rshift__.Tensor,
+  ],
+  ids=_ids,
+)
 def test_shift(op, dtype):
   # Shifts by a negative amount or >= the bit width: 0 (left), the sign fill (right).
   info = torch.iinfo(dtype)
-  a = torch.tensor([v for v in (-100, -1, 0, 1, 5, 100, info.min, info.max)
-                    if info.min <= v <= info.max], dtype=dtype)
-  b = torch.tensor([v for v in (-1, 0, 1, 3, 7, 8, 15, 31, 32, 63, 64, 100)
-                    if info.min <= v <= info.max], dtype=dtype)
+  a = torch.tensor(
+    [v for v in (-100, -1, 0, 1, 5, 100, info.min, info.max) if info.min <= v <= info.max],
+    dtype=dtype,
+  )
+  b = torch.tensor(
+    [v for v in (-1, 0, 1, 3, 7, 8, 15, 31, 32, 63, 64, 100) if info.min <= v <= info.max],
+    dtype=dtype,
+  )
   x, y = a.repeat_interleave(len(b)), b.repeat(len(a))
   check(op, x, y)
 
 
-@pytest.mark.parametrize("op", [aten.bitwise_left_shift.Tensor_Scalar,
-                                aten.bitwise_right_shift.Tensor_Scalar,
-                                aten.__lshift__.Scalar, aten.__rshift__.Scalar], ids=_ids)
+@pytest.mark.parametrize(
+  "op",
+  [
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.__lshift__.Scalar,
+    aten.__rshift__.Scalar,
+  ],
+  ids=_ids,
+)
 def test_shift_scalar(op):
   for dtype, s in itertools.product((I8, I32, I64), (0, 3, 7, 31, 40, 64, -1)):
     check(op, values(dtype), s)
@@ -458,8 +563,10 @@ def test_shift_scalar(op):
 
 
 @pytest.mark.parametrize("dtype", REALS, ids=_ids)
-@pytest.mark.parametrize("lo,hi", [(-1, 2), (0.5, None), (None, -0.5), (3, -2), (nan, 1),
-                                   (-1, nan), (-2.5, 2.5), (None, 7)])
+@pytest.mark.parametrize(
+  "lo,hi",
+  [(-1, 2), (0.5, None), (None, -0.5), (3, -2), (nan, 1), (-1, nan), (-2.5, 2.5), (None, 7)],
+)
 def test_clamp_scalar(dtype, lo, hi):
   # clamp promotes: an int tensor clamped to 0.5 is float32. min > max gives max.
   if not dtype.is_floating_point and (lo != lo or hi != hi):
@@ -514,8 +621,11 @@ def test_addc_mixed_dtypes():
   check(aten.addcdiv.default, x, y.to(F32), x.to(F64), value=0.5)
 
 
-@pytest.mark.parametrize("da,db", [(F32, F32), (F64, F32), (I32, F32), (I64, I64), (BOOL, BOOL),
-                                   (BOOL, I32), (BF16, BF16)], ids=_ids)
+@pytest.mark.parametrize(
+  "da,db",
+  [(F32, F32), (F64, F32), (I32, F32), (I64, I64), (BOOL, BOOL), (BOOL, I32), (BF16, BF16)],
+  ids=_ids,
+)
 def test_where(da, db):
   a, b = pairs(da, db)
   cond = torch.arange(len(a)) % 3 == 0
@@ -552,8 +662,9 @@ def test_masked_fill(dtype):
   check(aten.masked_fill.Scalar, x.reshape(1, -1).expand(3, -1).contiguous(), mask, fills[0])
 
 
-@pytest.mark.parametrize("op", [aten.logical_and.default, aten.logical_or.default,
-                                aten.logical_xor.default], ids=_ids)
+@pytest.mark.parametrize(
+  "op", [aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default], ids=_ids
+)
 def test_logical_nan_is_true(op):
   check(op, torch.tensor([nan, 0.0, -0.0, 2.0]), torch.tensor([1, 0, 1, 0]))
 
@@ -571,6 +682,7 @@ def test_bool_times_inf_is_nan():
 
 # ----------------------------------------------------------------------------- backward ops
 
+
 def _grad(x):
   gen = torch.Generator().manual_seed(2)
   return torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.dtype)
@@ -578,29 +690,31 @@ def _grad(x):
 
 # (op, builder(x) -> (args, kwargs)): x holds the edge values, g a random gradient.
 BACKWARD = [
-    (aten.threshold_backward.default, lambda x: ((_grad(x), x, 0.5), {})),
-    (aten.threshold_backward.default, lambda x: ((_grad(x), x, -1.0), {})),
-    (aten.gelu_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.gelu_backward.default, lambda x: ((_grad(x), x), {"approximate": "tanh"})),
-    (aten.silu_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.sigmoid_backward.default, lambda x: ((_grad(x), torch.sigmoid(x)), {})),
-    (aten.tanh_backward.default, lambda x: ((_grad(x), torch.tanh(x)), {})),
-    (aten.hardtanh_backward.default, lambda x: ((_grad(x), x, -1.0, 1.0), {})),
-    (aten.hardtanh_backward.default, lambda x: ((_grad(x), x, -0.5, 2.5), {})),
-    (aten.leaky_relu_backward.default, lambda x: ((_grad(x), x, 0.01, False), {})),
-    (aten.leaky_relu_backward.default, lambda x: ((_grad(x), x, 0.3, True), {})),
-    (aten.elu_backward.default, lambda x: ((_grad(x), 1.0, 1.0, 1.0, False, x), {})),
-    (aten.elu_backward.default, lambda x: ((_grad(x), 1.5, 2.0, 0.5, False, x), {})),
-    (aten.elu_backward.default,
-     lambda x: ((_grad(x), 1.5, 2.0, 0.5, True, torch.nn.functional.elu(x, 3.0)), {})),
-    (aten.softplus_backward.default, lambda x: ((_grad(x), x, 1.0, 20.0), {})),
-    (aten.softplus_backward.default, lambda x: ((_grad(x), x, 2.0, 3.0), {})),
-    (aten.hardsigmoid_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.hardswish_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.mish_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.logit_backward.default, lambda x: ((_grad(x), x), {})),
-    (aten.logit_backward.default, lambda x: ((_grad(x), x), {"eps": 0.25})),
-    (aten.logit_backward.default, lambda x: ((_grad(x), x), {"eps": -1.0})),
+  (aten.threshold_backward.default, lambda x: ((_grad(x), x, 0.5), {})),
+  (aten.threshold_backward.default, lambda x: ((_grad(x), x, -1.0), {})),
+  (aten.gelu_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.gelu_backward.default, lambda x: ((_grad(x), x), {"approximate": "tanh"})),
+  (aten.silu_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.sigmoid_backward.default, lambda x: ((_grad(x), torch.sigmoid(x)), {})),
+  (aten.tanh_backward.default, lambda x: ((_grad(x), torch.tanh(x)), {})),
+  (aten.hardtanh_backward.default, lambda x: ((_grad(x), x, -1.0, 1.0), {})),
+  (aten.hardtanh_backward.default, lambda x: ((_grad(x), x, -0.5, 2.5), {})),
+  (aten.leaky_relu_backward.default, lambda x: ((_grad(x), x, 0.01, False), {})),
+  (aten.leaky_relu_backward.default, lambda x: ((_grad(x), x, 0.3, True), {})),
+  (aten.elu_backward.default, lambda x: ((_grad(x), 1.0, 1.0, 1.0, False, x), {})),
+  (aten.elu_backward.default, lambda x: ((_grad(x), 1.5, 2.0, 0.5, False, x), {})),
+  (
+    aten.elu_backward.default,
+    lambda x: ((_grad(x), 1.5, 2.0, 0.5, True, torch.nn.functional.elu(x, 3.0)), {}),
+  ),
+  (aten.softplus_backward.default, lambda x: ((_grad(x), x, 1.0, 20.0), {})),
+  (aten.softplus_backward.default, lambda x: ((_grad(x), x, 2.0, 3.0), {})),
+  (aten.hardsigmoid_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.hardswish_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.mish_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.logit_backward.default, lambda x: ((_grad(x), x), {})),
+  (aten.logit_backward.default, lambda x: ((_grad(x), x), {"eps": 0.25})),
+  (aten.logit_backward.default, lambda x: ((_grad(x), x), {"eps": -1.0})),
 ]
 
 
@@ -633,10 +747,10 @@ def test_backward_ops_match_autograd():
   x = values(F64)
   x = x[torch.isfinite(x)].requires_grad_()
   for fwd, bwd, extra in [
-      (torch.nn.functional.gelu, aten.gelu_backward.default, ()),
-      (torch.nn.functional.silu, aten.silu_backward.default, ()),
-      (torch.nn.functional.hardswish, aten.hardswish_backward.default, ()),
-      (torch.nn.functional.mish, aten.mish_backward.default, ()),
+    (torch.nn.functional.gelu, aten.gelu_backward.default, ()),
+    (torch.nn.functional.silu, aten.silu_backward.default, ()),
+    (torch.nn.functional.hardswish, aten.hardswish_backward.default, ()),
+    (torch.nn.functional.mish, aten.mish_backward.default, ()),
   ]:
     (grad,) = torch.autograd.grad(fwd(x).sum(), x)
     record = lowering_of(bwd)
@@ -647,9 +761,11 @@ def test_backward_ops_match_autograd():
 
 # ---------------------------------------------------------------------------- more math
 
+
 @pytest.mark.parametrize("dtype", ALL, ids=_ids)
-@pytest.mark.parametrize("op", [aten.sinc.default, aten.angle.default, aten.signbit.default],
-                         ids=_ids)
+@pytest.mark.parametrize(
+  "op", [aten.sinc.default, aten.angle.default, aten.signbit.default], ids=_ids
+)
 def test_more_unary(op, dtype):
   check(op, values(dtype))
 
@@ -689,9 +805,17 @@ def test_complex_polar(op):
   check(op, a[finite].float(), b[finite].float())
 
 
-@pytest.mark.parametrize("op", [aten.remainder.Tensor, aten.fmod.Tensor, aten.floor_divide.default,
-                                aten.bitwise_left_shift.Tensor,
-                                aten.bitwise_right_shift.Tensor], ids=_ids)
+@pytest.mark.parametrize(
+  "op",
+  [
+    aten.remainder.Tensor,
+    aten.fmod.Tensor,
+    aten.floor_divide.default,
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_right_shift.Tensor,
+  ],
+  ids=_ids,
+)
 @pytest.mark.parametrize("dtype", (I32, F32), ids=_ids)
 def test_integer_ops_broadcast(op, dtype):
   if op in (aten.bitwise_left_shift.Tensor, aten.bitwise_right_shift.Tensor) and dtype is F32:
@@ -717,16 +841,28 @@ def test_hash_tensor(dtype):
 # ---------------------------------------------------------------------------- special functions
 
 SPECIAL_UNARY = [
-    aten.lgamma.default, aten.digamma.default, aten.i0.default, aten.special_i0e.default,
-    aten.special_i1.default, aten.special_i1e.default, aten.special_erfcx.default,
-    aten.special_log_ndtr.default, aten.special_ndtri.default, aten.special_entr.default,
-    aten.special_bessel_j0.default, aten.special_bessel_j1.default,
-    aten.special_bessel_y0.default, aten.special_bessel_y1.default,
-    aten.special_modified_bessel_i0.default, aten.special_modified_bessel_i1.default,
-    aten.special_modified_bessel_k0.default, aten.special_modified_bessel_k1.default,
-    aten.special_scaled_modified_bessel_k0.default,
-    aten.special_scaled_modified_bessel_k1.default,
-    aten.special_spherical_bessel_j0.default, aten.special_airy_ai.default,
+  aten.lgamma.default,
+  aten.digamma.default,
+  aten.i0.default,
+  aten.special_i0e.default,
+  aten.special_i1.default,
+  aten.special_i1e.default,
+  aten.special_erfcx.default,
+  aten.special_log_ndtr.default,
+  aten.special_ndtri.default,
+  aten.special_entr.default,
+  aten.special_bessel_j0.default,
+  aten.special_bessel_j1.default,
+  aten.special_bessel_y0.default,
+  aten.special_bessel_y1.default,
+  aten.special_modified_bessel_i0.default,
+  aten.special_modified_bessel_i1.default,
+  aten.special_modified_bessel_k0.default,
+  aten.special_modified_bessel_k1.default,
+  aten.special_scaled_modified_bessel_k0.default,
+  aten.special_scaled_modified_bessel_k1.default,
+  aten.special_spherical_bessel_j0.default,
+  aten.special_airy_ai.default,
 ]
 
 
@@ -735,8 +871,9 @@ SPECIAL_UNARY = [
 def test_special_unary(op, dtype):
   x = values(dtype)
   if dtype.is_floating_point:  # and the branch points of the piecewise approximations
-    x = torch.cat([x, torch.tensor([1e-6, 2.0, 2.09, -2.09, 5.0, -5.0, 8.5, 30.0, -30.0],
-                                   dtype=dtype)])
+    x = torch.cat(
+      [x, torch.tensor([1e-6, 2.0, 2.09, -2.09, 5.0, -5.0, 8.5, 30.0, -30.0], dtype=dtype)]
+    )
   check(op, x)
 
 
@@ -747,21 +884,26 @@ def test_polygamma(n, dtype):
 
 
 @pytest.mark.parametrize("dtype", (F32, F64), ids=_ids)
-@pytest.mark.parametrize("op", [aten.special_zeta.default, aten.igamma.default,
-                                aten.igammac.default], ids=_ids)
+@pytest.mark.parametrize(
+  "op", [aten.special_zeta.default, aten.igamma.default, aten.igammac.default], ids=_ids
+)
 def test_special_binary(op, dtype):
   check(op, *pairs(dtype, dtype))
 
 
 POLYNOMIALS = [
-    aten.special_chebyshev_polynomial_t.default, aten.special_chebyshev_polynomial_u.default,
-    aten.special_chebyshev_polynomial_v.default, aten.special_chebyshev_polynomial_w.default,
-    aten.special_shifted_chebyshev_polynomial_t.default,
-    aten.special_shifted_chebyshev_polynomial_u.default,
-    aten.special_shifted_chebyshev_polynomial_v.default,
-    aten.special_shifted_chebyshev_polynomial_w.default,
-    aten.special_hermite_polynomial_h.default, aten.special_hermite_polynomial_he.default,
-    aten.special_laguerre_polynomial_l.default, aten.special_legendre_polynomial_p.default,
+  aten.special_chebyshev_polynomial_t.default,
+  aten.special_chebyshev_polynomial_u.default,
+  aten.special_chebyshev_polynomial_v.default,
+  aten.special_chebyshev_polynomial_w.default,
+  aten.special_shifted_chebyshev_polynomial_t.default,
+  aten.special_shifted_chebyshev_polynomial_u.default,
+  aten.special_shifted_chebyshev_polynomial_v.default,
+  aten.special_shifted_chebyshev_polynomial_w.default,
+  aten.special_hermite_polynomial_h.default,
+  aten.special_hermite_polynomial_he.default,
+  aten.special_laguerre_polynomial_l.default,
+  aten.special_legendre_polynomial_p.default,
 ]
 
 
@@ -772,7 +914,7 @@ def test_polynomials(op, dtype):
   # (A nan x is left out: torch returns an uninitialized value for it in most of these.)
   x = values(dtype)
   x = torch.cat([x[~x.isnan()] / 8, torch.tensor([1.0, -1.0, 0.0, 0.5], dtype=dtype)])
-  n = torch.arange(-2, 14).repeat(len(x) // 16 + 1)[:len(x)]
+  n = torch.arange(-2, 14).repeat(len(x) // 16 + 1)[: len(x)]
   check(op, x, n)
   check(op, x, (n.to(dtype) + 0.7))
   check(getattr(op.overloadpacket, "n_scalar"), x, 9)
@@ -781,9 +923,13 @@ def test_polynomials(op, dtype):
 # Points where torch answers a huge degree without its loop (a boundary value, hermite's degree
 # limit, or, last, a trigonometric form): the lowering must not run its recurrence up to the
 # degree either (it did, for 1e10 steps).
-_NO_LOOP_X = {"shifted": ([0.0, 1.0], [0.25, 0.5, 0.6]), "hermite": ([0.5, -3.0, 0.0], []),
-              "laguerre": ([0.0], []), "legendre": ([1.0, -1.0], []),
-              "chebyshev": ([1.0, -1.0], [0.5, 0.0, -0.3])}
+_NO_LOOP_X = {
+  "shifted": ([0.0, 1.0], [0.25, 0.5, 0.6]),
+  "hermite": ([0.5, -3.0, 0.0], []),
+  "laguerre": ([0.0], []),
+  "legendre": ([1.0, -1.0], []),
+  "chebyshev": ([1.0, -1.0], [0.5, 0.0, -0.3]),
+}
 
 
 @pytest.mark.timeout(120)
@@ -794,7 +940,7 @@ def test_polynomials_of_a_huge_degree_do_not_loop_to_it(op, dtype):
   exact, trig = next(v for k, v in _NO_LOOP_X.items() if k in name)
   x = torch.tensor(exact, dtype=dtype)
   check(op, x, torch.full_like(x, 1e10))
-  check(op, x, torch.full(x.shape, 10 ** 12, dtype=torch.int64))
+  check(op, x, torch.full(x.shape, 10**12, dtype=torch.int64))
   if trig:
     # cos(n acos(x)) at n ~ 1e10 is ill-conditioned (an ulp of acos moves it): only finite,
     # as torch's, and the same shape

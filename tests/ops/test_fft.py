@@ -32,8 +32,9 @@ def test_fft_r2c(dtype, dim, normalization, onesided):
 
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
-@pytest.mark.parametrize("dim,shape", [([1], (3, 10)), ([1], (3, 11)), ([0, 1], (3, 8, 2)),
-                                       ([0, 1, 2, 3], (3, 4, 5, 3))])
+@pytest.mark.parametrize(
+  "dim,shape", [([1], (3, 10)), ([1], (3, 11)), ([0, 1], (3, 8, 2)), ([0, 1, 2, 3], (3, 4, 5, 3))]
+)
 @pytest.mark.parametrize("normalization", [0, 1, 2])
 def test_fft_c2r(dtype, dim, shape, normalization):
   # A Hermitian one-sided input, as torch.fft.irfftn passes it; the last dim's size is given.

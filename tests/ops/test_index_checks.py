@@ -37,119 +37,138 @@ def _bag(inp, mode="sum", offsets=(0,), **kwargs):
   def run(dev):
     w = torch.arange(18.0, device=dev).reshape(9, 2)
     moved = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    return F.embedding_bag(torch.tensor(inp, device=dev), w, torch.tensor(offsets, device=dev),
-                           mode=mode, **moved)
+    return F.embedding_bag(
+      torch.tensor(inp, device=dev), w, torch.tensor(offsets, device=dev), mode=mode, **moved
+    )
+
   return run
 
 
 # name -> op on device `dev`; torch on CPU raises for every one of them.
 BAD = {
-    # advanced indexing (aten.index.Tensor): [-size, size)
-    "getitem": lambda d: _x(d)[_t(d, 20)],
-    "getitem_negative": lambda d: _x(d)[_t(d, -10)],
-    "getitem_many": lambda d: _x(d)[_t(d, 1, 70, -90)],
-    "getitem_second_dim": lambda d: _x2(d)[:, _t(d, 4)],
-    "getitem_two_indices": lambda d: _x2(d)[_t(d, 1), _t(d, 5)],
-    "getitem_first_element_first": lambda d: _x2(d)[_t(d, 0, 5), _t(d, 7, 0)],
-    "getitem_mask_and_index": lambda d: _x2(d)[_t(d, True, False, True), _t(d, 5)],
-    "getitem_empty_dim": lambda d: ONES(3, 0, device=d)[:, _t(d, 0)],
-    "getitem_cpu_index": lambda d: _x(d)[torch.tensor([20])],
-    "getitem_int32": lambda d: _x(d)[_t(d, 9, dtype=torch.int32)],
-    # index_put / setitem
-    "setitem": lambda d: _x(d).__setitem__(_t(d, 20), 1.0),
-    "index_put": lambda d: _x(d).index_put_((_t(d, 20),), _t(d, 1.0)),
-    "index_put_accumulate": lambda d: _x(d).index_put_((_t(d, 20),), _t(d, 1.0), accumulate=True),
-    "index_put_two": lambda d: _x2(d).index_put_((_t(d, 1), _t(d, 6)), torch.tensor(1.0, device=d)),
-    "setitem_slice_first": lambda d: _x2(d).__setitem__((slice(None), _t(d, 6)), 1.0),
-    # index_select: [0, size); torch's message depends on the dim
-    "index_select_dim0": lambda d: torch.index_select(_x2(d), 0, _t(d, 4)),
-    "index_select_dim1": lambda d: torch.index_select(_x2(d), 1, _t(d, 4)),
-    "index_select_dim_minus1": lambda d: torch.index_select(_x2(d), -1, _t(d, 1, 7, 9)),
-    "index_select_3d_last": lambda d: torch.index_select(ONES(2, 3, 4, device=d), 2, _t(d, 4)),
-    "index_select_1d": lambda d: torch.index_select(_x(d), 0, _t(d, 9)),
-    "index_select_negative": lambda d: torch.index_select(_x(d), 0, _t(d, -1)),
-    "index_select_0d": lambda d: torch.index_select(torch.tensor(1.0, device=d), 0, _t(d, 1)),
-    # gather / scatter: [0, size)
-    "gather": lambda d: torch.gather(_x2(d), 1, _t(d, [4])),
-    "gather_negative": lambda d: torch.gather(_x2(d), 1, _t(d, [-1])),
-    "gather_3d": lambda d: torch.gather(ONES(2, 3, 4, device=d), -1, torch.full((2, 2, 2), 5, device=d)),
-    "gather_0d": lambda d: torch.gather(torch.tensor(1.0, device=d), 0, torch.tensor(1, device=d)),
-    "scatter_value": lambda d: _x2(d).scatter_(1, _t(d, [4]), 1.0),
-    "scatter_src": lambda d: _x2(d).scatter_(1, _t(d, [4]), ONES(1, 1, device=d)),
-    "scatter_negative": lambda d: _x2(d).scatter_(1, _t(d, [-1]), 1.0),
-    "scatter_add": lambda d: _x2(d).scatter_add_(1, _t(d, [4]), ONES(1, 1, device=d)),
-    "scatter_reduce": lambda d: _x2(d).scatter_reduce_(1, _t(d, [4]), ONES(1, 1, device=d), "sum"),
-    "scatter_reduce_amax": lambda d: _x2(d).scatter_reduce(1, _t(d, [9]), ONES(1, 1, device=d), "amax"),
-    "scatter_0d": lambda d: torch.tensor(1.0, device=d).scatter_(0, torch.tensor(1, device=d), 2.0),
-    # index_add / index_copy / index_fill / index_reduce
-    "index_add": lambda d: _x2(d).index_add_(1, _t(d, 4), ONES(3, 1, device=d)),
-    "index_add_negative": lambda d: _x2(d).index_add_(1, _t(d, -1), ONES(3, 1, device=d)),
-    "index_add_out_of_place": lambda d: torch.index_add(_x2(d), 1, _t(d, 1, 7), ONES(3, 2, device=d)),
-    "index_copy": lambda d: _x2(d).index_copy_(1, _t(d, 4), ONES(3, 1, device=d)),
-    "index_copy_negative": lambda d: _x2(d).index_copy_(1, _t(d, -1), ONES(3, 1, device=d)),
-    "index_copy_out_of_place": lambda d: torch.index_copy(_x2(d), 1, _t(d, 9), ONES(3, 1, device=d)),
-    "index_copy_0d": lambda d: torch.tensor(1.0, device=d).index_copy_(0, _t(d, 1), _t(d, 1.0)),
-    "index_fill": lambda d: _x2(d).index_fill_(1, _t(d, 4), 1.0),
-    "index_fill_too_negative": lambda d: _x2(d).index_fill_(1, _t(d, -5), 1.0),
-    "index_fill_tensor_value": lambda d: torch.index_fill(_x2(d), 1, _t(d, 9), torch.tensor(2.0, device=d)),
-    "index_fill_0d": lambda d: torch.tensor(1.0, device=d).index_fill_(0, _t(d, -2), 1.0),
-    "index_reduce": lambda d: _x2(d).index_reduce_(1, _t(d, 4), ONES(3, 1, device=d), "prod"),
-    "index_reduce_negative": lambda d: _x2(d).index_reduce(1, _t(d, -1), ONES(3, 1, device=d), "amax"),
-    # take / put: [-numel, numel)
-    "take": lambda d: torch.take(_x2(d), _t(d, 12)),
-    "take_negative": lambda d: torch.take(_x2(d), _t(d, -13)),
-    "take_many": lambda d: torch.take(_x2(d), _t(d, 3, 100, -100)),
-    "put": lambda d: _x2(d).put_(_t(d, 12), _t(d, 1.0)),
-    "put_negative": lambda d: _x2(d).put_(_t(d, -13), _t(d, 1.0)),
-    "put_accumulate": lambda d: _x2(d).put_(_t(d, 12), _t(d, 1.0), accumulate=True),
-    # embedding: [0, num_embeddings)
-    "embedding": lambda d: F.embedding(_t(d, 9), torch.randn(9, 2, device=d)),
-    "embedding_negative": lambda d: F.embedding(_t(d, -1), torch.randn(9, 2, device=d)),
-    "embedding_2d": lambda d: F.embedding(_t(d, [1, 70], [9, 0]), torch.randn(9, 2, device=d)),
-    "embedding_padding_idx": lambda d: F.embedding(_t(d, 9), torch.randn(9, 2, device=d), padding_idx=0),
-    "embedding_module": lambda d: torch.nn.Embedding(9, 2).to(d)(_t(d, 3, 9)),
-    # embedding_bag: [0, num_embeddings)
-    "embedding_bag_sum": _bag([9]),
-    "embedding_bag_mean_second": _bag([1, 9], mode="mean"),
-    "embedding_bag_negative": _bag([-1]),
-    "embedding_bag_max": _bag([1, 2, 70, 9], mode="max", offsets=(0, 2)),
-    "embedding_bag_padding": _bag([1, 9], padding_idx=0),
-    "embedding_bag_per_sample_weights": _bag([1, 9], per_sample_weights=torch.ones(2)),
-    # nll_loss / cross_entropy: targets in [0, C) unless ignore_index
-    "nll_loss": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, 5)),
-    "nll_loss_negative": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, -1)),
-    "nll_loss_none": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, 5), reduction="none"),
-    "nll_loss_0d": lambda d: F.nll_loss(torch.randn(3, device=d), torch.tensor(5, device=d)),
-    "nll_loss2d": lambda d: F.nll_loss(torch.randn(1, 3, 2, 2, device=d), torch.full((1, 2, 2), 5, device=d)),
-    "cross_entropy": lambda d: F.cross_entropy(torch.randn(2, 3, device=d), _t(d, 0, 3)),
+  # advanced indexing (aten.index.Tensor): [-size, size)
+  "getitem": lambda d: _x(d)[_t(d, 20)],
+  "getitem_negative": lambda d: _x(d)[_t(d, -10)],
+  "getitem_many": lambda d: _x(d)[_t(d, 1, 70, -90)],
+  "getitem_second_dim": lambda d: _x2(d)[:, _t(d, 4)],
+  "getitem_two_indices": lambda d: _x2(d)[_t(d, 1), _t(d, 5)],
+  "getitem_first_element_first": lambda d: _x2(d)[_t(d, 0, 5), _t(d, 7, 0)],
+  "getitem_mask_and_index": lambda d: _x2(d)[_t(d, True, False, True), _t(d, 5)],
+  "getitem_empty_dim": lambda d: ONES(3, 0, device=d)[:, _t(d, 0)],
+  "getitem_cpu_index": lambda d: _x(d)[torch.tensor([20])],
+  "getitem_int32": lambda d: _x(d)[_t(d, 9, dtype=torch.int32)],
+  # index_put / setitem
+  "setitem": lambda d: _x(d).__setitem__(_t(d, 20), 1.0),
+  "index_put": lambda d: _x(d).index_put_((_t(d, 20),), _t(d, 1.0)),
+  "index_put_accumulate": lambda d: _x(d).index_put_((_t(d, 20),), _t(d, 1.0), accumulate=True),
+  "index_put_two": lambda d: _x2(d).index_put_((_t(d, 1), _t(d, 6)), torch.tensor(1.0, device=d)),
+  "setitem_slice_first": lambda d: _x2(d).__setitem__((slice(None), _t(d, 6)), 1.0),
+  # index_select: [0, size); torch's message depends on the dim
+  "index_select_dim0": lambda d: torch.index_select(_x2(d), 0, _t(d, 4)),
+  "index_select_dim1": lambda d: torch.index_select(_x2(d), 1, _t(d, 4)),
+  "index_select_dim_minus1": lambda d: torch.index_select(_x2(d), -1, _t(d, 1, 7, 9)),
+  "index_select_3d_last": lambda d: torch.index_select(ONES(2, 3, 4, device=d), 2, _t(d, 4)),
+  "index_select_1d": lambda d: torch.index_select(_x(d), 0, _t(d, 9)),
+  "index_select_negative": lambda d: torch.index_select(_x(d), 0, _t(d, -1)),
+  "index_select_0d": lambda d: torch.index_select(torch.tensor(1.0, device=d), 0, _t(d, 1)),
+  # gather / scatter: [0, size)
+  "gather": lambda d: torch.gather(_x2(d), 1, _t(d, [4])),
+  "gather_negative": lambda d: torch.gather(_x2(d), 1, _t(d, [-1])),
+  "gather_3d": lambda d: torch.gather(
+    ONES(2, 3, 4, device=d), -1, torch.full((2, 2, 2), 5, device=d)
+  ),
+  "gather_0d": lambda d: torch.gather(torch.tensor(1.0, device=d), 0, torch.tensor(1, device=d)),
+  "scatter_value": lambda d: _x2(d).scatter_(1, _t(d, [4]), 1.0),
+  "scatter_src": lambda d: _x2(d).scatter_(1, _t(d, [4]), ONES(1, 1, device=d)),
+  "scatter_negative": lambda d: _x2(d).scatter_(1, _t(d, [-1]), 1.0),
+  "scatter_add": lambda d: _x2(d).scatter_add_(1, _t(d, [4]), ONES(1, 1, device=d)),
+  "scatter_reduce": lambda d: _x2(d).scatter_reduce_(1, _t(d, [4]), ONES(1, 1, device=d), "sum"),
+  "scatter_reduce_amax": lambda d: _x2(d).scatter_reduce(
+    1, _t(d, [9]), ONES(1, 1, device=d), "amax"
+  ),
+  "scatter_0d": lambda d: torch.tensor(1.0, device=d).scatter_(0, torch.tensor(1, device=d), 2.0),
+  # index_add / index_copy / index_fill / index_reduce
+  "index_add": lambda d: _x2(d).index_add_(1, _t(d, 4), ONES(3, 1, device=d)),
+  "index_add_negative": lambda d: _x2(d).index_add_(1, _t(d, -1), ONES(3, 1, device=d)),
+  "index_add_out_of_place": lambda d: torch.index_add(_x2(d), 1, _t(d, 1, 7), ONES(3, 2, device=d)),
+  "index_copy": lambda d: _x2(d).index_copy_(1, _t(d, 4), ONES(3, 1, device=d)),
+  "index_copy_negative": lambda d: _x2(d).index_copy_(1, _t(d, -1), ONES(3, 1, device=d)),
+  "index_copy_out_of_place": lambda d: torch.index_copy(_x2(d), 1, _t(d, 9), ONES(3, 1, device=d)),
+  "index_copy_0d": lambda d: torch.tensor(1.0, device=d).index_copy_(0, _t(d, 1), _t(d, 1.0)),
+  "index_fill": lambda d: _x2(d).index_fill_(1, _t(d, 4), 1.0),
+  "index_fill_too_negative": lambda d: _x2(d).index_fill_(1, _t(d, -5), 1.0),
+  "index_fill_tensor_value": lambda d: torch.index_fill(
+    _x2(d), 1, _t(d, 9), torch.tensor(2.0, device=d)
+  ),
+  "index_fill_0d": lambda d: torch.tensor(1.0, device=d).index_fill_(0, _t(d, -2), 1.0),
+  "index_reduce": lambda d: _x2(d).index_reduce_(1, _t(d, 4), ONES(3, 1, device=d), "prod"),
+  "index_reduce_negative": lambda d: _x2(d).index_reduce(
+    1, _t(d, -1), ONES(3, 1, device=d), "amax"
+  ),
+  # take / put: [-numel, numel)
+  "take": lambda d: torch.take(_x2(d), _t(d, 12)),
+  "take_negative": lambda d: torch.take(_x2(d), _t(d, -13)),
+  "take_many": lambda d: torch.take(_x2(d), _t(d, 3, 100, -100)),
+  "put": lambda d: _x2(d).put_(_t(d, 12), _t(d, 1.0)),
+  "put_negative": lambda d: _x2(d).put_(_t(d, -13), _t(d, 1.0)),
+  "put_accumulate": lambda d: _x2(d).put_(_t(d, 12), _t(d, 1.0), accumulate=True),
+  # embedding: [0, num_embeddings)
+  "embedding": lambda d: F.embedding(_t(d, 9), torch.randn(9, 2, device=d)),
+  "embedding_negative": lambda d: F.embedding(_t(d, -1), torch.randn(9, 2, device=d)),
+  "embedding_2d": lambda d: F.embedding(_t(d, [1, 70], [9, 0]), torch.randn(9, 2, device=d)),
+  "embedding_padding_idx": lambda d: F.embedding(
+    _t(d, 9), torch.randn(9, 2, device=d), padding_idx=0
+  ),
+  "embedding_module": lambda d: torch.nn.Embedding(9, 2).to(d)(_t(d, 3, 9)),
+  # embedding_bag: [0, num_embeddings)
+  "embedding_bag_sum": _bag([9]),
+  "embedding_bag_mean_second": _bag([1, 9], mode="mean"),
+  "embedding_bag_negative": _bag([-1]),
+  "embedding_bag_max": _bag([1, 2, 70, 9], mode="max", offsets=(0, 2)),
+  "embedding_bag_padding": _bag([1, 9], padding_idx=0),
+  "embedding_bag_per_sample_weights": _bag([1, 9], per_sample_weights=torch.ones(2)),
+  # nll_loss / cross_entropy: targets in [0, C) unless ignore_index
+  "nll_loss": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, 5)),
+  "nll_loss_negative": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, -1)),
+  "nll_loss_none": lambda d: F.nll_loss(torch.randn(2, 3, device=d), _t(d, 0, 5), reduction="none"),
+  "nll_loss_0d": lambda d: F.nll_loss(torch.randn(3, device=d), torch.tensor(5, device=d)),
+  "nll_loss2d": lambda d: F.nll_loss(
+    torch.randn(1, 3, 2, 2, device=d), torch.full((1, 2, 2), 5, device=d)
+  ),
+  "cross_entropy": lambda d: F.cross_entropy(torch.randn(2, 3, device=d), _t(d, 0, 3)),
 }
 
 # torch's CPU kernels word some errors by their own fast paths (FBGEMM's embedding_bag reports
 # a bad index in a later bag as "Expected i < index_size to be true"); the `jax` device gives
 # the same type with the message of torch's general path:
 BAD_WORDED_OTHERWISE = {
-    "embedding_bag_second_bag": (
-        _bag([1, 2, 9], offsets=(0, 2)), RuntimeError,
-        "Index 2 of input takes value 9 which is not in the valid range [0, 9)"),
+  "embedding_bag_second_bag": (
+    _bag([1, 2, 9], offsets=(0, 2)),
+    RuntimeError,
+    "Index 2 of input takes value 9 which is not in the valid range [0, 9)",
+  ),
 }
 
 # Valid indices torch accepts, negative ones included: the same values as on CPU.
 GOOD = {
-    "getitem_negative": lambda d: _x(d)[_t(d, -9, -1, 0, 8)],
-    "getitem_two": lambda d: _x2(d)[_t(d, -3, 2), _t(d, -4, 3)],
-    "setitem_negative": lambda d: _x(d).index_put_((_t(d, -9, -1),), _t(d, 1.0, 2.0)),
-    "take_negative": lambda d: torch.take(_x2(d), _t(d, -12, 11)),
-    "put_negative": lambda d: _x2(d).put_(_t(d, -12, 11), _t(d, 1.0, 2.0)),
-    "index_fill_negative": lambda d: _x2(d).index_fill_(1, _t(d, -1, -4), 5.0),
-    "index_fill_0d": lambda d: torch.tensor(1.0, device=d).index_fill_(0, _t(d, -1), 3.0),
-    "gather_edges": lambda d: torch.gather(_x2(d), 1, _t(d, [0, 3], [3, 0], [1, 2])),
-    "embedding_edges": lambda d: F.embedding(_t(d, 0, 8), torch.arange(18.0, device=d).reshape(9, 2)),
-    "embedding_bag_edges": _bag([0, 8, 3], mode="max", offsets=(0, 1)),
-    "nll_loss_ignore_index": lambda d: F.nll_loss(torch.arange(6.0, device=d).reshape(2, 3), _t(d, 2, -100)),
-    "nll_loss_ignore_out_of_range": lambda d: F.nll_loss(
-        torch.arange(6.0, device=d).reshape(2, 3), _t(d, 2, 7), ignore_index=7),
-    "index_select_empty_index": lambda d: torch.index_select(_x2(d), 1, _t(d, dtype=torch.int64)),
-    "setitem_empty_index": lambda d: _set(_x2(d), (slice(None), _t(d, dtype=torch.int64)), 1.0),
+  "getitem_negative": lambda d: _x(d)[_t(d, -9, -1, 0, 8)],
+  "getitem_two": lambda d: _x2(d)[_t(d, -3, 2), _t(d, -4, 3)],
+  "setitem_negative": lambda d: _x(d).index_put_((_t(d, -9, -1),), _t(d, 1.0, 2.0)),
+  "take_negative": lambda d: torch.take(_x2(d), _t(d, -12, 11)),
+  "put_negative": lambda d: _x2(d).put_(_t(d, -12, 11), _t(d, 1.0, 2.0)),
+  "index_fill_negative": lambda d: _x2(d).index_fill_(1, _t(d, -1, -4), 5.0),
+  "index_fill_0d": lambda d: torch.tensor(1.0, device=d).index_fill_(0, _t(d, -1), 3.0),
+  "gather_edges": lambda d: torch.gather(_x2(d), 1, _t(d, [0, 3], [3, 0], [1, 2])),
+  "embedding_edges": lambda d: F.embedding(_t(d, 0, 8), torch.arange(18.0, device=d).reshape(9, 2)),
+  "embedding_bag_edges": _bag([0, 8, 3], mode="max", offsets=(0, 1)),
+  "nll_loss_ignore_index": lambda d: F.nll_loss(
+    torch.arange(6.0, device=d).reshape(2, 3), _t(d, 2, -100)
+  ),
+  "nll_loss_ignore_out_of_range": lambda d: F.nll_loss(
+    torch.arange(6.0, device=d).reshape(2, 3), _t(d, 2, 7), ignore_index=7
+  ),
+  "index_select_empty_index": lambda d: torch.index_select(_x2(d), 1, _t(d, dtype=torch.int64)),
+  "setitem_empty_index": lambda d: _set(_x2(d), (slice(None), _t(d, dtype=torch.int64)), 1.0),
 }
 
 
@@ -187,8 +206,9 @@ def test_index_checks_raise_inside_eager_decompositions():
   # whose gather meets the out-of-range target
   x = torch.arange(12.0).reshape(3, 4)
   i = torch.tensor([[4]])
-  torch.testing.assert_close(torch.take_along_dim(x.to("jax"), i.to("jax"), 1).cpu(),
-                             torch.take_along_dim(x, i, 1))
+  torch.testing.assert_close(
+    torch.take_along_dim(x.to("jax"), i.to("jax"), 1).cpu(), torch.take_along_dim(x, i, 1)
+  )
   with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 1 with size 3"):
     F.multi_margin_loss(torch.randn(2, 3, device="jax"), _t("jax", 0, 5))
 
@@ -227,18 +247,31 @@ def test_jit_without_check_indices_clamps_reads_and_drops_writes():
     x = x.clone()
     x[i] = 100.0
     return x
+
   np.testing.assert_array_equal(jax.jit(bridge.jax_view(write))(x, i), np.arange(9.0))  # dropped
 
 
 CHECKED = {
-    "getitem": (_getitem, (jnp.arange(9.0), jnp.array([3, 20])),
-                "aten.index.Tensor: index 20 is out of bounds for dimension 0 with size 9"),
-    "index_select": (lambda x, i: torch.index_select(x, 0, i), (jnp.arange(9.0), jnp.array([-1])),
-                     "aten.index_select.default: index out of range in self"),
-    "embedding": (lambda w, i: F.embedding(i, w), (jnp.ones((9, 2)), jnp.array([[1, 9]])),
-                  "aten.embedding.default: index out of range in self"),
-    "scatter_add": (lambda x, i: x.scatter_add(0, i, torch.ones_like(x)), (jnp.ones(4), jnp.array([0, 1, 2, 4])),
-                    "aten.scatter_add.default: index 4 is out of bounds for dimension 0 with size 4"),
+  "getitem": (
+    _getitem,
+    (jnp.arange(9.0), jnp.array([3, 20])),
+    "aten.index.Tensor: index 20 is out of bounds for dimension 0 with size 9",
+  ),
+  "index_select": (
+    lambda x, i: torch.index_select(x, 0, i),
+    (jnp.arange(9.0), jnp.array([-1])),
+    "aten.index_select.default: index out of range in self",
+  ),
+  "embedding": (
+    lambda w, i: F.embedding(i, w),
+    (jnp.ones((9, 2)), jnp.array([[1, 9]])),
+    "aten.embedding.default: index out of range in self",
+  ),
+  "scatter_add": (
+    lambda x, i: x.scatter_add(0, i, torch.ones_like(x)),
+    (jnp.ones(4), jnp.array([0, 1, 2, 4])),
+    "aten.scatter_add.default: index 4 is out of bounds for dimension 0 with size 4",
+  ),
 }
 
 
@@ -259,7 +292,9 @@ def test_check_indices_passes_valid_indices_under_jit_grad_and_vmap():
   with bridge.config(check_indices=True):
     np.testing.assert_allclose(jax.jit(f)(x, jnp.array([-1, 2])), 68.0)
     np.testing.assert_allclose(jax.jit(jax.grad(f))(x, jnp.array([2])), np.eye(9)[2] * 4)
-    np.testing.assert_allclose(jax.jit(jax.vmap(f, (None, 0)))(x, jnp.array([[1], [2]])), [1.0, 4.0])
+    np.testing.assert_allclose(
+      jax.jit(jax.vmap(f, (None, 0)))(x, jnp.array([[1], [2]])), [1.0, 4.0]
+    )
     with pytest.raises(jax.errors.JaxRuntimeError, match="index 9 is out of bounds"):
       jax.block_until_ready(jax.jit(jax.vmap(f, (None, 0)))(x, jnp.array([[1], [9]])))
 
@@ -289,6 +324,7 @@ def test_bridge_compile_with_check_indices():
   with bridge.config(check_indices=True):
     compiled = bridge.compile(Lookup())
     compiled(ok)
-    with pytest.raises(jax.errors.JaxRuntimeError,
-                       match="aten.embedding.default: index out of range in self"):
+    with pytest.raises(
+      jax.errors.JaxRuntimeError, match="aten.embedding.default: index out of range in self"
+    ):
       compiled(bad)

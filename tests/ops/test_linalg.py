@@ -16,8 +16,14 @@ from tests.ops.harness import check, lowering_of, run_direct
 aten = torch.ops.aten
 nan = math.nan
 
-F32, F64, BF16, F16, I64, C64 = (torch.float32, torch.float64, torch.bfloat16, torch.float16,
-                                 torch.int64, torch.complex64)
+F32, F64, BF16, F16, I64, C64 = (
+  torch.float32,
+  torch.float64,
+  torch.bfloat16,
+  torch.float16,
+  torch.int64,
+  torch.complex64,
+)
 
 
 def make(shape, dtype, seed=0):
@@ -30,19 +36,24 @@ def make(shape, dtype, seed=0):
 
 # op: argument shapes (self first). Shapes broadcast where torch allows (the add* self).
 SHAPES = {
-    aten.mm.default: [(5, 7), (7, 3)],
-    aten.bmm.default: [(2, 5, 7), (2, 7, 3)],
-    aten.mv.default: [(5, 7), (7,)],
-    aten.dot.default: [(9,), (9,)],
-    aten.vdot.default: [(9,), (9,)],
-    aten.addmm.default: [(5, 3), (5, 7), (7, 3)],
-    aten.addmv.default: [(5,), (5, 7), (7,)],
-    aten.baddbmm.default: [(2, 5, 3), (2, 5, 7), (2, 7, 3)],
-    aten.addbmm.default: [(5, 3), (2, 5, 7), (2, 7, 3)],
-    aten.addr.default: [(5, 3), (5,), (3,)],
+  aten.mm.default: [(5, 7), (7, 3)],
+  aten.bmm.default: [(2, 5, 7), (2, 7, 3)],
+  aten.mv.default: [(5, 7), (7,)],
+  aten.dot.default: [(9,), (9,)],
+  aten.vdot.default: [(9,), (9,)],
+  aten.addmm.default: [(5, 3), (5, 7), (7, 3)],
+  aten.addmv.default: [(5,), (5, 7), (7,)],
+  aten.baddbmm.default: [(2, 5, 3), (2, 5, 7), (2, 7, 3)],
+  aten.addbmm.default: [(5, 3), (2, 5, 7), (2, 7, 3)],
+  aten.addr.default: [(5, 3), (5,), (3,)],
 }
-BROADCAST_SELF = {aten.addmm.default: (3,), aten.addmv.default: (1,), aten.baddbmm.default: (5, 1),
-                  aten.addbmm.default: (1, 3), aten.addr.default: (3,)}
+BROADCAST_SELF = {
+  aten.addmm.default: (3,),
+  aten.addmv.default: (1,),
+  aten.baddbmm.default: (5, 1),
+  aten.addbmm.default: (1, 3),
+  aten.addr.default: (3,),
+}
 ADD_OPS = [op for op in SHAPES if len(SHAPES[op]) == 3]
 
 
@@ -68,8 +79,9 @@ def test_products(op, dtype):
 
 
 @pytest.mark.parametrize("op", ADD_OPS)
-@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (-1, 0.25), (0, 3), (2, 0), (0, 0)],
-                         ids=str)
+@pytest.mark.parametrize(
+  "beta,alpha", [(1, 1), (0.5, 2), (-1, 0.25), (0, 3), (2, 0), (0, 0)], ids=str
+)
 @pytest.mark.parametrize("dtype", [F32, F64, BF16])
 def test_beta_alpha(op, beta, alpha, dtype):
   check(op, *args_for(op, dtype), beta=beta, alpha=alpha, **tol(dtype))
@@ -93,8 +105,9 @@ def test_broadcast_self(op):
 def test_zero_scale_and_nan(op, beta, alpha, size):
   """beta == 0 ignores self; alpha == 0 ignores the product where torch calls BLAS (addr and
   torch's loop for small baddbmm multiply by alpha, so NaN propagates there)."""
-  shapes = SHAPES[op] if size == "small" else [tuple(8 * d if d > 2 else d for d in s)
-                                               for s in SHAPES[op]]
+  shapes = (
+    SHAPES[op] if size == "small" else [tuple(8 * d if d > 2 else d for d in s) for s in SHAPES[op]]
+  )
   s, a, b = args_for(op, F32, shapes)
   if beta == 0:
     s = torch.full_like(s, nan)
@@ -131,10 +144,12 @@ def test_traced_beta_alpha(op):
   fn = lowering_of(op).fn
   with jax.enable_x64(True):
     got = jax.jit(lambda s, a, b, beta, alpha: fn(s, a, b, beta=beta, alpha=alpha))(
-        s.numpy(), a.numpy(), b.numpy(), 0, 1.5)
+      s.numpy(), a.numpy(), b.numpy(), 0, 1.5
+    )
   assert got.dtype == jnp.float32
-  torch.testing.assert_close(torch.from_numpy(jax.device_get(got).copy()),
-                             op(s, a, b, beta=0, alpha=1.5), **tol(F32))
+  torch.testing.assert_close(
+    torch.from_numpy(jax.device_get(got).copy()), op(s, a, b, beta=0, alpha=1.5), **tol(F32)
+  )
 
 
 # ----------------------------------------------------------------------------- decompositions
@@ -176,74 +191,119 @@ def ldl_args(n, dtype, hermitian=False, batch=(3,)):
 # (Eigenvectors and singular vectors are left out: their signs are LAPACK-implementation
 # defined, and torch's MKL and JAX's LAPACK may pick others.)
 DECOMPOSITIONS = {
-    "lu_factor_ex": (aten.linalg_lu_factor_ex.default, lambda d: [make((2, 5, 5), d)], {}),
-    "lu_factor_ex_wide": (aten.linalg_lu_factor_ex.default, lambda d: [make((3, 5), d)], {}),
-    "lu": (aten.linalg_lu.default, lambda d: [make((2, 5, 3), d)], {}),
-    "lu_unpack": (aten.lu_unpack.default, lambda d: list(lu_args(4, d)), {}),
-    "lu_unpack_nodata": (aten.lu_unpack.default, lambda d: list(lu_args(4, d)),
-                         dict(unpack_data=False)),
-    "lu_solve": (aten.linalg_lu_solve.default, lambda d: [*lu_args(4, d), make((4, 2), d)], {}),
-    "lu_solve_adjoint": (aten.linalg_lu_solve.default,
-                         lambda d: [*lu_args(4, d), make((2, 4, 3), d)], dict(adjoint=True)),
-    "lu_solve_right": (aten.linalg_lu_solve.default,
-                       lambda d: [*lu_args(4, d), make((2, 3, 4), d)], dict(left=False)),
-    "solve_ex": (aten._linalg_solve_ex.default, lambda d: [make((2, 4, 4), d), make((2, 4, 3), d)],
-                 {}),
-    "solve_ex_vector": (aten._linalg_solve_ex.default, lambda d: [make((2, 4, 4), d),
-                                                                  make((2, 4), d)], {}),
-    "solve_ex_right": (aten._linalg_solve_ex.default,
-                       lambda d: [make((4, 4), d), make((2, 3, 4), d)], dict(left=False)),
-    "inv_ex": (aten.linalg_inv_ex.default, lambda d: [make((3, 4, 4), d)], {}),
-    "det": (aten._linalg_det.default, lambda d: [make((3, 4, 4), d)], {}),
-    "slogdet": (aten._linalg_slogdet.default, lambda d: [make((3, 4, 4), d)], {}),
-    "cholesky_ex": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d, (2,))], {}),
-    "cholesky_ex_upper": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d)],
-                          dict(upper=True)),
-    "cholesky": (aten.cholesky.default, lambda d: [spd(4, d, (2,))], {}),
-    "cholesky_solve": (aten.cholesky_solve.default,
-                       lambda d: [make((2, 4, 3), d), torch.linalg.cholesky(spd(4, d))], {}),
-    "cholesky_solve_upper": (aten.cholesky_solve.default,
-                             lambda d: [make((4, 3), d),
-                                        torch.linalg.cholesky(spd(4, d)).mH.resolve_conj()],
-                             dict(upper=True)),
-    "cholesky_inverse": (aten.cholesky_inverse.default,
-                         lambda d: [torch.linalg.cholesky(spd(4, d, (2,)))], {}),
-    "solve_triangular": (aten.linalg_solve_triangular.default,
-                         lambda d: [tri(4, d, True), make((4, 3), d)], dict(upper=True)),
-    "solve_triangular_right_unit": (aten.linalg_solve_triangular.default,
-                                    lambda d: [tri(4, d, False), make((2, 3, 4), d)],
-                                    dict(upper=False, left=False, unitriangular=True)),
-    "triangular_solve": (aten.triangular_solve.default,
-                         lambda d: [make((2, 4, 3), d), tri(4, d, False, ())],
-                         dict(upper=False, transpose=True)),
-    "qr": (aten.linalg_qr.default, lambda d: [make((2, 5, 3), d)], {}),
-    "qr_complete": (aten.linalg_qr.default, lambda d: [make((5, 3), d)], dict(mode="complete")),
-    "qr_r": (aten.linalg_qr.default, lambda d: [make((3, 5), d)], dict(mode="r")),
-    "geqrf": (aten.geqrf.default, lambda d: [make((2, 5, 3), d)], {}),
-    "householder_product": (aten.linalg_householder_product.default,
-                            lambda d: list(qr_args(5, 3, d)), {}),
-    "ormqr": (aten.ormqr.default, lambda d: [*qr_args(5, 3, d), make((5, 2), d)], {}),
-    "ormqr_right_transpose": (aten.ormqr.default, lambda d: [*qr_args(5, 3, d), make((2, 5), d)],
-                              dict(left=False, transpose=True)),
-    "svdvals": (aten._linalg_svd.default, lambda d: [make((2, 5, 3), d)],
-                dict(compute_uv=False)),
-    "eigvalsh": (aten._linalg_eigh.default, lambda d: [make((2, 4, 4), d)],
-                 dict(compute_v=False)),
-    "eigvalsh_upper": (aten._linalg_eigh.default, lambda d: [make((4, 4), d)],
-                       dict(UPLO="U", compute_v=False)),
-    "pinv": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [make((2, 5, 3), d)], {}),
-    "pinv_hermitian": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [spd(4, d)],
-                       dict(hermitian=True)),
-    "matrix_exp": (aten.linalg_matrix_exp.default, lambda d: [make((2, 4, 4), d) / 4], {}),
-    "ldl_factor_ex": (aten.linalg_ldl_factor_ex.default, lambda d: [indefinite(6, d)], {}),
-    "ldl_factor_ex_hermitian": (aten.linalg_ldl_factor_ex.default, lambda d: [indefinite(6, d)],
-                                dict(hermitian=True)),
-    "ldl_factor_ex_spd": (aten.linalg_ldl_factor_ex.default, lambda d: [spd(5, d, (2,))], {}),
-    "ldl_solve": (aten.linalg_ldl_solve.default, lambda d: [*ldl_args(6, d), make((6, 2), d)],
-                  {}),
-    "ldl_solve_hermitian": (aten.linalg_ldl_solve.default,
-                            lambda d: [*ldl_args(6, d, True, ()), make((2, 6, 3), d)],
-                            dict(hermitian=True)),
+  "lu_factor_ex": (aten.linalg_lu_factor_ex.default, lambda d: [make((2, 5, 5), d)], {}),
+  "lu_factor_ex_wide": (aten.linalg_lu_factor_ex.default, lambda d: [make((3, 5), d)], {}),
+  "lu": (aten.linalg_lu.default, lambda d: [make((2, 5, 3), d)], {}),
+  "lu_unpack": (aten.lu_unpack.default, lambda d: list(lu_args(4, d)), {}),
+  "lu_unpack_nodata": (
+    aten.lu_unpack.default,
+    lambda d: list(lu_args(4, d)),
+    dict(unpack_data=False),
+  ),
+  "lu_solve": (aten.linalg_lu_solve.default, lambda d: [*lu_args(4, d), make((4, 2), d)], {}),
+  "lu_solve_adjoint": (
+    aten.linalg_lu_solve.default,
+    lambda d: [*lu_args(4, d), make((2, 4, 3), d)],
+    dict(adjoint=True),
+  ),
+  "lu_solve_right": (
+    aten.linalg_lu_solve.default,
+    lambda d: [*lu_args(4, d), make((2, 3, 4), d)],
+    dict(left=False),
+  ),
+  "solve_ex": (
+    aten._linalg_solve_ex.default,
+    lambda d: [make((2, 4, 4), d), make((2, 4, 3), d)],
+    {},
+  ),
+  "solve_ex_vector": (
+    aten._linalg_solve_ex.default,
+    lambda d: [make((2, 4, 4), d), make((2, 4), d)],
+    {},
+  ),
+  "solve_ex_right": (
+    aten._linalg_solve_ex.default,
+    lambda d: [make((4, 4), d), make((2, 3, 4), d)],
+    dict(left=False),
+  ),
+  "inv_ex": (aten.linalg_inv_ex.default, lambda d: [make((3, 4, 4), d)], {}),
+  "det": (aten._linalg_det.default, lambda d: [make((3, 4, 4), d)], {}),
+  "slogdet": (aten._linalg_slogdet.default, lambda d: [make((3, 4, 4), d)], {}),
+  "cholesky_ex": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d, (2,))], {}),
+  "cholesky_ex_upper": (aten.linalg_cholesky_ex.default, lambda d: [spd(4, d)], dict(upper=True)),
+  "cholesky": (aten.cholesky.default, lambda d: [spd(4, d, (2,))], {}),
+  "cholesky_solve": (
+    aten.cholesky_solve.default,
+    lambda d: [make((2, 4, 3), d), torch.linalg.cholesky(spd(4, d))],
+    {},
+  ),
+  "cholesky_solve_upper": (
+    aten.cholesky_solve.default,
+    lambda d: [make((4, 3), d), torch.linalg.cholesky(spd(4, d)).mH.resolve_conj()],
+    dict(upper=True),
+  ),
+  "cholesky_inverse": (
+    aten.cholesky_inverse.default,
+    lambda d: [torch.linalg.cholesky(spd(4, d, (2,)))],
+    {},
+  ),
+  "solve_triangular": (
+    aten.linalg_solve_triangular.default,
+    lambda d: [tri(4, d, True), make((4, 3), d)],
+    dict(upper=True),
+  ),
+  "solve_triangular_right_unit": (
+    aten.linalg_solve_triangular.default,
+    lambda d: [tri(4, d, False), make((2, 3, 4), d)],
+    dict(upper=False, left=False, unitriangular=True),
+  ),
+  "triangular_solve": (
+    aten.triangular_solve.default,
+    lambda d: [make((2, 4, 3), d), tri(4, d, False, ())],
+    dict(upper=False, transpose=True),
+  ),
+  "qr": (aten.linalg_qr.default, lambda d: [make((2, 5, 3), d)], {}),
+  "qr_complete": (aten.linalg_qr.default, lambda d: [make((5, 3), d)], dict(mode="complete")),
+  "qr_r": (aten.linalg_qr.default, lambda d: [make((3, 5), d)], dict(mode="r")),
+  "geqrf": (aten.geqrf.default, lambda d: [make((2, 5, 3), d)], {}),
+  "householder_product": (
+    aten.linalg_householder_product.default,
+    lambda d: list(qr_args(5, 3, d)),
+    {},
+  ),
+  "ormqr": (aten.ormqr.default, lambda d: [*qr_args(5, 3, d), make((5, 2), d)], {}),
+  "ormqr_right_transpose": (
+    aten.ormqr.default,
+    lambda d: [*qr_args(5, 3, d), make((2, 5), d)],
+    dict(left=False, transpose=True),
+  ),
+  "svdvals": (aten._linalg_svd.default, lambda d: [make((2, 5, 3), d)], dict(compute_uv=False)),
+  "eigvalsh": (aten._linalg_eigh.default, lambda d: [make((2, 4, 4), d)], dict(compute_v=False)),
+  "eigvalsh_upper": (
+    aten._linalg_eigh.default,
+    lambda d: [make((4, 4), d)],
+    dict(UPLO="U", compute_v=False),
+  ),
+  "pinv": (aten.linalg_pinv.atol_rtol_tensor, lambda d: [make((2, 5, 3), d)], {}),
+  "pinv_hermitian": (
+    aten.linalg_pinv.atol_rtol_tensor,
+    lambda d: [spd(4, d)],
+    dict(hermitian=True),
+  ),
+  "matrix_exp": (aten.linalg_matrix_exp.default, lambda d: [make((2, 4, 4), d) / 4], {}),
+  "ldl_factor_ex": (aten.linalg_ldl_factor_ex.default, lambda d: [indefinite(6, d)], {}),
+  "ldl_factor_ex_hermitian": (
+    aten.linalg_ldl_factor_ex.default,
+    lambda d: [indefinite(6, d)],
+    dict(hermitian=True),
+  ),
+  "ldl_factor_ex_spd": (aten.linalg_ldl_factor_ex.default, lambda d: [spd(5, d, (2,))], {}),
+  "ldl_solve": (aten.linalg_ldl_solve.default, lambda d: [*ldl_args(6, d), make((6, 2), d)], {}),
+  "ldl_solve_hermitian": (
+    aten.linalg_ldl_solve.default,
+    lambda d: [*ldl_args(6, d, True, ()), make((2, 6, 3), d)],
+    dict(hermitian=True),
+  ),
 }
 
 
@@ -257,8 +317,9 @@ def test_decompositions(name, dtype):
 @pytest.mark.parametrize("driver", [None, "gelsy", "gels", "gelsd", "gelss"])
 def test_lstsq(driver):
   # tall, full rank: every driver's outputs (residuals only for gels, gelsd and gelss)
-  check(aten.linalg_lstsq.default, make((2, 6, 3), F64), make((2, 6, 2), F64, seed=1),
-        driver=driver)
+  check(
+    aten.linalg_lstsq.default, make((2, 6, 3), F64), make((2, 6, 2), F64, seed=1), driver=driver
+  )
 
 
 def test_trilinear_is_bilinear():
@@ -275,8 +336,8 @@ def test_renorm(p, dtype):
 def test_singular_info():
   """getrf's and potrf's info: the first zero pivot, the first minor that is not positive
   definite; the composite ops raise torch's LinAlgError on it."""
-  singular = torch.tensor([[1., 2, 3], [2, 4, 6], [1, 1, 1]], dtype=F64)
-  not_pd = torch.tensor([[1., 2, 0], [2, 1, 0], [0, 0, 1]], dtype=F64)
+  singular = torch.tensor([[1.0, 2, 3], [2, 4, 6], [1, 1, 1]], dtype=F64)
+  not_pd = torch.tensor([[1.0, 2, 0], [2, 1, 0], [0, 0, 1]], dtype=F64)
   out, expected = run_direct(aten.linalg_lu_factor_ex.default, singular)
   assert out[2].item() == expected[2].item() == 3
   out, expected = run_direct(aten.linalg_cholesky_ex.default, not_pd)
@@ -308,16 +369,19 @@ def test_gauge_invariant_gradients(fn):
   """jax.grad through call_torch matches torch autograd for losses that do not depend on the
   signs/phases of eigen- or singular vectors."""
   import bridge
+
   k = torch.arange(4, dtype=F64)
   losses = {
-      "eig": lambda a: ((torch.linalg.eig(a)[1].abs() ** 2 * k).sum()
-                        + torch.linalg.eig(a)[0].abs().sum()),
-      "eigh": lambda a: (torch.linalg.eigh(a)[1] ** 2 * k).sum() + torch.linalg.eigh(a)[0].sum(),
-      "svd": lambda a: (torch.linalg.svd(a, full_matrices=False)[0] ** 2 * k[:3]).sum(),
-      "svd_full": lambda a: ((torch.linalg.svd(a)[2] ** 2 * k[:3, None]).sum()
-                             + torch.linalg.svd(a)[1].sum()),
-      "qr": lambda a: (torch.linalg.qr(a)[0] * k[:3]).sum() + torch.linalg.qr(a)[1].sum(),
-      "pinv_hermitian": lambda a: (torch.linalg.pinv(a, hermitian=True) * k).sum(),
+    "eig": lambda a: (
+      (torch.linalg.eig(a)[1].abs() ** 2 * k).sum() + torch.linalg.eig(a)[0].abs().sum()
+    ),
+    "eigh": lambda a: (torch.linalg.eigh(a)[1] ** 2 * k).sum() + torch.linalg.eigh(a)[0].sum(),
+    "svd": lambda a: (torch.linalg.svd(a, full_matrices=False)[0] ** 2 * k[:3]).sum(),
+    "svd_full": lambda a: (
+      (torch.linalg.svd(a)[2] ** 2 * k[:3, None]).sum() + torch.linalg.svd(a)[1].sum()
+    ),
+    "qr": lambda a: (torch.linalg.qr(a)[0] * k[:3]).sum() + torch.linalg.qr(a)[1].sum(),
+    "pinv_hermitian": lambda a: (torch.linalg.pinv(a, hermitian=True) * k).sum(),
   }
   loss = losses[fn]
   a = make((4, 4) if fn in ("eig", "eigh", "pinv_hermitian") else (4, 3), F64)
@@ -331,10 +395,10 @@ def test_gauge_invariant_gradients(fn):
 
 
 _GROUPED = {  # (mat_a, mat_b, offs): torch's four layouts (its CPU kernel wants 16-byte strides)
-    "2d_3d": ((7, 4), (3, 4, 8), [2, 2, 5]),  # rows in groups (an empty one); rows 5, 6 in none
-    "3d_2d": ((3, 8, 4), (4, 12), [4, 8, 12]),  # columns of mat_b in groups
-    "2d_2d": ((8, 12), (12, 8), [4, 7, 12]),  # k in groups: one product per group
-    "3d_3d": ((3, 8, 4), (3, 4, 8), None),  # batched
+  "2d_3d": ((7, 4), (3, 4, 8), [2, 2, 5]),  # rows in groups (an empty one); rows 5, 6 in none
+  "3d_2d": ((3, 8, 4), (4, 12), [4, 8, 12]),  # columns of mat_b in groups
+  "2d_2d": ((8, 12), (12, 8), [4, 7, 12]),  # k in groups: one product per group
+  "3d_3d": ((3, 8, 4), (3, 4, 8), None),  # batched
 }
 
 
@@ -374,12 +438,17 @@ def test_grouped_mm_matches_torch_with_gradients(layout):
   torch.testing.assert_close(torch.tensor(np.asarray(gb)), br.grad)
 
 
-@pytest.mark.parametrize("bad,message", [
-    (dict(dtype=torch.float64), "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got "
-                                "Double"),
+@pytest.mark.parametrize(
+  "bad,message",
+  [
+    (
+      dict(dtype=torch.float64),
+      "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double",
+    ),
     (dict(offs_dtype=torch.int64), "Offsets have to be int32"),
     (dict(out_dtype=torch.float16), "Grouped gemm output dtype must match `mat_a` dtype"),
-])
+  ],
+)
 def test_grouped_mm_refuses_what_torch_refuses(bad, message):
   a = torch.randn(7, 4, dtype=bad.get("dtype", torch.float32), device="jax")
   b = torch.randn(3, 4, 8, dtype=bad.get("dtype", torch.float32), device="jax")

@@ -46,21 +46,41 @@ def _check_some(op, keep, *args):
 # (id, input shape, weight shape, bias, stride, padding, dilation, transposed, output_padding,
 #  groups)
 CONV = [
-    ("1d_groups_dil", (2, 4, 10), (6, 2, 3), True, [2], [1], [2], False, [0], 2),
-    ("2d_nobias", (2, 4, 9, 10), (6, 4, 3, 3), False, [2, 1], [1, 0], [1, 1], False, [0, 0], 1),
-    ("2d_dil_groups", (2, 6, 11, 11), (6, 2, 3, 2), True, [1, 2], [2, 1], [2, 3], False, [0, 0], 3),
-    ("2d_depthwise", (1, 4, 8, 8), (8, 1, 3, 3), True, [1, 1], [1, 1], [1, 1], False, [0, 0], 4),
-    ("2d_one_elem_lists", (2, 3, 8, 8), (4, 3, 3, 3), True, [2], [1], [1], False, [0], 1),
-    ("2d_1x1", (2, 5, 4, 4), (3, 5, 1, 1), True, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
-    ("3d", (1, 2, 5, 6, 7), (4, 2, 3, 2, 3), True, [1, 2, 1], [1, 0, 1], [1, 1, 2], False,
-     [0, 0, 0], 1),
-    ("t1d", (2, 4, 7), (4, 3, 3), True, [2], [1], [1], True, [1], 1),
-    ("t2d", (2, 4, 5, 6), (4, 3, 3, 3), True, [2, 2], [1, 0], [1, 1], True, [1, 0], 1),
-    ("t2d_groups_dil", (2, 4, 5, 5), (4, 2, 3, 3), False, [2, 3], [0, 1], [2, 1], True, [1, 2], 2),
-    # padding > dilation * (k - 1): the equivalent JAX padding is negative (crops)
-    ("t2d_big_padding", (1, 2, 6, 6), (2, 2, 2, 2), True, [1, 1], [2, 2], [1, 1], True, [0, 0], 1),
-    ("t3d", (1, 2, 3, 4, 3), (2, 3, 2, 2, 3), True, [2, 1, 2], [0, 1, 1], [1, 1, 1], True,
-     [1, 0, 0], 1),
+  ("1d_groups_dil", (2, 4, 10), (6, 2, 3), True, [2], [1], [2], False, [0], 2),
+  ("2d_nobias", (2, 4, 9, 10), (6, 4, 3, 3), False, [2, 1], [1, 0], [1, 1], False, [0, 0], 1),
+  ("2d_dil_groups", (2, 6, 11, 11), (6, 2, 3, 2), True, [1, 2], [2, 1], [2, 3], False, [0, 0], 3),
+  ("2d_depthwise", (1, 4, 8, 8), (8, 1, 3, 3), True, [1, 1], [1, 1], [1, 1], False, [0, 0], 4),
+  ("2d_one_elem_lists", (2, 3, 8, 8), (4, 3, 3, 3), True, [2], [1], [1], False, [0], 1),
+  ("2d_1x1", (2, 5, 4, 4), (3, 5, 1, 1), True, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+  (
+    "3d",
+    (1, 2, 5, 6, 7),
+    (4, 2, 3, 2, 3),
+    True,
+    [1, 2, 1],
+    [1, 0, 1],
+    [1, 1, 2],
+    False,
+    [0, 0, 0],
+    1,
+  ),
+  ("t1d", (2, 4, 7), (4, 3, 3), True, [2], [1], [1], True, [1], 1),
+  ("t2d", (2, 4, 5, 6), (4, 3, 3, 3), True, [2, 2], [1, 0], [1, 1], True, [1, 0], 1),
+  ("t2d_groups_dil", (2, 4, 5, 5), (4, 2, 3, 3), False, [2, 3], [0, 1], [2, 1], True, [1, 2], 2),
+  # padding > dilation * (k - 1): the equivalent JAX padding is negative (crops)
+  ("t2d_big_padding", (1, 2, 6, 6), (2, 2, 2, 2), True, [1, 1], [2, 2], [1, 1], True, [0, 0], 1),
+  (
+    "t3d",
+    (1, 2, 3, 4, 3),
+    (2, 3, 2, 2, 3),
+    True,
+    [2, 1, 2],
+    [0, 1, 1],
+    [1, 1, 1],
+    True,
+    [1, 0, 0],
+    1,
+  ),
 ]
 
 
@@ -83,9 +103,11 @@ def test_convolution(cfg, dtype):
 # output masks on one plain and one transposed configuration.
 MASKS = [[True, False, False], [False, True, False], [False, False, True], [True, False, True]]
 CONV_BACKWARD = [pytest.param(cfg, [True, True, cfg[3]], id=cfg[0]) for cfg in CONV] + [
-    pytest.param(cfg, mask, id=f"{cfg[0]}-{''.join('x' if v else '_' for v in mask)}")
-    for cfg in CONV if cfg[0] in ("2d_dil_groups", "t2d")  # both have a bias
-    for mask in MASKS]
+  pytest.param(cfg, mask, id=f"{cfg[0]}-{''.join('x' if v else '_' for v in mask)}")
+  for cfg in CONV
+  if cfg[0] in ("2d_dil_groups", "t2d")  # both have a bias
+  for mask in MASKS
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -107,11 +129,11 @@ def test_convolution_backward(cfg, mask, dtype):
 
 # (id, input shape, kernel_size, stride, padding, dilation, ceil_mode)
 MAX_POOL = [
-    ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], [1, 1], False),
-    ("ceil_pad", (2, 3, 9, 7), [3, 2], [2, 1], [1, 1], [1, 1], True),
-    ("unbatched_dil", (3, 9, 9), [3, 3], [2, 2], [1, 1], [2, 2], False),
-    ("ceil_dil", (1, 2, 10, 11), [2, 3], [3, 2], [1, 1], [2, 1], True),
-    ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], [1], True),
+  ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], [1, 1], False),
+  ("ceil_pad", (2, 3, 9, 7), [3, 2], [2, 1], [1, 1], [1, 1], True),
+  ("unbatched_dil", (3, 9, 9), [3, 3], [2, 2], [1, 1], [2, 2], False),
+  ("ceil_dil", (1, 2, 10, 11), [2, 3], [3, 2], [1, 1], [2, 1], True),
+  ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], [1], True),
 ]
 
 
@@ -141,14 +163,14 @@ def test_max_pool2d_with_indices_int():
 
 # (id, input shape, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 AVG_POOL = [
-    ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], False, True, None),
-    ("pad_include", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, True, None),
-    ("pad_exclude", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, False, None),
-    ("ceil_include", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, True, None),
-    ("ceil_exclude", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, False, None),
-    ("divisor", (2, 2, 6, 6), [3, 3], [1, 2], [1, 0], True, False, 5),
-    ("unbatched", (3, 8, 9), [2, 4], [2, 1], [0, 2], False, True, None),
-    ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], True, True, None),
+  ("default_stride", (2, 3, 8, 8), [2, 2], [], [0, 0], False, True, None),
+  ("pad_include", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, True, None),
+  ("pad_exclude", (2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False, False, None),
+  ("ceil_include", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, True, None),
+  ("ceil_exclude", (1, 2, 10, 11), [3, 2], [2, 3], [1, 1], True, False, None),
+  ("divisor", (2, 2, 6, 6), [3, 3], [1, 2], [1, 0], True, False, 5),
+  ("unbatched", (3, 8, 9), [2, 4], [2, 1], [0, 2], False, True, None),
+  ("one_elem_lists", (2, 2, 7, 7), [3], [2], [1], True, True, None),
 ]
 
 
@@ -175,8 +197,13 @@ def test_avg_pool2d_backward(cfg, dtype):
 
 
 # (input shape, output_size): shrinking, uneven, identity, growing (overlapping windows)
-ADAPTIVE = [((2, 3, 8, 8), [3, 3]), ((2, 3, 7, 10), [3, 4]), ((3, 5, 5), [5, 5]),
-            ((1, 2, 4, 6), [6, 8]), ((2, 2, 9, 9), [2, 1])]
+ADAPTIVE = [
+  ((2, 3, 8, 8), [3, 3]),
+  ((2, 3, 7, 10), [3, 4]),
+  ((3, 5, 5), [5, 5]),
+  ((1, 2, 4, 6), [6, 8]),
+  ((2, 2, 9, 9), [2, 1]),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -224,9 +251,9 @@ def test_native_batch_norm_legit_no_stats(shape, affine, dtype):
 
 
 EVAL_BN_OPS = [
-    # op, extra args after the tensors, indices of the outputs CPU computes like the device
-    (aten._native_batch_norm_legit_functional.default, (False, 0.1, 1e-5), [0, 3, 4]),
-    (aten._native_batch_norm_legit_no_training.default, (0.1, 1e-5), [0]),
+  # op, extra args after the tensors, indices of the outputs CPU computes like the device
+  (aten._native_batch_norm_legit_functional.default, (False, 0.1, 1e-5), [0, 3, 4]),
+  (aten._native_batch_norm_legit_no_training.default, (0.1, 1e-5), [0]),
 ]
 
 
@@ -241,8 +268,12 @@ def test_native_batch_norm_eval(op, extra, keep, shape, affine, dtype):
 
 
 # (input shape, normalized_shape, weight, bias)
-LAYER_NORM = [((2, 3, 8), [8], True, True), ((2, 3, 4, 5), [4, 5], True, False),
-              ((6,), [6], False, False), ((3, 4, 5), [3, 4, 5], False, True)]
+LAYER_NORM = [
+  ((2, 3, 8), [8], True, True),
+  ((2, 3, 4, 5), [4, 5], True, False),
+  ((6,), [6], False, False),
+  ((3, 4, 5), [3, 4, 5], False, True),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -256,8 +287,12 @@ def test_native_layer_norm(shape, normalized, has_w, has_b, dtype):
 
 
 # (input shape, groups, affine)
-GROUP_NORM = [((2, 4, 5, 5), 2, True), ((3, 6), 3, True), ((2, 6, 3, 4, 2), 1, False),
-              ((2, 4, 7), 4, True)]
+GROUP_NORM = [
+  ((2, 4, 5, 5), 2, True),
+  ((3, 6), 3, True),
+  ((2, 6, 3, 4, 2), 1, False),
+  ((2, 4, 7), 4, True),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -281,16 +316,28 @@ def test_native_group_norm(shape, groups, affine, dtype):
 # (op, input shape, arguments): 3-D average pools, adaptive pools with uneven windows,
 # fractional pools (their random samples are an input), unpooling.
 POOLING = [
-    ("avg3d_pad", aten.avg_pool3d.default, (2, 2, 5, 6, 5),
-     ([3, 2, 3], [2, 1, 2], [1, 1, 1], False, True, None)),
-    ("avg3d_ceil_exclude", aten.avg_pool3d.default, (1, 2, 5, 7, 6),
-     ([3, 2, 3], [2, 3, 2], [1, 1, 1], True, False, None)),
-    ("avg3d_divisor", aten.avg_pool3d.default, (2, 1, 4, 4, 4), ([2, 2, 2], [], [0, 0, 0], True,
-                                                                 True, 3)),
-    ("adaptive_avg3d", aten._adaptive_avg_pool3d.default, (2, 3, 5, 7, 6), ([3, 4, 4],)),
-    ("adaptive_max2d", aten.adaptive_max_pool2d.default, (2, 3, 7, 9), ([3, 4],)),
-    ("adaptive_max2d_grow", aten.adaptive_max_pool2d.default, (3, 4, 5), ([6, 7],)),
-    ("adaptive_max3d", aten.adaptive_max_pool3d.default, (1, 2, 5, 7, 6), ([2, 3, 4],)),
+  (
+    "avg3d_pad",
+    aten.avg_pool3d.default,
+    (2, 2, 5, 6, 5),
+    ([3, 2, 3], [2, 1, 2], [1, 1, 1], False, True, None),
+  ),
+  (
+    "avg3d_ceil_exclude",
+    aten.avg_pool3d.default,
+    (1, 2, 5, 7, 6),
+    ([3, 2, 3], [2, 3, 2], [1, 1, 1], True, False, None),
+  ),
+  (
+    "avg3d_divisor",
+    aten.avg_pool3d.default,
+    (2, 1, 4, 4, 4),
+    ([2, 2, 2], [], [0, 0, 0], True, True, 3),
+  ),
+  ("adaptive_avg3d", aten._adaptive_avg_pool3d.default, (2, 3, 5, 7, 6), ([3, 4, 4],)),
+  ("adaptive_max2d", aten.adaptive_max_pool2d.default, (2, 3, 7, 9), ([3, 4],)),
+  ("adaptive_max2d_grow", aten.adaptive_max_pool2d.default, (3, 4, 5), ([6, 7],)),
+  ("adaptive_max3d", aten.adaptive_max_pool3d.default, (1, 2, 5, 7, 6), ([2, 3, 4],)),
 ]
 
 
@@ -304,8 +351,9 @@ def test_pooling(cfg, dtype):
   check(op, x, *args)
 
 
-@pytest.mark.parametrize("nd,kernel,size", [(2, [2, 3], [4, 5]), (2, [2, 2], [6, 1]),
-                                            (3, [2, 3, 2], [3, 4, 3])])
+@pytest.mark.parametrize(
+  "nd,kernel,size", [(2, [2, 3], [4, 5]), (2, [2, 2], [6, 1]), (3, [2, 3, 2], [3, 4, 3])]
+)
 def test_fractional_max_pool(nd, kernel, size):
   g = _gen()
   x = _randn((2, 3, 7, 9, 6)[: 2 + nd], torch.float64, g)
@@ -328,28 +376,46 @@ def test_max_unpool():
 
 # (op, input shape, arguments after the input): sizes that shrink, grow, keep; given scales.
 UPSAMPLE = [
-    ("nearest1d", aten.upsample_nearest1d.default, (2, 3, 5), ([7], None)),
-    ("nearest2d_scale", aten.upsample_nearest2d.default, (2, 3, 4, 5), ([8, 9], 2.1, 1.9)),
-    ("nearest2d_large", aten.upsample_nearest2d.default, (1, 2, 50, 61), ([70, 90], None, None)),
-    ("nearest3d", aten.upsample_nearest3d.default, (1, 2, 3, 4, 5), ([5, 3, 7], None, None, None)),
-    ("nearest_exact2d", aten._upsample_nearest_exact2d.default, (2, 3, 6, 5), ([4, 9], None, 1.7)),
-    ("linear1d_corners", aten.upsample_linear1d.default, (2, 3, 5), ([9], True, None)),
-    ("bilinear2d", aten.upsample_bilinear2d.default, (2, 3, 5, 6), ([3, 10], False, None, None)),
-    ("bilinear2d_large", aten.upsample_bilinear2d.default, (1, 2, 50, 61), ([70, 90], False, None,
-                                                                            None)),
-    ("trilinear3d", aten.upsample_trilinear3d.default, (1, 2, 3, 4, 5), ([5, 3, 7], False, 1.5,
-                                                                        None, None)),
-    ("bicubic2d_corners", aten.upsample_bicubic2d.default, (2, 3, 5, 6), ([7, 4], True, None,
-                                                                         None)),
-    ("bilinear_aa", aten._upsample_bilinear2d_aa.default, (2, 3, 9, 10), ([4, 13], False, None,
-                                                                          None)),
-    ("bicubic_aa", aten._upsample_bicubic2d_aa.default, (2, 3, 9, 10), ([5, 3], False, None,
-                                                                        None)),
-    ("bilinear2d_vec", aten.upsample_bilinear2d.vec, (2, 3, 5, 6), (None, False, [1.5, 0.7])),
-    ("nearest2d_backward", aten.upsample_nearest2d_backward.default, (2, 3, 8, 13),
-     ([8, 13], [2, 3, 5, 6], None, None)),
-    ("bicubic2d_backward", aten.upsample_bicubic2d_backward.default, (2, 3, 8, 13),
-     ([8, 13], [2, 3, 5, 6], False, None, None)),
+  ("nearest1d", aten.upsample_nearest1d.default, (2, 3, 5), ([7], None)),
+  ("nearest2d_scale", aten.upsample_nearest2d.default, (2, 3, 4, 5), ([8, 9], 2.1, 1.9)),
+  ("nearest2d_large", aten.upsample_nearest2d.default, (1, 2, 50, 61), ([70, 90], None, None)),
+  ("nearest3d", aten.upsample_nearest3d.default, (1, 2, 3, 4, 5), ([5, 3, 7], None, None, None)),
+  ("nearest_exact2d", aten._upsample_nearest_exact2d.default, (2, 3, 6, 5), ([4, 9], None, 1.7)),
+  ("linear1d_corners", aten.upsample_linear1d.default, (2, 3, 5), ([9], True, None)),
+  ("bilinear2d", aten.upsample_bilinear2d.default, (2, 3, 5, 6), ([3, 10], False, None, None)),
+  (
+    "bilinear2d_large",
+    aten.upsample_bilinear2d.default,
+    (1, 2, 50, 61),
+    ([70, 90], False, None, None),
+  ),
+  (
+    "trilinear3d",
+    aten.upsample_trilinear3d.default,
+    (1, 2, 3, 4, 5),
+    ([5, 3, 7], False, 1.5, None, None),
+  ),
+  ("bicubic2d_corners", aten.upsample_bicubic2d.default, (2, 3, 5, 6), ([7, 4], True, None, None)),
+  (
+    "bilinear_aa",
+    aten._upsample_bilinear2d_aa.default,
+    (2, 3, 9, 10),
+    ([4, 13], False, None, None),
+  ),
+  ("bicubic_aa", aten._upsample_bicubic2d_aa.default, (2, 3, 9, 10), ([5, 3], False, None, None)),
+  ("bilinear2d_vec", aten.upsample_bilinear2d.vec, (2, 3, 5, 6), (None, False, [1.5, 0.7])),
+  (
+    "nearest2d_backward",
+    aten.upsample_nearest2d_backward.default,
+    (2, 3, 8, 13),
+    ([8, 13], [2, 3, 5, 6], None, None),
+  ),
+  (
+    "bicubic2d_backward",
+    aten.upsample_bicubic2d_backward.default,
+    (2, 3, 8, 13),
+    ([8, 13], [2, 3, 5, 6], False, None, None),
+  ),
 ]
 
 
@@ -399,8 +465,13 @@ def test_grid_sampler_2d_16_bit_rounds_as_torch(mode, padding, align_corners, dt
 # ------------------------------------------------------------------------------ embedding bag
 
 # (mode, include_last_offset, padding_idx, per_sample_weights)
-EMBEDDING_BAG = [(0, False, -1, False), (1, False, 2, False), (2, False, -1, False),
-                 (0, True, -1, True), (1, True, 3, False)]
+EMBEDDING_BAG = [
+  (0, False, -1, False),
+  (1, False, 2, False),
+  (2, False, -1, False),
+  (0, True, -1, True),
+  (1, True, 3, False),
+]
 
 
 @pytest.mark.parametrize("mode,last,padding_idx,weighted", EMBEDDING_BAG)
@@ -410,8 +481,18 @@ def test_embedding_bag(mode, last, padding_idx, weighted):
   indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
   offsets = torch.tensor([0, 3, 3, 7] + ([10] if last else []))
   psw = _randn((10,), torch.float64, g) if weighted else None
-  out, expected = run_direct(aten._embedding_bag_forward_only.default, weight, indices, offsets,
-                             False, mode, False, psw, last, padding_idx)
+  out, expected = run_direct(
+    aten._embedding_bag_forward_only.default,
+    weight,
+    indices,
+    offsets,
+    False,
+    mode,
+    False,
+    psw,
+    last,
+    padding_idx,
+  )
   torch.testing.assert_close(out[0], expected[0])  # the other outputs follow the meta layout
   if mode == 2:
     torch.testing.assert_close(out[3], expected[3])
@@ -431,8 +512,9 @@ def _bag_grad(device, weight, indices, offsets, **kwargs):
 
 @pytest.mark.parametrize("mode,last,padding_idx,weighted", EMBEDDING_BAG)
 @pytest.mark.parametrize("scale_grad_by_freq", [False, True])
-def test_embedding_bag_backward_on_the_jax_device(mode, last, padding_idx, weighted,
-                                                 scale_grad_by_freq):
+def test_embedding_bag_backward_on_the_jax_device(
+  mode, last, padding_idx, weighted, scale_grad_by_freq
+):
   """torch autograd on the `jax` device runs the `_embedding_bag_backward` lowering (not a
   host callback) and gets torch's gradient; with `scale_grad_by_freq` it is the documented
   one (each row's gradient divided by its count in `indices`), which torch 2.13's CPU kernel
@@ -444,12 +526,16 @@ def test_embedding_bag_backward_on_the_jax_device(mode, last, padding_idx, weigh
   weight = _randn((10, 4), torch.float32, g)
   indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
   offsets = torch.tensor([0, 3, 3, 7] + ([10] if last else []))
-  kwargs = dict(mode=("sum", "mean", "max")[mode], include_last_offset=last,
-                padding_idx=None if padding_idx < 0 else padding_idx)
+  kwargs = dict(
+    mode=("sum", "mean", "max")[mode],
+    include_last_offset=last,
+    padding_idx=None if padding_idx < 0 else padding_idx,
+  )
   if weighted:
     kwargs["per_sample_weights"] = _randn((10,), torch.float32, g)
-  out, grad = _bag_grad("jax", weight, indices, offsets, scale_grad_by_freq=scale_grad_by_freq,
-                        **kwargs)
+  out, grad = _bag_grad(
+    "jax", weight, indices, offsets, scale_grad_by_freq=scale_grad_by_freq, **kwargs
+  )
   expected_out, expected = _bag_grad("cpu", weight, indices, offsets, **kwargs)
   if scale_grad_by_freq:
     expected = expected / torch.bincount(indices, minlength=10).clamp(min=1)[:, None]
@@ -464,10 +550,12 @@ def test_embedding_bag_backward_leaves_out_trailing_indices():
   weight = _randn((10, 4), torch.float32, g)
   indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 7])
   for mode in ("sum", "mean", "max"):
-    out, grad = _bag_grad("jax", weight, indices, torch.tensor([0, 4, 8]), mode=mode,
-                          include_last_offset=True)
-    expected_out, expected = _bag_grad("cpu", weight, indices[:8], torch.tensor([0, 4, 8]),
-                                       mode=mode, include_last_offset=True)
+    out, grad = _bag_grad(
+      "jax", weight, indices, torch.tensor([0, 4, 8]), mode=mode, include_last_offset=True
+    )
+    expected_out, expected = _bag_grad(
+      "cpu", weight, indices[:8], torch.tensor([0, 4, 8]), mode=mode, include_last_offset=True
+    )
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(grad, expected)
     assert not grad[7].any()

@@ -36,8 +36,10 @@ def test_opinfo(info):
     if want is None and got.status != "pass":
       problems.append(f"{mode} {short}: {got.status} ({got.detail}), and it is not a known failure")
     elif want is not None and got.status == "pass":
-      problems.append(f"{mode} {short}: now passes; remove it from tests/ops/opinfo_known.py "
-                      f"({want[0]}: {want[1]})")
+      problems.append(
+        f"{mode} {short}: now passes; remove it from tests/ops/opinfo_known.py "
+        f"({want[0]}: {want[1]})"
+      )
     elif want is not None and got.status != want[0]:
       problems.append(f"{mode} {short}: {got.status} ({got.detail}), listed as {want[0]}")
   assert not problems, f"{name}:\n  " + "\n  ".join(problems)

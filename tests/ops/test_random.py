@@ -25,6 +25,7 @@ N = 200_000
 @dataclasses.dataclass
 class Stats:
   """What a sample must show: moments (within `tol` standard deviations), support, values."""
+
   mean: float | None = None
   std: float | None = None
   lo: float | None = None  # inclusive bounds of the support
@@ -83,68 +84,92 @@ def lognormal(mu, s):
 
 P = 0.3
 CASES = [
-    # (op, args, kwargs, Stats)
-    (aten.normal_.default, (z(), 2.0, 3.0), {}, Stats(2.0, 3.0)),
-    (aten.normal_.default, (z(torch.float64),), {}, Stats(0.0, 1.0)),
-    (aten.normal_.default, (z(torch.bfloat16), -1.0, 0.5), {}, Stats(-1.0, 0.5)),
-    (aten.uniform.default, (z(), -2.0, 5.0), {}, Stats(1.5, uniform_std(-2, 5), -2.0, 5.0)),
-    (aten.uniform.default, (z(torch.float16),), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
-    (aten.uniform.default, (z(torch.float64), 3.0, 4.0), {}, Stats(3.5, uniform_std(3, 4), 3, 4)),
-    (aten.exponential.default, (z(), 2.0), {}, Stats(0.5, 0.5, lo=0.0)),
-    (aten.exponential.default, (z(torch.float64),), {}, Stats(1.0, 1.0, lo=0.0)),
-    (aten.geometric.default, (z(), P), {},
-     Stats(1 / P, math.sqrt(1 - P) / P, lo=1, integral=True)),
-    (aten.geometric.default, (z(torch.int32), 0.8), {},
-     Stats(1 / 0.8, math.sqrt(0.2) / 0.8, lo=1, integral=True)),
-    (aten.log_normal.default, (z(), 0.5, 0.25), {}, lognormal(0.5, 0.25)),
-    (aten.log_normal.default, (z(torch.float64),), {}, dataclasses.replace(
-        lognormal(1.0, 2.0), mean=None, std=None, median=math.e,
-        iqr=math.e * (math.exp(2 * 0.6745) - math.exp(-2 * 0.6745)))),
-    (aten.cauchy.default, (z(), 1.0, 2.0), {}, Stats(median=1.0, iqr=4.0)),
-    (aten.random.default, (z(),), {}, int_uniform(0, 2**24)),
-    (aten.random.default, (z(torch.float16),), {}, int_uniform(0, 2**11)),
-    (aten.random.default, (z(torch.bfloat16),), {}, int_uniform(0, 2**8)),
-    (aten.random.default, (z(torch.int8),), {}, int_uniform(0, 127)),
-    (aten.random.default, (z(torch.uint8),), {}, int_uniform(0, 255)),
-    (aten.random.default, (z(torch.int32),), {}, int_uniform(0, 2**31 - 1)),
-    (aten.random.default, (z(torch.int64),), {}, int_uniform(0, 2**63 - 1)),
-    (aten.random.default, (z(torch.bool),), {}, Stats(0.5, 0.5, values=(0.0, 1.0))),
-    (aten.random.to, (z(torch.int64), 10), {}, int_uniform(0, 9)),
-    (aten.random.to, (z(), 3), {}, dataclasses.replace(int_uniform(0, 2), values=(0, 1, 2))),
-    (getattr(aten.random, "from"), (z(torch.int64), -5, 5), {}, int_uniform(-5, 4)),
-    (getattr(aten.random, "from"), (z(torch.int16), -3, None), {}, int_uniform(-3, 32767)),
-    (getattr(aten.random, "from"), (z(torch.int64), -10, None), {}, int_uniform(-10, 2**63 - 1)),
-    (getattr(aten.random, "from"), (z(), 100, None), {}, int_uniform(100, 2**24)),
-    (aten.bernoulli.default, (full(0.3),), {}, Stats(0.3, math.sqrt(0.21), values=(0, 1))),
-    (aten.bernoulli.default, (full(0.9, torch.float64),), {},
-     Stats(0.9, math.sqrt(0.09), values=(0, 1))),
-    (aten.bernoulli.p, (z(), 0.7), {}, Stats(0.7, math.sqrt(0.21), values=(0, 1))),
-    (aten.bernoulli.p, (z(torch.int64), 0.5), {}, Stats(0.5, 0.5, values=(0, 1))),
-    (aten.bernoulli.Tensor, (z(), full(0.2)), {}, Stats(0.2, 0.4, values=(0, 1))),
-    (aten.bernoulli_.float, (z(), 0.25), {}, Stats(0.25, math.sqrt(0.1875), values=(0, 1))),
-    (aten.poisson.default, (full(3.5),), {}, Stats(3.5, math.sqrt(3.5), lo=0, integral=True)),
-    (aten.poisson.default, (full(40.0, torch.float64),), {},
-     Stats(40.0, math.sqrt(40.0), lo=0, integral=True)),
-    (aten.normal.Tensor_float, (full(3.0), 0.5), {}, Stats(3.0, 0.5)),
-    (aten.normal.Tensor_float, (full(3.0, torch.float64),), {}, Stats(3.0, 1.0)),
-    (aten.normal.float_Tensor, (-1.0, full(2.0)), {}, Stats(-1.0, 2.0)),
-    (aten.normal.Tensor_Tensor, (full(1.0), full(2.0)), {}, Stats(1.0, 2.0)),
-    (aten.normal.float_float, (1.0, 2.0, [N]), {}, Stats(1.0, 2.0)),
-    (aten.normal.float_float, (1.0, 2.0, [N]), {"dtype": torch.float64}, Stats(1.0, 2.0)),
-    (aten.rand.default, ([N],), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
-    (aten.rand.default, ([N // 100, 100],), {"dtype": torch.float64},
-     Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
-    (aten.randn.default, ([N],), {}, Stats(0.0, 1.0)),
-    (aten.randn.default, ([N],), {"dtype": torch.float16}, Stats(0.0, 1.0)),
-    (aten.rand_like.default, (z(torch.float64),), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
-    (aten.randn_like.default, (z(),), {"dtype": torch.float64}, Stats(0.0, 1.0)),
-    (aten.randint.default, (10, [N]), {}, int_uniform(0, 9)),
-    (aten.randint.default, (10, [N]), {"dtype": torch.float32}, int_uniform(0, 9)),
-    (aten.randint.low, (-3, 3, [N]), {}, int_uniform(-3, 2)),
-    (aten.randint.low, (-3, 3, [N]), {"dtype": torch.int8}, int_uniform(-3, 2)),
-    (aten.randint_like.default, (z(), 7), {}, int_uniform(0, 6)),
-    (aten.randint_like.low_dtype, (z(torch.int32), 2, 5), {}, int_uniform(2, 4)),
-    (aten.randint_like.Tensor, (z(torch.int64), torch.tensor(6)), {}, int_uniform(0, 5)),
+  # (op, args, kwargs, Stats)
+  (aten.normal_.default, (z(), 2.0, 3.0), {}, Stats(2.0, 3.0)),
+  (aten.normal_.default, (z(torch.float64),), {}, Stats(0.0, 1.0)),
+  (aten.normal_.default, (z(torch.bfloat16), -1.0, 0.5), {}, Stats(-1.0, 0.5)),
+  (aten.uniform.default, (z(), -2.0, 5.0), {}, Stats(1.5, uniform_std(-2, 5), -2.0, 5.0)),
+  (aten.uniform.default, (z(torch.float16),), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
+  (aten.uniform.default, (z(torch.float64), 3.0, 4.0), {}, Stats(3.5, uniform_std(3, 4), 3, 4)),
+  (aten.exponential.default, (z(), 2.0), {}, Stats(0.5, 0.5, lo=0.0)),
+  (aten.exponential.default, (z(torch.float64),), {}, Stats(1.0, 1.0, lo=0.0)),
+  (aten.geometric.default, (z(), P), {}, Stats(1 / P, math.sqrt(1 - P) / P, lo=1, integral=True)),
+  (
+    aten.geometric.default,
+    (z(torch.int32), 0.8),
+    {},
+    Stats(1 / 0.8, math.sqrt(0.2) / 0.8, lo=1, integral=True),
+  ),
+  (aten.log_normal.default, (z(), 0.5, 0.25), {}, lognormal(0.5, 0.25)),
+  (
+    aten.log_normal.default,
+    (z(torch.float64),),
+    {},
+    dataclasses.replace(
+      lognormal(1.0, 2.0),
+      mean=None,
+      std=None,
+      median=math.e,
+      iqr=math.e * (math.exp(2 * 0.6745) - math.exp(-2 * 0.6745)),
+    ),
+  ),
+  (aten.cauchy.default, (z(), 1.0, 2.0), {}, Stats(median=1.0, iqr=4.0)),
+  (aten.random.default, (z(),), {}, int_uniform(0, 2**24)),
+  (aten.random.default, (z(torch.float16),), {}, int_uniform(0, 2**11)),
+  (aten.random.default, (z(torch.bfloat16),), {}, int_uniform(0, 2**8)),
+  (aten.random.default, (z(torch.int8),), {}, int_uniform(0, 127)),
+  (aten.random.default, (z(torch.uint8),), {}, int_uniform(0, 255)),
+  (aten.random.default, (z(torch.int32),), {}, int_uniform(0, 2**31 - 1)),
+  (aten.random.default, (z(torch.int64),), {}, int_uniform(0, 2**63 - 1)),
+  (aten.random.default, (z(torch.bool),), {}, Stats(0.5, 0.5, values=(0.0, 1.0))),
+  (aten.random.to, (z(torch.int64), 10), {}, int_uniform(0, 9)),
+  (aten.random.to, (z(), 3), {}, dataclasses.replace(int_uniform(0, 2), values=(0, 1, 2))),
+  (getattr(aten.random, "from"), (z(torch.int64), -5, 5), {}, int_uniform(-5, 4)),
+  (getattr(aten.random, "from"), (z(torch.int16), -3, None), {}, int_uniform(-3, 32767)),
+  (getattr(aten.random, "from"), (z(torch.int64), -10, None), {}, int_uniform(-10, 2**63 - 1)),
+  (getattr(aten.random, "from"), (z(), 100, None), {}, int_uniform(100, 2**24)),
+  (aten.bernoulli.default, (full(0.3),), {}, Stats(0.3, math.sqrt(0.21), values=(0, 1))),
+  (
+    aten.bernoulli.default,
+    (full(0.9, torch.float64),),
+    {},
+    Stats(0.9, math.sqrt(0.09), values=(0, 1)),
+  ),
+  (aten.bernoulli.p, (z(), 0.7), {}, Stats(0.7, math.sqrt(0.21), values=(0, 1))),
+  (aten.bernoulli.p, (z(torch.int64), 0.5), {}, Stats(0.5, 0.5, values=(0, 1))),
+  (aten.bernoulli.Tensor, (z(), full(0.2)), {}, Stats(0.2, 0.4, values=(0, 1))),
+  (aten.bernoulli_.float, (z(), 0.25), {}, Stats(0.25, math.sqrt(0.1875), values=(0, 1))),
+  (aten.poisson.default, (full(3.5),), {}, Stats(3.5, math.sqrt(3.5), lo=0, integral=True)),
+  (
+    aten.poisson.default,
+    (full(40.0, torch.float64),),
+    {},
+    Stats(40.0, math.sqrt(40.0), lo=0, integral=True),
+  ),
+  (aten.normal.Tensor_float, (full(3.0), 0.5), {}, Stats(3.0, 0.5)),
+  (aten.normal.Tensor_float, (full(3.0, torch.float64),), {}, Stats(3.0, 1.0)),
+  (aten.normal.float_Tensor, (-1.0, full(2.0)), {}, Stats(-1.0, 2.0)),
+  (aten.normal.Tensor_Tensor, (full(1.0), full(2.0)), {}, Stats(1.0, 2.0)),
+  (aten.normal.float_float, (1.0, 2.0, [N]), {}, Stats(1.0, 2.0)),
+  (aten.normal.float_float, (1.0, 2.0, [N]), {"dtype": torch.float64}, Stats(1.0, 2.0)),
+  (aten.rand.default, ([N],), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
+  (
+    aten.rand.default,
+    ([N // 100, 100],),
+    {"dtype": torch.float64},
+    Stats(0.5, uniform_std(0, 1), 0.0, 1.0),
+  ),
+  (aten.randn.default, ([N],), {}, Stats(0.0, 1.0)),
+  (aten.randn.default, ([N],), {"dtype": torch.float16}, Stats(0.0, 1.0)),
+  (aten.rand_like.default, (z(torch.float64),), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
+  (aten.randn_like.default, (z(),), {"dtype": torch.float64}, Stats(0.0, 1.0)),
+  (aten.randint.default, (10, [N]), {}, int_uniform(0, 9)),
+  (aten.randint.default, (10, [N]), {"dtype": torch.float32}, int_uniform(0, 9)),
+  (aten.randint.low, (-3, 3, [N]), {}, int_uniform(-3, 2)),
+  (aten.randint.low, (-3, 3, [N]), {"dtype": torch.int8}, int_uniform(-3, 2)),
+  (aten.randint_like.default, (z(), 7), {}, int_uniform(0, 6)),
+  (aten.randint_like.low_dtype, (z(torch.int32), 2, 5), {}, int_uniform(2, 4)),
+  (aten.randint_like.Tensor, (z(torch.int64), torch.tensor(6)), {}, int_uniform(0, 5)),
 ]
 
 
@@ -156,8 +181,11 @@ def sample(op, *args, seed=0, **kwargs):
   """The lowering's output for PRNG key `seed`, as a NumPy array."""
   fn = lowering_of(op).fn
   with jax.enable_x64(True):
-    out = fn(*_to_jax(list(args)), **{k: _to_jax(v) for k, v in kwargs.items()},
-             key=jax.random.PRNGKey(seed))
+    out = fn(
+      *_to_jax(list(args)),
+      **{k: _to_jax(v) for k, v in kwargs.items()},
+      key=jax.random.PRNGKey(seed),
+    )
     return jax.tree_util.tree_map(np.asarray, out)
 
 
@@ -194,8 +222,10 @@ def test_keys_give_different_values(op, args, kwargs, stats):
 
 
 def test_complex_normal_splits_variance_like_torch():
-  for t, who in [(run_direct(aten.normal_.default, z(torch.complex64), 3.0, 2.0)[0], "lowering"),
-                 (z(torch.complex64).normal_(3.0, 2.0), "torch")]:
+  for t, who in [
+    (run_direct(aten.normal_.default, z(torch.complex64), 3.0, 2.0)[0], "lowering"),
+    (z(torch.complex64).normal_(3.0, 2.0), "torch"),
+  ]:
     for part in (t.real, t.imag):
       Stats(3.0, math.sqrt(2.0)).check(part, who)
 
@@ -215,8 +245,9 @@ def test_randperm(n, dtype):
   assert torch.equal(torch.sort(out).values, torch.arange(n, dtype=out.dtype))
   if n > 10:
     assert not torch.equal(out, torch.arange(n, dtype=out.dtype))
-    assert not np.array_equal(sample(aten.randperm.default, n, seed=0),
-                              sample(aten.randperm.default, n, seed=1))
+    assert not np.array_equal(
+      sample(aten.randperm.default, n, seed=0), sample(aten.randperm.default, n, seed=1)
+    )
 
 
 WEIGHTS = torch.tensor([0.0, 1.0, 2.0, 7.0])
@@ -251,8 +282,9 @@ def test_multinomial_batched_with_replacement():
   torch.testing.assert_close(freq1, torch.tensor([0.0, 0.5, 0.5]).double(), atol=0.015, rtol=0)
 
 
-@pytest.mark.parametrize("p,train", [(0.2, True), (0.5, None), (0.0, True), (1.0, True),
-                                     (0.3, False)])
+@pytest.mark.parametrize(
+  "p,train", [(0.2, True), (0.5, None), (0.0, True), (1.0, True), (0.3, False)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_dropout(p, train, dtype):
   x = torch.randn(N, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -270,8 +302,9 @@ def test_native_dropout(p, train, dtype):
     torch.testing.assert_close(o.float(), expected.to(dtype).float())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32,
-                                   torch.bool])
+@pytest.mark.parametrize(
+  "dtype", [torch.float32, torch.float16, torch.float64, torch.int32, torch.bool]
+)
 @pytest.mark.parametrize("scale", [2.5, 1 / 0.3])
 def test_native_dropout_backward(dtype, scale):
   g = torch.Generator().manual_seed(1)
@@ -288,8 +321,9 @@ def test_rrelu_eval_is_leaky_relu(dtype):
 
 def test_rrelu_training_slopes_and_noise():
   x = torch.randn(4000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-  (out, noise), _ = run_direct(aten.rrelu_with_noise_functional.default, x, torch.zeros_like(x),
-                               0.1, 0.3, True)
+  (out, noise), _ = run_direct(
+    aten.rrelu_with_noise_functional.default, x, torch.zeros_like(x), 0.1, 0.3, True
+  )
   neg = x <= 0
   assert torch.equal(out[~neg], x[~neg]) and bool((noise[~neg] == 1).all())
   slopes = noise[neg]
@@ -302,14 +336,16 @@ def test_reseeding_inside_a_traced_call_leaves_a_concrete_generator():
   """`torch.manual_seed` / `set_rng_state` in torch code traced under `jax.jit` (OpInfo's
   `freeze_rng_state` does both) set the generator to a concrete key: built in the trace, it
   was a tracer that broke every later draw (`UnexpectedTracerError`)."""
+
   def reseeds(t):
     torch.manual_seed(3)
     torch.jax.set_rng_state(torch.jax.get_rng_state())
     return t * 2
 
   torch.testing.assert_close(
-      bridge.to_torch(jax.jit(lambda a: bridge.call_torch(reseeds, a))(jnp.ones(3))),
-      torch.full((3,), 2.0))
+    bridge.to_torch(jax.jit(lambda a: bridge.call_torch(reseeds, a))(jnp.ones(3))),
+    torch.full((3,), 2.0),
+  )
   torch.manual_seed(3)
   expected = torch.rand(4, device="jax").cpu()
   torch.manual_seed(3)

@@ -40,10 +40,14 @@ def _randn(*shape, dtype=torch.float32, g):
 
 # --- running one op: its lowering directly, and on the jax device ----------------------------
 
+
 def _to_jax(x):
   if isinstance(x, torch.Tensor):
-    return jnp.asarray(x.float().numpy()).astype(jnp.bfloat16) if x.dtype == torch.bfloat16 \
-        else jnp.asarray(x.numpy())
+    return (
+      jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)
+      if x.dtype == torch.bfloat16
+      else jnp.asarray(x.numpy())
+    )
   return x
 
 
@@ -84,9 +88,9 @@ def _cpu_cell(factor, ig, hg, state, bi):
   d = lambda t: None if t is None else t.double()
   rows = []
   for r in range(B):
-    s = [t[r:r + 1].double() for t in state]
+    s = [t[r : r + 1].double() for t in state]
     op = torch.gru_cell if factor == 3 else torch.lstm_cell
-    out = op(ig[r:r + 1].double(), s[0] if factor == 3 else s, eye, zeros, d(bi), hg[r].double())
+    out = op(ig[r : r + 1].double(), s[0] if factor == 3 else s, eye, zeros, d(bi), hg[r].double())
     rows.append(out if factor == 3 else torch.cat(out, 1))
   return torch.cat(rows, 0)
 
@@ -96,6 +100,7 @@ def _hidden_gates_with_bias(hg, bh):
 
 
 # --- GRU cell --------------------------------------------------------------------------------
+
 
 def _gru_ref(ig, hg, hx, bi, bh):
   """RNN.cu's gru_cell_forward in float64: (hy, workspace [r, z, n, hx, h_n + b_hn])."""
@@ -135,6 +140,7 @@ def test_fused_gru_cell_backward(dtype, has_bias):
 
 # --- LSTM cell -------------------------------------------------------------------------------
 
+
 def _lstm_ref(ig, hg, cx, bi, bh):
   """RNN.cu's lstm_cell_forward in float64: (hy, cy, workspace [i, f, g, o])."""
   f = lambda t: torch.zeros(4 * H, dtype=torch.float64) if t is None else t.double()
@@ -171,20 +177,24 @@ def test_fused_lstm_cell_backward(dtype, has_bias, grads):
   d = lambda t: None if t is None else t.double()
   ig, hg, cx, bi, bh = args
   expected = aten._thnn_differentiable_lstm_cell_backward(
-      d(grad_hy), d(grad_cy), d(ig), d(hg), d(bi), d(bh), d(cx), d(cy))
+    d(grad_hy), d(grad_cy), d(ig), d(hg), d(bi), d(bh), d(cx), d(cy)
+  )
   expected = [None if e is None else e.to(dtype) for e in expected]
   # the CompositeImplicit op autograd calls repeats `_impl`'s gate and bias gradients
   impl = [expected[0], expected[2], expected[3]]
-  for out in _runs(aten._thnn_fused_lstm_cell_backward_impl.default,
-                   grad_hy, grad_cy, cx, cy, ws, has_bias):
+  for out in _runs(
+    aten._thnn_fused_lstm_cell_backward_impl.default, grad_hy, grad_cy, cx, cy, ws, has_bias
+  ):
     _close(out, impl, dtype)
   with torch.no_grad():  # as in autograd's backward (the composite asserts it)
     dev = aten._thnn_fused_lstm_cell_backward(
-        *[None if t is None else t.to("jax") for t in (grad_hy, grad_cy, cx, cy, ws)], has_bias)
+      *[None if t is None else t.to("jax") for t in (grad_hy, grad_cy, cx, cy, ws)], has_bias
+    )
   _close([None if o is None else o.cpu() for o in dev], expected, dtype)
 
 
 # --- modules on the jax device: forward and torch autograd -----------------------------------
+
 
 def _state(kind, dirs_layers, batch, g):
   shape = (dirs_layers, batch, H) if dirs_layers else (batch, H)
@@ -234,14 +244,14 @@ def _compare_on_device(module, inputs, create_graph=False, rtol=1e-5, atol=1e-5)
 
 
 CELL_CASES = {  # id: (kind, bias, input shape, give the state)
-    "gru": ("gru_cell", True, (B, 4), True),
-    "gru_no_bias": ("gru_cell", False, (B, 4), True),
-    "gru_no_state": ("gru_cell", True, (B, 4), False),
-    "gru_unbatched": ("gru_cell", True, (4,), True),
-    "lstm": ("lstm_cell", True, (B, 4), True),
-    "lstm_no_bias": ("lstm_cell", False, (B, 4), True),
-    "lstm_no_state": ("lstm_cell", True, (B, 4), False),
-    "lstm_unbatched": ("lstm_cell", True, (4,), True),
+  "gru": ("gru_cell", True, (B, 4), True),
+  "gru_no_bias": ("gru_cell", False, (B, 4), True),
+  "gru_no_state": ("gru_cell", True, (B, 4), False),
+  "gru_unbatched": ("gru_cell", True, (4,), True),
+  "lstm": ("lstm_cell", True, (B, 4), True),
+  "lstm_no_bias": ("lstm_cell", False, (B, 4), True),
+  "lstm_no_state": ("lstm_cell", True, (B, 4), False),
+  "lstm_unbatched": ("lstm_cell", True, (4,), True),
 }
 
 
@@ -249,8 +259,12 @@ def _cell_inputs(kind, shape, with_state, g):
   x = torch.randn(*shape, generator=g)
   if not with_state:
     return (x,)
-  return (x, _state(kind, None, shape[0], g) if len(shape) == 2 else
-          jax.tree_util.tree_map(lambda t: t[0], _state(kind, None, 1, g)))
+  return (
+    x,
+    _state(kind, None, shape[0], g)
+    if len(shape) == 2
+    else jax.tree_util.tree_map(lambda t: t[0], _state(kind, None, 1, g)),
+  )
 
 
 @pytest.mark.parametrize("case", CELL_CASES)
@@ -262,8 +276,9 @@ def test_cell_module_on_device(case):
 @pytest.mark.parametrize("kind", ["gru_cell", "lstm_cell"])
 def test_cell_double_backward_on_device(kind):
   """`create_graph=True`: torch's autograd takes the differentiable composite backward."""
-  _compare_on_device(_module(kind), _cell_inputs(kind, (B, 4), True, _gen()), create_graph=True,
-                     rtol=1e-4, atol=1e-5)
+  _compare_on_device(
+    _module(kind), _cell_inputs(kind, (B, 4), True, _gen()), create_graph=True, rtol=1e-4, atol=1e-5
+  )
 
 
 # Known failures, each with its reason.
@@ -297,6 +312,7 @@ def test_rnn_module_no_bias_on_device(kind):
 
 # --- through JAX: extract_jax + jax.grad -----------------------------------------------------
 
+
 def _np(t):
   return t.detach().numpy()
 
@@ -317,6 +333,7 @@ def test_cell_scan_gradients_match_torch(kind, jit):
     def step(s, x):
       s = fn(p, x, s)
       return (tuple(s) if lstm else s), None
+
     s, _ = jax.lax.scan(step, s0, xs)
     h = s[0] if lstm else s
     return jnp.sum(jnp.sin(h)) + (jnp.sum(s[1] ** 2) if lstm else 0.0)
@@ -334,8 +351,9 @@ def test_cell_scan_gradients_match_torch(kind, jit):
   loss.backward()
   torch.testing.assert_close(torch.tensor(np.array(value)), loss.detach(), rtol=1e-5, atol=1e-5)
   for name, p in cell.named_parameters():
-    torch.testing.assert_close(torch.from_numpy(np.array(grads[name])), p.grad,
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+      torch.from_numpy(np.array(grads[name])), p.grad, rtol=1e-4, atol=1e-5
+    )
   for a, t in zip(grad_s0 if lstm else (grad_s0,), ts0):
     torch.testing.assert_close(torch.from_numpy(np.array(a)), t.grad, rtol=1e-4, atol=1e-5)
 
@@ -355,8 +373,8 @@ def test_rnn_module_jit_gradients_match_torch(kind):
   out, _ = module(x)
   expected = out.sin().sum()
   expected.backward()
-  torch.testing.assert_close(torch.tensor(np.array(value)), expected.detach(),
-                             rtol=1e-5, atol=1e-5)
+  torch.testing.assert_close(torch.tensor(np.array(value)), expected.detach(), rtol=1e-5, atol=1e-5)
   for name, p in module.named_parameters():
-    torch.testing.assert_close(torch.from_numpy(np.array(grads[name])), p.grad,
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+      torch.from_numpy(np.array(grads[name])), p.grad, rtol=1e-4, atol=1e-5
+    )

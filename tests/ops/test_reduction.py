@@ -15,8 +15,15 @@ from tests.ops.harness import check, lowering_of
 aten = torch.ops.aten
 nan, inf = math.nan, math.inf
 
-F32, F64, BF16, I64, I32, BOOL, C64 = (torch.float32, torch.float64, torch.bfloat16, torch.int64,
-                                       torch.int32, torch.bool, torch.complex64)
+F32, F64, BF16, I64, I32, BOOL, C64 = (
+  torch.float32,
+  torch.float64,
+  torch.bfloat16,
+  torch.int64,
+  torch.int32,
+  torch.bool,
+  torch.complex64,
+)
 FLOATS = (F32, F64, BF16)
 NUMERIC = FLOATS + (I64,)
 ALL = NUMERIC + (BOOL,)
@@ -50,35 +57,37 @@ SHAPE = (3, 4, 5)
 # ----------------------------------------------------------------------------- whole-tensor
 
 WHOLE = {
-    aten.sum.default: ALL + (I32,),
-    aten.mean.default: FLOATS + (C64,),
-    aten.prod.default: FLOATS + (I64, BOOL),
-    aten.max.default: ALL,
-    aten.min.default: ALL,
-    aten.argmax.default: NUMERIC,
-    aten.argmin.default: NUMERIC,
-    aten.nansum.default: NUMERIC,
-    aten.all.default: ALL + (torch.uint8,),
-    aten.any.default: ALL + (torch.uint8,),
-    aten.count_nonzero.default: ALL,
-    aten.median.default: NUMERIC,
-    aten.nanmedian.default: NUMERIC,
-    aten.norm.Scalar: FLOATS + (C64,),
-    aten.linalg_vector_norm.default: FLOATS + (C64,),
-    aten.var.correction: FLOATS + (C64,),
-    aten.std.correction: FLOATS,
-    aten.var_mean.correction: FLOATS,
-    aten.std_mean.correction: FLOATS,
-    aten.aminmax.default: NUMERIC,
-    aten.trace.default: NUMERIC + (I32,),
+  aten.sum.default: ALL + (I32,),
+  aten.mean.default: FLOATS + (C64,),
+  aten.prod.default: FLOATS + (I64, BOOL),
+  aten.max.default: ALL,
+  aten.min.default: ALL,
+  aten.argmax.default: NUMERIC,
+  aten.argmin.default: NUMERIC,
+  aten.nansum.default: NUMERIC,
+  aten.all.default: ALL + (torch.uint8,),
+  aten.any.default: ALL + (torch.uint8,),
+  aten.count_nonzero.default: ALL,
+  aten.median.default: NUMERIC,
+  aten.nanmedian.default: NUMERIC,
+  aten.norm.Scalar: FLOATS + (C64,),
+  aten.linalg_vector_norm.default: FLOATS + (C64,),
+  aten.var.correction: FLOATS + (C64,),
+  aten.std.correction: FLOATS,
+  aten.var_mean.correction: FLOATS,
+  aten.std_mean.correction: FLOATS,
+  aten.aminmax.default: NUMERIC,
+  aten.trace.default: NUMERIC + (I32,),
 }
 
 
 @pytest.mark.parametrize("op,dtype", cases(WHOLE))
 def test_whole_tensor(op, dtype):
   # median/argmax need unambiguous ties; prod needs values that do not overflow.
-  if op in (aten.median.default, aten.nanmedian.default, aten.argmax.default,
-            aten.argmin.default) and dtype is not BOOL:
+  if (
+    op in (aten.median.default, aten.nanmedian.default, aten.argmax.default, aten.argmin.default)
+    and dtype is not BOOL
+  ):
     x = distinct((4, 5), dtype)
   elif op is aten.prod.default and dtype.is_floating_point:
     x = 1 + 0.1 * make((4, 5), dtype)
@@ -90,20 +99,28 @@ def test_whole_tensor(op, dtype):
 # ----------------------------------------------------------------------------- dim lists
 
 DIM_LIST = {
-    aten.sum.dim_IntList: ALL + (I32,),
-    aten.mean.dim: FLOATS,
-    aten.nansum.default: NUMERIC,
-    aten.amax.default: ALL,
-    aten.amin.default: ALL,
-    aten.logsumexp.default: FLOATS + (I64,),
-    aten.all.dims: ALL,
-    aten.any.dims: ALL,
-    aten.norm.ScalarOpt_dim: (F32, F64),
+  aten.sum.dim_IntList: ALL + (I32,),
+  aten.mean.dim: FLOATS,
+  aten.nansum.default: NUMERIC,
+  aten.amax.default: ALL,
+  aten.amin.default: ALL,
+  aten.logsumexp.default: FLOATS + (I64,),
+  aten.all.dims: ALL,
+  aten.any.dims: ALL,
+  aten.norm.ScalarOpt_dim: (F32, F64),
 }
 # (dim, keepdim): one dim, several (in any order), the last, [] and None (both: every dim,
 # except for all.dims/any.dims, where [] reduces nothing).
-DIM_KEEPDIM = [([1], False), ([0, 2], True), ([-1], True), ([2, 0, 1], False), ([], True),
-               ([], False), (None, False), (None, True)]
+DIM_KEEPDIM = [
+  ([1], False),
+  ([0, 2], True),
+  ([-1], True),
+  ([2, 0, 1], False),
+  ([], True),
+  ([], False),
+  (None, False),
+  (None, True),
+]
 
 
 def _dim_list_valid(op, dim):
@@ -111,13 +128,22 @@ def _dim_list_valid(op, dim):
     return bool(dim)  # torch's logsumexp needs explicit dims
   if op is aten.nansum.default:
     return dim != []  # torch disagrees with itself: its CPU kernel reduces every dim, its meta none
-  return dim is not None or op not in (aten.norm.ScalarOpt_dim, aten.amax.default,
-                                       aten.amin.default)  # int[1] dim, not optional
+  return dim is not None or op not in (
+    aten.norm.ScalarOpt_dim,
+    aten.amax.default,
+    aten.amin.default,
+  )  # int[1] dim, not optional
 
 
-@pytest.mark.parametrize("op,dtype,dim,keepdim", [
-    pytest.param(*c.values, d, k, id=f"{c.id}-{d}-{k}") for c in cases(DIM_LIST)
-    for d, k in DIM_KEEPDIM if _dim_list_valid(c.values[0], d)])
+@pytest.mark.parametrize(
+  "op,dtype,dim,keepdim",
+  [
+    pytest.param(*c.values, d, k, id=f"{c.id}-{d}-{k}")
+    for c in cases(DIM_LIST)
+    for d, k in DIM_KEEPDIM
+    if _dim_list_valid(c.values[0], d)
+  ],
+)
 def test_dim_list(op, dtype, dim, keepdim):
   x = make(SHAPE, dtype)
   # torch's nansum accumulates bfloat16 in bfloat16 (its sum uses float32, as this lowering does).
@@ -128,10 +154,18 @@ def test_dim_list(op, dtype, dim, keepdim):
     check(op, x, dim, keepdim, **tol)
 
 
-@pytest.mark.parametrize("op,dim", [
-    (aten.count_nonzero.dim_IntList, [1]), (aten.count_nonzero.dim_IntList, [0, 2]),
-    (aten.count_nonzero.dim_IntList, []), (aten.count_nonzero.default, None),
-    (aten.count_nonzero.default, 0), (aten.count_nonzero.default, -1)], ids=str)
+@pytest.mark.parametrize(
+  "op,dim",
+  [
+    (aten.count_nonzero.dim_IntList, [1]),
+    (aten.count_nonzero.dim_IntList, [0, 2]),
+    (aten.count_nonzero.dim_IntList, []),
+    (aten.count_nonzero.default, None),
+    (aten.count_nonzero.default, 0),
+    (aten.count_nonzero.default, -1),
+  ],
+  ids=str,
+)
 def test_count_nonzero(op, dim):
   x = make(SHAPE, F32) * make(SHAPE, BOOL, seed=1)
   x[0, 0, 0] = nan  # NaN is nonzero
@@ -141,17 +175,17 @@ def test_count_nonzero(op, dim):
 # ----------------------------------------------------------------------------- one dim
 
 ONE_DIM = {
-    aten.max.dim: ALL,
-    aten.min.dim: ALL,
-    aten.argmax.default: NUMERIC,
-    aten.argmin.default: NUMERIC,
-    aten.prod.dim_int: FLOATS + (I64,),
-    aten.median.dim: NUMERIC,
-    aten.nanmedian.dim: (F32, F64),
-    aten.mode.default: (F32, I64),
-    aten.all.dim: ALL,
-    aten.any.dim: ALL,
-    aten.aminmax.default: NUMERIC,
+  aten.max.dim: ALL,
+  aten.min.dim: ALL,
+  aten.argmax.default: NUMERIC,
+  aten.argmin.default: NUMERIC,
+  aten.prod.dim_int: FLOATS + (I64,),
+  aten.median.dim: NUMERIC,
+  aten.nanmedian.dim: (F32, F64),
+  aten.mode.default: (F32, I64),
+  aten.all.dim: ALL,
+  aten.any.dim: ALL,
+  aten.aminmax.default: NUMERIC,
 }
 
 
@@ -185,36 +219,37 @@ def test_kthvalue(k, keepdim):
 # ----------------------------------------------------------------------------- NaN and inf
 
 SPECIAL = [
-    (aten.max.dim, [1., nan, 3., nan, 0.], (0,)),
-    (aten.min.dim, [1., nan, -3., nan, 0.], (0,)),
-    (aten.argmax.default, [1., nan, 3., nan], ()),
-    (aten.argmin.default, [1., nan, -3., nan], ()),
-    (aten.amax.default, [1., nan, 3.], ()),
-    (aten.max.default, [1., inf, nan], ()),
-    (aten.median.dim, [3., nan, 1., nan, 2.], (0,)),
-    (aten.median.default, [3., nan, 1., 2.], ()),
-    (aten.nanmedian.dim, [3., nan, 1., nan, 2.], (0,)),
-    (aten.nanmedian.dim, [nan, nan, nan], (0,)),
-    (aten.nanmedian.default, [3., nan, 1., 2.], ()),
-    (aten.nansum.default, [1., nan, 2.], ()),
-    (aten.sum.default, [1., nan, 2.], ()),
-    (aten.logsumexp.default, [[-inf, -inf], [inf, 1.], [inf, -inf], [nan, 1.]], ([1],)),
-    (aten.logcumsumexp.default, [-inf, -inf, 1., inf, 2., nan, 1.], (0,)),
-    (aten.cummax.default, [1., 1., 0., 1., nan, 2., nan, 3.], (0,)),
-    (aten.cummin.default, [1., 1., 2., 1., nan, 0., nan, -1.], (0,)),
-    (aten.sort.default, [2., nan, -inf, 1., nan, inf, 0., -0., 0.], ()),
-    (aten.sort.default, [2., nan, -inf, 1., nan, inf, 0., -0., 0.], (0, True)),
-    (aten.topk.default, [1., nan, 3., 2., -inf], (3,)),
-    (aten.topk.default, [1., nan, 3., 2., -inf], (3, 0, False)),
-    (aten.linalg_vector_norm.default, [0., -3., 4., nan], (2,)),
-    (aten.var.correction, [1., inf, 2.], ()),
-    (aten._softmax.default, [[-inf, -inf], [0., -inf]], (1, False)),
-    (aten._log_softmax.default, [[0., -inf], [1., 2.]], (1, False)),
+  (aten.max.dim, [1.0, nan, 3.0, nan, 0.0], (0,)),
+  (aten.min.dim, [1.0, nan, -3.0, nan, 0.0], (0,)),
+  (aten.argmax.default, [1.0, nan, 3.0, nan], ()),
+  (aten.argmin.default, [1.0, nan, -3.0, nan], ()),
+  (aten.amax.default, [1.0, nan, 3.0], ()),
+  (aten.max.default, [1.0, inf, nan], ()),
+  (aten.median.dim, [3.0, nan, 1.0, nan, 2.0], (0,)),
+  (aten.median.default, [3.0, nan, 1.0, 2.0], ()),
+  (aten.nanmedian.dim, [3.0, nan, 1.0, nan, 2.0], (0,)),
+  (aten.nanmedian.dim, [nan, nan, nan], (0,)),
+  (aten.nanmedian.default, [3.0, nan, 1.0, 2.0], ()),
+  (aten.nansum.default, [1.0, nan, 2.0], ()),
+  (aten.sum.default, [1.0, nan, 2.0], ()),
+  (aten.logsumexp.default, [[-inf, -inf], [inf, 1.0], [inf, -inf], [nan, 1.0]], ([1],)),
+  (aten.logcumsumexp.default, [-inf, -inf, 1.0, inf, 2.0, nan, 1.0], (0,)),
+  (aten.cummax.default, [1.0, 1.0, 0.0, 1.0, nan, 2.0, nan, 3.0], (0,)),
+  (aten.cummin.default, [1.0, 1.0, 2.0, 1.0, nan, 0.0, nan, -1.0], (0,)),
+  (aten.sort.default, [2.0, nan, -inf, 1.0, nan, inf, 0.0, -0.0, 0.0], ()),
+  (aten.sort.default, [2.0, nan, -inf, 1.0, nan, inf, 0.0, -0.0, 0.0], (0, True)),
+  (aten.topk.default, [1.0, nan, 3.0, 2.0, -inf], (3,)),
+  (aten.topk.default, [1.0, nan, 3.0, 2.0, -inf], (3, 0, False)),
+  (aten.linalg_vector_norm.default, [0.0, -3.0, 4.0, nan], (2,)),
+  (aten.var.correction, [1.0, inf, 2.0], ()),
+  (aten._softmax.default, [[-inf, -inf], [0.0, -inf]], (1, False)),
+  (aten._log_softmax.default, [[0.0, -inf], [1.0, 2.0]], (1, False)),
 ]
 
 
-@pytest.mark.parametrize("op,values,args", SPECIAL,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(SPECIAL)])
+@pytest.mark.parametrize(
+  "op,values,args", SPECIAL, ids=[f"{c[0]}-{i}" for i, c in enumerate(SPECIAL)]
+)
 def test_nan_and_inf(op, values, args):
   check(op, torch.tensor(values), *args)
 
@@ -222,14 +257,27 @@ def test_nan_and_inf(op, values, args):
 # ----------------------------------------------------------------------------- 0-d and empty
 
 ZERO_D = [
-    (aten.sum.dim_IntList, ([0], True)), (aten.mean.dim, ([-1],)), (aten.amax.default, ([0],)),
-    (aten.max.dim, (0, True)), (aten.argmax.default, (0, True)), (aten.argmin.default, ()),
-    (aten.prod.dim_int, (0,)), (aten.cumsum.default, (0,)), (aten.cummax.default, (0,)),
-    (aten.logcumsumexp.default, (0,)), (aten.sort.default, (0,)), (aten.topk.default, (1, 0)),
-    (aten.median.dim, (0,)), (aten.mode.default, (0,)), (aten.kthvalue.default, (1, 0)),
-    (aten._softmax.default, (0, False)), (aten._log_softmax.default, (0, False)),
-    (aten.logsumexp.default, ([0],)), (aten.count_nonzero.default, (0,)),
-    (aten.all.dim, (0,)), (aten.linalg_vector_norm.default, (2, [0])),
+  (aten.sum.dim_IntList, ([0], True)),
+  (aten.mean.dim, ([-1],)),
+  (aten.amax.default, ([0],)),
+  (aten.max.dim, (0, True)),
+  (aten.argmax.default, (0, True)),
+  (aten.argmin.default, ()),
+  (aten.prod.dim_int, (0,)),
+  (aten.cumsum.default, (0,)),
+  (aten.cummax.default, (0,)),
+  (aten.logcumsumexp.default, (0,)),
+  (aten.sort.default, (0,)),
+  (aten.topk.default, (1, 0)),
+  (aten.median.dim, (0,)),
+  (aten.mode.default, (0,)),
+  (aten.kthvalue.default, (1, 0)),
+  (aten._softmax.default, (0, False)),
+  (aten._log_softmax.default, (0, False)),
+  (aten.logsumexp.default, ([0],)),
+  (aten.count_nonzero.default, (0,)),
+  (aten.all.dim, (0,)),
+  (aten.linalg_vector_norm.default, (2, [0])),
 ]
 
 
@@ -239,13 +287,18 @@ def test_zero_dim(op, args):
 
 
 EMPTY = [
-    (aten.sum.dim_IntList, (0, 3), ([0],)), (aten.mean.dim, (0, 3), ([0],)),
-    (aten.prod.dim_int, (0, 3), (0,)), (aten.max.dim, (0, 3), (1,)),
-    (aten.amax.default, (0, 3), ([1],)),
-    (aten.var.correction, (0, 3), ([0],)), (aten.median.default, (0,), ()),
-    (aten.logsumexp.default, (0, 3), ([0],)), (aten.all.default, (0,), ()),
-    (aten.any.default, (0,), ()),
-    (aten.cumsum.default, (0, 3), (0,)), (aten.sort.default, (0, 3), (0,)),
+  (aten.sum.dim_IntList, (0, 3), ([0],)),
+  (aten.mean.dim, (0, 3), ([0],)),
+  (aten.prod.dim_int, (0, 3), (0,)),
+  (aten.max.dim, (0, 3), (1,)),
+  (aten.amax.default, (0, 3), ([1],)),
+  (aten.var.correction, (0, 3), ([0],)),
+  (aten.median.default, (0,), ()),
+  (aten.logsumexp.default, (0, 3), ([0],)),
+  (aten.all.default, (0,), ()),
+  (aten.any.default, (0,), ()),
+  (aten.cumsum.default, (0, 3), (0,)),
+  (aten.sort.default, (0, 3), (0,)),
 ]
 
 
@@ -257,22 +310,29 @@ def test_empty(op, shape, args):
 # ----------------------------------------------------------------------------- dtype= arguments
 
 DTYPE_ARG = [
-    (aten.sum.default, I64, F32, ()), (aten.sum.default, F32, F64, ()),
-    (aten.sum.default, F32, BF16, ()), (aten.sum.dim_IntList, BOOL, I32, ([1], True)),
-    (aten.sum.dim_IntList, I32, F64, ([0, 2],)), (aten.mean.default, I64, F32, ()),
-    (aten.mean.dim, F32, F64, ([1],)), (aten.prod.default, I32, F64, ()),
-    (aten.prod.dim_int, I64, I32, (1,)), (aten.nansum.default, F32, F64, ([1],)),
-    (aten.cumsum.default, I64, F32, (1,)), (aten.cumsum.default, F32, F64, (-1,)),
-    (aten.cumprod.default, I32, F64, (1,)),
-    (aten.linalg_vector_norm.default, F32, F64, (2, [1])),
-    (aten.linalg_vector_norm.default, C64, torch.complex128, (1,)),
-    (aten.norm.ScalarOpt_dtype, F32, F64, (2,)),
-    (aten.norm.ScalarOpt_dim_dtype, F32, F64, (2, [1], True)),
+  (aten.sum.default, I64, F32, ()),
+  (aten.sum.default, F32, F64, ()),
+  (aten.sum.default, F32, BF16, ()),
+  (aten.sum.dim_IntList, BOOL, I32, ([1], True)),
+  (aten.sum.dim_IntList, I32, F64, ([0, 2],)),
+  (aten.mean.default, I64, F32, ()),
+  (aten.mean.dim, F32, F64, ([1],)),
+  (aten.prod.default, I32, F64, ()),
+  (aten.prod.dim_int, I64, I32, (1,)),
+  (aten.nansum.default, F32, F64, ([1],)),
+  (aten.cumsum.default, I64, F32, (1,)),
+  (aten.cumsum.default, F32, F64, (-1,)),
+  (aten.cumprod.default, I32, F64, (1,)),
+  (aten.linalg_vector_norm.default, F32, F64, (2, [1])),
+  (aten.linalg_vector_norm.default, C64, torch.complex128, (1,)),
+  (aten.norm.ScalarOpt_dtype, F32, F64, (2,)),
+  (aten.norm.ScalarOpt_dim_dtype, F32, F64, (2, [1], True)),
 ]
 
 
-@pytest.mark.parametrize("op,src,dtype,args", DTYPE_ARG,
-                         ids=[f"{c[0]}-{str(c[1])[6:]}-{str(c[2])[6:]}" for c in DTYPE_ARG])
+@pytest.mark.parametrize(
+  "op,src,dtype,args", DTYPE_ARG, ids=[f"{c[0]}-{str(c[1])[6:]}-{str(c[2])[6:]}" for c in DTYPE_ARG]
+)
 def test_dtype_argument(op, src, dtype, args):
   x = make(SHAPE, src, low=-2, high=3)
   if op in (aten.prod.default, aten.prod.dim_int, aten.cumprod.default):
@@ -282,16 +342,30 @@ def test_dtype_argument(op, src, dtype, args):
 
 # ----------------------------------------------------------------------------- var / std
 
-VAR_OPS = (aten.var.correction, aten.std.correction, aten.var_mean.correction,
-           aten.std_mean.correction)
+VAR_OPS = (
+  aten.var.correction,
+  aten.std.correction,
+  aten.var_mean.correction,
+  aten.std_mean.correction,
+)
 
 
-@pytest.mark.parametrize("op,dtype", [(op, dt) for op in VAR_OPS for dt in (F32, F64, BF16)] +
-                         [(aten.var.correction, C64)], ids=str)
-@pytest.mark.parametrize("dim,correction,keepdim", [
-    (None, None, False), ([1], 0, True), ([0, 2], 2.5, False), ([], 1, True),
+@pytest.mark.parametrize(
+  "op,dtype",
+  [(op, dt) for op in VAR_OPS for dt in (F32, F64, BF16)] + [(aten.var.correction, C64)],
+  ids=str,
+)
+@pytest.mark.parametrize(
+  "dim,correction,keepdim",
+  [
+    (None, None, False),
+    ([1], 0, True),
+    ([0, 2], 2.5, False),
+    ([], 1, True),
     ([-1], 100, False),  # correction > N: torch divides by max(0, N - correction) -> inf
-], ids=str)
+  ],
+  ids=str,
+)
 def test_var_std(op, dtype, dim, correction, keepdim):
   # torch updates a running (Welford) mean and variance, this lowering sums twice: both are
   # accurate to a few float32 ulps, not bit-identical.
@@ -300,6 +374,7 @@ def test_var_std(op, dtype, dim, correction, keepdim):
 
 
 # ----------------------------------------------------------------------------- vector norms
+
 
 @pytest.mark.parametrize("ord", [2, 1, 0, 3, 0.5, -1, inf, -inf], ids=str)
 @pytest.mark.parametrize("dim,keepdim", [(None, False), ([1], True), ([0, 2], False)], ids=str)
@@ -321,11 +396,11 @@ def test_norm_p(p):
 # ----------------------------------------------------------------------------- scans
 
 SCANS = {
-    aten.cumsum.default: FLOATS + (I64, I32, BOOL),
-    aten.cumprod.default: FLOATS + (I64, BOOL),
-    aten.logcumsumexp.default: FLOATS,
-    aten.cummax.default: ALL,
-    aten.cummin.default: ALL,
+  aten.cumsum.default: FLOATS + (I64, I32, BOOL),
+  aten.cumprod.default: FLOATS + (I64, BOOL),
+  aten.logcumsumexp.default: FLOATS,
+  aten.cummax.default: ALL,
+  aten.cummin.default: ALL,
 }
 
 
@@ -347,6 +422,7 @@ def test_cumsum_long_bfloat16():
 
 
 # ----------------------------------------------------------------------------- sort, topk
+
 
 @pytest.mark.parametrize("op", [aten.sort.default, aten.sort.stable])
 @pytest.mark.parametrize("dtype", [F32, F64, BF16, I64, BOOL])
@@ -373,12 +449,13 @@ def test_topk(dtype, k, dim, largest):
 
 # ----------------------------------------------------------------------------- softmax
 
+
 @pytest.mark.parametrize("op", [aten._softmax.default, aten._log_softmax.default])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_softmax(op, dtype, dim):
   # torch's bfloat16 kernels round an intermediate to bfloat16 (1 ulp off the exact result).
-  tol = dict(atol=2 ** -7, rtol=0.016) if dtype is BF16 else {}
+  tol = dict(atol=2**-7, rtol=0.016) if dtype is BF16 else {}
   check(op, 3 * make(SHAPE, dtype), dim, False, **tol)
 
 
@@ -392,7 +469,7 @@ def test_safe_softmax(src, dtype):
   x[0, 0, 1] = inf  # so does a row with +inf
   x[0, 2] = torch.finfo(x.dtype).min  # the lowest finite value is not a mask: uniform weights
   x[0, 2, :2] = -inf
-  tol = dict(atol=2 ** -7, rtol=0.016) if src is BF16 and dtype is None else {}
+  tol = dict(atol=2**-7, rtol=0.016) if src is BF16 and dtype is None else {}
   check(aten._safe_softmax.default, x, -1, dtype, **tol)
 
 
@@ -400,6 +477,7 @@ def test_safe_softmax_gradient_is_torchs_with_masked_rows():
   """jax.grad through the lowering (call_torch) against torch autograd: a fully masked row has
   gradient 0, not NaN, and partly masked rows (down to one element) the plain softmax one."""
   import bridge
+
   x = 3 * make(SHAPE, F32)
   x[0, 1] = -inf
   x[1, 2, :3] = -inf
@@ -413,9 +491,13 @@ def test_safe_softmax_gradient_is_torchs_with_masked_rows():
   assert not torch.isnan(xr.grad).any()
 
 
-@pytest.mark.parametrize("forward,backward", [
+@pytest.mark.parametrize(
+  "forward,backward",
+  [
     (aten._softmax.default, aten._softmax_backward_data.default),
-    (aten._log_softmax.default, aten._log_softmax_backward_data.default)])
+    (aten._log_softmax.default, aten._log_softmax_backward_data.default),
+  ],
+)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("dim", [0, -1])
 def test_softmax_backward(forward, backward, dtype, dim):
@@ -425,6 +507,7 @@ def test_softmax_backward(forward, backward, dtype, dim):
 
 # ----------------------------------------------------------------------------- traced Scalars
 
+
 def test_traced_scalar_correction():
   """The core passes Scalars as weakly typed 0-d tracers: correction must work traced."""
   x = make(SHAPE, F32)
@@ -433,8 +516,10 @@ def test_traced_scalar_correction():
     with jax.enable_x64(True):
       got = jax.jit(lambda a, c: fn(a, [1], correction=c, keepdim=False))(x.numpy(), correction)
     assert got.dtype == jax.numpy.float32
-    torch.testing.assert_close(torch.from_numpy(jax.device_get(got).copy()),
-                               aten.var.correction(x, [1], correction=correction))
+    torch.testing.assert_close(
+      torch.from_numpy(jax.device_get(got).copy()),
+      aten.var.correction(x, [1], correction=correction),
+    )
 
 
 # ----------------------------------------------------------------------------- order of ties
@@ -442,6 +527,7 @@ def test_traced_scalar_correction():
 # torch's CPU kernels pick among equal values with libstdc++'s std::sort (sort, stable=False, for
 # dtypes x86-simd-sort does not take), nth_element / partial_sort (topk) and a quickselect
 # (kthvalue); the lowerings replay those algorithms, so indices match exactly.
+
 
 @pytest.mark.parametrize("dtype", [BF16, torch.int16, BOOL])
 @pytest.mark.parametrize("n", [16, 17, 40, 300])
@@ -469,6 +555,7 @@ def test_kthvalue_ties(n, dtype):
 
 # ----------------------------------------------------------------------------- complex logsumexp
 
+
 def test_logsumexp_complex():
   x = make((5, 5), C64) * 1000
   check(aten.logsumexp.default, x, [1], False)
@@ -483,6 +570,7 @@ def test_logcumsumexp_complex():
 
 # ----------------------------------------------------------------------------- histograms, counts
 
+
 @pytest.mark.parametrize("bins,lo,hi", [(5, 0, 0), (4, -1, 1), (1, 0, 0), (7, 0.5, 0.5)])
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_histc(bins, lo, hi, dtype):
@@ -496,15 +584,19 @@ def test_histogram(density, weighted):
   w = make((4, 5), F32, seed=1).abs() if weighted else None
   check(aten.histogram.bin_ct, x, 6, weight=w, density=density)
   check(aten.histogram.bin_ct, x, 3, range=[-1.0, 1.0], weight=w, density=density)
-  check(aten.histogram.bins_tensor, x, torch.tensor([-2.0, -0.5, 0.0, 3.0]), weight=w,
-        density=density)
+  check(
+    aten.histogram.bins_tensor, x, torch.tensor([-2.0, -0.5, 0.0, 3.0]), weight=w, density=density
+  )
 
 
 def test_histogramdd():
   x = make((6, 2), F64)
   check(aten._histogramdd_from_bin_cts.default, x, [3, 2])
-  check(aten._histogramdd_from_bin_tensors.default, x,
-        [torch.tensor([-1.0, 0.0, 1.0], dtype=F64), torch.tensor([-3.0, 3.0], dtype=F64)])
+  check(
+    aten._histogramdd_from_bin_tensors.default,
+    x,
+    [torch.tensor([-1.0, 0.0, 1.0], dtype=F64), torch.tensor([-3.0, 3.0], dtype=F64)],
+  )
 
 
 @pytest.mark.parametrize("weights", [None, F32, I64])
@@ -521,8 +613,9 @@ def test_segment_reduce(reduce, initial):
   x = make((6, 3), F32)
   lengths = torch.tensor([2, 0, 3, 1])
   check(aten.segment_reduce.default, x, reduce, lengths=lengths, initial=initial)
-  check(aten.segment_reduce.default, x, reduce, offsets=torch.tensor([0, 2, 2, 5, 6]),
-        initial=initial)
+  check(
+    aten.segment_reduce.default, x, reduce, offsets=torch.tensor([0, 2, 2, 5, 6]), initial=initial
+  )
 
 
 @pytest.mark.parametrize("inverse", [False, True])
@@ -535,30 +628,43 @@ def test_unique(inverse, counts):
   check(aten.unique_consecutive.default, make((5, 2), I64, low=0, high=2), inverse, counts, 0)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"correction": 0}, {"fweights": True},
-                                    {"aweights": True}, {"fweights": True, "aweights": True}])
+@pytest.mark.parametrize(
+  "kwargs",
+  [
+    {},
+    {"correction": 0},
+    {"fweights": True},
+    {"aweights": True},
+    {"fweights": True, "aweights": True},
+  ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.complex64])
 def test_cov_under_jit_matches_torch(kwargs, dtype):
   # torch's `cov` reads values (weight checks) in its composite code; under jax.jit it runs
   # whole through its lowering, in torch's dtypes.
   import bridge
+
   gen = torch.Generator().manual_seed(0)
   x = (torch.randn(3, 6, generator=gen) * 5).to(dtype)
-  weights = {"fweights": torch.randint(1, 4, (6,), generator=gen),
-             "aweights": torch.rand(6, generator=gen, dtype=torch.float64)}
+  weights = {
+    "fweights": torch.randint(1, 4, (6,), generator=gen),
+    "aweights": torch.rand(6, generator=gen, dtype=torch.float64),
+  }
   kw = {k: weights[k] if v is True else v for k, v in kwargs.items()}
   tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
   statics = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
   fn = lambda a, ts: torch.cov(a, **ts, **statics)
   with jax.enable_x64(True):
     got = jax.jit(lambda a, ts: bridge.call_torch(fn, a, ts))(
-        bridge.to_jax(x), {k: bridge.to_jax(v) for k, v in tensors.items()})
+      bridge.to_jax(x), {k: bridge.to_jax(v) for k, v in tensors.items()}
+    )
   torch.testing.assert_close(bridge.to_torch(got), fn(x, tensors))
 
 
 def test_cov_under_jit_gives_nan_for_weights_torch_refuses():
   import jax.numpy as jnp
   import bridge
+
   x = jnp.ones((2, 4)) * jnp.arange(4.0)
   fn = lambda a, w: torch.cov(a, fweights=w)
   got = jax.jit(lambda a, w: bridge.call_torch(fn, a, w))(x, jnp.asarray([1, -1, 1, 1]))

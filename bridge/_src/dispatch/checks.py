@@ -1,5 +1,4 @@
-"""Value checks: torch's errors where JAX would clamp, drop or compute something.
-"""
+"""Value checks: torch's errors where JAX would clamp, drop or compute something."""
 
 from __future__ import annotations
 
@@ -39,8 +38,9 @@ def _check_message(message: Any, value: Any, position: int) -> str:
   return message(value, position)
 
 
-def _check_error(error: type[Exception], message: Any, bad: np.ndarray,
-                values: np.ndarray | None) -> Exception:
+def _check_error(
+  error: type[Exception], message: Any, bad: np.ndarray, values: np.ndarray | None
+) -> Exception:
   """torch's exception for the first True element of `bad` (in C order)."""
   position = int(np.argmax(np.ravel(bad)))
   value = None
@@ -49,8 +49,7 @@ def _check_error(error: type[Exception], message: Any, bad: np.ndarray,
   return _TORCH_ERRORS.get(error, error)(_check_message(message, value, position))
 
 
-def _report_check(bad: Any, values: Any, error: type[Exception], message: Any,
-                  kind: str) -> None:
+def _report_check(bad: Any, values: Any, error: type[Exception], message: Any, kind: str) -> None:
   """Enforce one rule a lowering declares (`bridge_ops._lowering.check`; see above)."""
   known = concrete(bad)
   if known is not None:
@@ -69,14 +68,19 @@ def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) ->
   op = getattr(check_state, "op", None)
   if not ffi.supported():
     raise BridgeError(
-        f"`bridge.config(check_indices=True)`: checking the indices of {op} inside a JAX "
-        f"program needs a host call, which programs on {ffi.platform()} cannot make. Leave "
-        "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
-        "the indices before the program.")
+      f"`bridge.config(check_indices=True)`: checking the indices of {op} inside a JAX "
+      f"program needs a host call, which programs on {ffi.platform()} cannot make. Leave "
+      "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
+      "the indices before the program."
+    )
   kind = _TORCH_ERRORS.get(error, error)
-  ffi.stage_check(bad, values, lambda value, position: kind(
-      f"`bridge.config(check_indices=True)`: {op}: "
-      + _check_message(message, value, position)))
+  ffi.stage_check(
+    bad,
+    values,
+    lambda value, position: kind(
+      f"`bridge.config(check_indices=True)`: {op}: " + _check_message(message, value, position)
+    ),
+  )
 
 
 _installed_checks: list[bool] = []

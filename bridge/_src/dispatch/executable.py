@@ -57,8 +57,9 @@ class Executable:
     if name == "staged_checked":
       # The same with `check_indices` on: another function, so another entry in jit's cache
       # (one traced without the setting would replay without its checks)
-      self.staged_checked = (self.run if self.dynamic_shape
-                             else jax.jit(self.run_checking_indices, inline=True))
+      self.staged_checked = (
+        self.run if self.dynamic_shape else jax.jit(self.run_checking_indices, inline=True)
+      )
       return self.staged_checked
     if name == "call":
       # eager: (results, flag of the value checks or None), see `checked`
@@ -67,9 +68,13 @@ class Executable:
       if not self.dynamic_shape:
         self.call = checked
       elif self.dynamic_shape == "bool_inputs":  # value-dependent shapes only with masks
-        self.call = lambda *dyn: ((self.run(*dyn), None) if any(  # (torch also reads uint8
-            getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn)  # index tensors
-            else checked(*dyn))  # as masks)
+        self.call = lambda *dyn: (
+          (self.run(*dyn), None)
+          if any(  # (torch also reads uint8
+            getattr(d, "dtype", None) in (np.bool_, np.uint8) for d in dyn
+          )  # index tensors
+          else checked(*dyn)
+        )  # as masks)
       else:
         self.call = lambda *dyn: (self.run(*dyn), None)  # (concrete: checked as it runs)
       return self.call
@@ -117,8 +122,9 @@ class Executable:
     finally:
       check_state.found = prev
     raise BridgeError(
-        f"bridge: a value check of {self.func} failed in its program but not when the op ran "
-        "again on the same inputs. This is a bug in its lowering; please report it.")
+      f"bridge: a value check of {self.func} failed in its program but not when the op ran "
+      "again on the same inputs. This is a bug in its lowering; please report it."
+    )
 
   def run(self, *dyn: Any) -> Any:
     if self.keyed:

@@ -26,7 +26,8 @@ RECIPE = "recipes/torch_code_in_jax_callback_mode.ipynb"
 
 
 recording: contextvars.ContextVar[set | None] = contextvars.ContextVar(
-    "bridge_fallback_recording", default=None)
+  "bridge_fallback_recording", default=None
+)
 _warned: set[Any] = set()
 _lock = threading.Lock()
 
@@ -44,10 +45,14 @@ def available() -> bool:
 def why_not() -> str:
   """Why an op with no lowering did not fall back, for `OperatorNotFound`'s message."""
   if config_lib.get_config().fallback != "callback":
-    return ("The callback fallback, which would run it in eager torch, is off here "
-            f"(`bridge.config(fallback='error')`; see {RECIPE}).")
-  return (f"The callback fallback cannot run here: JAX's {ffi.platform()} backend cannot call "
-          "back into Python.")
+    return (
+      "The callback fallback, which would run it in eager torch, is off here "
+      f"(`bridge.config(fallback='error')`; see {RECIPE})."
+    )
+  return (
+    f"The callback fallback cannot run here: JAX's {ffi.platform()} backend cannot call "
+    "back into Python."
+  )
 
 
 def _note(func: Any) -> None:
@@ -62,14 +67,16 @@ def _note(func: Any) -> None:
       return
     _warned.add(func)
   warnings.warn(
-      f"bridge: {op_name(func)} has no lowering on the `jax` device and torch has no "
-      "decomposition for it, so it runs in eager torch through a host callback: the "
-      "results and gradients are torch's, but the op is not compiled or fused with the "
-      "rest of the program, and its data goes through the host. To run it in JAX, "
-      f"register a lowering (`@bridge.register_lowering(torch.ops.{func.namespace}."
-      f"{func._schema.name.split('::')[-1]}.{func._overloadname})`); to make this an "
-      f"error, use `bridge.config(fallback='error')`. See {RECIPE}.", FallbackWarning,
-      stacklevel=2)
+    f"bridge: {op_name(func)} has no lowering on the `jax` device and torch has no "
+    "decomposition for it, so it runs in eager torch through a host callback: the "
+    "results and gradients are torch's, but the op is not compiled or fused with the "
+    "rest of the program, and its data goes through the host. To run it in JAX, "
+    f"register a lowering (`@bridge.register_lowering(torch.ops.{func.namespace}."
+    f"{func._schema.name.split('::')[-1]}.{func._overloadname})`); to make this an "
+    f"error, use `bridge.config(fallback='error')`. See {RECIPE}.",
+    FallbackWarning,
+    stacklevel=2,
+  )
 
 
 def lowering(func: Any) -> registry.Lowering | None:
@@ -82,6 +89,7 @@ def lowering(func: Any) -> registry.Lowering | None:
       raise_not_found(func)
     _note(func)
     return callback.call(func, args, kwargs, name=f"the fallback of {op_name(func)}")
+
   run.__name__ = f"fallback_{func._schema.name.split('::')[-1]}"
   # (`dynamic_shape`: not jitted per op, so that the policy is looked at on every call;
   # callback mode caches its own programs)
@@ -92,11 +100,12 @@ def raise_not_found(func: Any) -> NoReturn:
   """Raise `OperatorNotFound` for `func`: no lowering, no decomposition, no fallback."""
   name = func._schema.name.split("::")[-1]
   raise OperatorNotFound(
-      f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
-      f"decomposition for it). {why_not()} Register a lowering, in your code or "
-      "a plugin:\n\n"
-      "    import bridge, torch, jax.numpy as jnp\n"
-      f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
-      f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
-      "Arguments arrive as in the aten schema with JAX arrays for tensors: "
-      f"{func._schema}")
+    f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
+    f"decomposition for it). {why_not()} Register a lowering, in your code or "
+    "a plugin:\n\n"
+    "    import bridge, torch, jax.numpy as jnp\n"
+    f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"
+    f"    def {name}(*args, **kwargs): ...  # JAX code\n\n"
+    "Arguments arrive as in the aten schema with JAX arrays for tensors: "
+    f"{func._schema}"
+  )

@@ -47,8 +47,9 @@ def fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
       if type(a) is not ArrayImpl or a.size > FOLD_MAX or not _is_cpu_array(a):
         return UNKNOWN
       device = device or leaf._storage.device
-    elif isinstance(leaf, torch.Tensor) and not (leaf.device.type == "cpu"
-                                                 and leaf.numel() <= FOLD_MAX):
+    elif isinstance(leaf, torch.Tensor) and not (
+      leaf.device.type == "cpu" and leaf.numel() <= FOLD_MAX
+    ):
       return UNKNOWN
 
   def to_cpu(x: Any) -> Any:
@@ -72,7 +73,8 @@ def fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
 
   try:
     cpu_args, cpu_kwargs = jax.tree_util.tree_map(
-        to_cpu, (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor))
+      to_cpu, (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor)
+    )
     if "device" in cpu_kwargs:
       cpu_kwargs["device"] = "cpu"
     with torch.no_grad():
@@ -83,7 +85,8 @@ def fold(func: Any, args: tuple, kwargs: dict, narrow: bool) -> Any:
     index = device.index or 0
     with jax.ensure_compile_time_eval(), jax.enable_x64(True):
       out = jax.tree_util.tree_map(
-          lambda a: device_lib.place(a, index) if isinstance(a, jax.Array) else a, to_jax(out))
+        lambda a: device_lib.place(a, index) if isinstance(a, jax.Array) else a, to_jax(out)
+      )
   except (_NotFoldable, RuntimeError, TypeError, ValueError, NotImplementedError):
     return UNKNOWN  # (torch's CPU kernel refused: the lowering decides)
   return wrap(out, device)

@@ -60,27 +60,33 @@ class FunctionalPlan:
     self.like = func in LIKE_OPS  # its result goes where its first argument is
     # `-> bool` (equal, allclose, is_nonzero...): torch code receives a Python value
     rets = func._schema.returns
-    self.python_result = (len(rets) == 1 and isinstance(
-        rets[0].type, (torch.BoolType, torch.IntType, torch.FloatType)))
+    self.python_result = len(rets) == 1 and isinstance(
+      rets[0].type, (torch.BoolType, torch.IntType, torch.FloatType)
+    )
     # Decompositions are torch code: they need Python numbers, so scalars stay static.
     self.trace_scalars = lowering is not None
     # torch's CPU kernel may compute it on known values while a program is staged (`fold`)
-    self.foldable = (torch.Tag.nondeterministic_seeded not in func.tags
-                     and not (lowering is not None and lowering.random))
+    self.foldable = torch.Tag.nondeterministic_seeded not in func.tags and not (
+      lowering is not None and lowering.random
+    )
 
   def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
     schema = self.func._schema.arguments
     kinds: list[int] = []
     named = {a.name: a for a in schema}
+
     def kind(arg: Any) -> int:
       if arg is None or not is_dynamic_type(arg.type) or arg.name in self.static_names:
         return 0
       # Index tensors may stay on the CPU, as torch allows for CUDA tensors.
       return 2 if arg.name == "indices" else 1
+
     flat = isinstance(treedef, int)  # split() kept the arguments as they are (None included)
     for i, a in enumerate(args):
-      kinds.extend([kind(schema[i] if i < len(schema) else None)]
-                   * (1 if flat else len(jax.tree_util.tree_leaves(a))))
+      kinds.extend(
+        [kind(schema[i] if i < len(schema) else None)]
+        * (1 if flat else len(jax.tree_util.tree_leaves(a)))
+      )
     for name in sorted(kwargs):
       kinds.extend([kind(named.get(name))] * len(jax.tree_util.tree_leaves(kwargs[name])))
     result = tuple(kinds)
@@ -114,8 +120,9 @@ class FunctionalPlan:
         dyn.append(storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
-        if leaf.device.type == "cpu" and (dynamic == 2 or (dynamic and leaf.dim() == 0)
-                                          or scope.active()):
+        if leaf.device.type == "cpu" and (
+          dynamic == 2 or (dynamic and leaf.dim() == 0) or scope.active()
+        ):
           # (in a trace scope, CPU tensors are constants of the program being built)
           dyn.append(scalar_from_cpu(leaf))
           statics.append(_DYN)
@@ -191,8 +198,9 @@ class FunctionalPlan:
       raise scope.leaked_tracer_error(e) from e
     except OverflowError as e:  # a Python int past int32, in a 32-bit program
       if where.narrow:
-        raise narrowing.refuse_int(f"the result of {self.func}", narrowing.INF,
-                                   f"it needs a 64-bit integer: {e}") from e
+        raise narrowing.refuse_int(
+          f"the result of {self.func}", narrowing.INF, f"it needs a 64-bit integer: {e}"
+        ) from e
       raise
     except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
       ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
@@ -219,7 +227,8 @@ def _stop_gradient(out: Any) -> Any:
   """An op's traced results as constants for JAX's derivatives (torch records no gradient
   for ops run under `torch.no_grad()`)."""
   return jax.tree_util.tree_map(
-      lambda o: jax.lax.stop_gradient(o) if isinstance(o, jax.core.Tracer) else o, out)
+    lambda o: jax.lax.stop_gradient(o) if isinstance(o, jax.core.Tracer) else o, out
+  )
 
 
 def _python_value(func: Any, out: Any) -> Any:
@@ -227,7 +236,9 @@ def _python_value(func: Any, out: Any) -> Any:
   if isinstance(out, jax.core.Tracer):
     raise scope.traced_value_error(f"`{func}` returns a Python value")
   kind = func._schema.returns[0].type
-  cast = bool if isinstance(kind, torch.BoolType) else int if isinstance(kind, torch.IntType) else float
+  cast = (
+    bool if isinstance(kind, torch.BoolType) else int if isinstance(kind, torch.IntType) else float
+  )
   return cast(np.asarray(out))
 
 
@@ -236,5 +247,9 @@ def _debug_print(func: Any, dyn: list) -> None:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
       return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
     return repr(x)
-  print(f"[bridge] {func}({', '.join(describe(x) for x in dyn)})",
-        file=config_lib.debug_file(), flush=True)
+
+  print(
+    f"[bridge] {func}({', '.join(describe(x) for x in dyn)})",
+    file=config_lib.debug_file(),
+    flush=True,
+  )

@@ -49,9 +49,10 @@ def conform(func: Any, out: Any, expected: Any) -> Any:
     return out
   if tuple(out.shape) != tuple(expected.shape):
     raise BridgeError(
-        f"bridge: the lowering of {func} returned shape {tuple(out.shape)}, but torch's "
-        f"{func} gives {tuple(expected.shape)} for these inputs. This is a bug in the "
-        "lowering; please report it.")
+      f"bridge: the lowering of {func} returned shape {tuple(out.shape)}, but torch's "
+      f"{func} gives {tuple(expected.shape)} for these inputs. This is a bug in the "
+      "lowering; please report it."
+    )
   want = dtypes.TORCH_TO_JAX.get(expected.dtype)
   if want is not None and np.dtype(out.dtype) != want:
     if want.itemsize == 8 or want == np.complex128:

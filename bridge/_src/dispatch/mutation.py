@@ -43,8 +43,9 @@ def _functional_twin(func: Any) -> Any:
     return twin if twin is not None and not mutated_args(twin) else None
   kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
   if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
-    functional = (getattr(aten, f"{name}_functional", None)
-                  or getattr(aten, f"_{name}_functional", None))
+    functional = getattr(aten, f"{name}_functional", None) or getattr(
+      aten, f"_{name}_functional", None
+    )
     if functional is None:
       return None
     return getattr(functional, overload, None) or getattr(functional, "default", None)
@@ -59,8 +60,9 @@ def _functional_twin(func: Any) -> Any:
       return cand
     # A factory's functional form has extra keyword-only arguments (dtype, device...).
     extra = [a for a in cand._schema.arguments if a.name not in wanted]
-    if ([n for n in names if n in wanted] == wanted
-        and all(a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra)):
+    if [n for n in names if n in wanted] == wanted and all(
+      a.kwarg_only and (a.has_default_value() or a.name in _FILLED) for a in extra
+    ):
       loose = cand
   return loose
 
@@ -76,7 +78,8 @@ class MutatingPlan:
     self.inplace = func._schema.name.endswith("_")
     # an out= overload: every mutated argument is keyword-only (torch resizes those)
     self.is_out = not self.inplace and all(
-        a.kwarg_only for a in func._schema.arguments if a.name in self.mutated)
+      a.kwarg_only for a in func._schema.arguments if a.name in self.mutated
+    )
     self.direct = None
     if self.twin is None:
       lowering = REGISTRY.lookup(func)
@@ -119,10 +122,10 @@ class MutatingPlan:
     else:
       outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if self.twin is not None and self.twin._schema.name.endswith("_functional"):
-      new_values = outs[len(outs) - len(targets):]
-      results = outs[:len(outs) - len(targets)]
+      new_values = outs[len(outs) - len(targets) :]
+      results = outs[: len(outs) - len(targets)]
     else:
-      new_values, results = outs[:len(targets)], None
+      new_values, results = outs[: len(targets)], None
     # torch resizes out= tensors (and `resize_` its input); other results broadcast into place
     resize = self.is_out or self.func._schema.name in _RESIZING
     for target, new in zip(targets, new_values):

@@ -35,8 +35,11 @@ def get_plan(func: Any) -> Callable:
       plan = ViewPlan(func)
     elif mutated_args(func):
       view = mutation.restride_twin(func)
-      plan = (mutation.RestridePlan(func, view, get_plan) if view is not None
-              else mutation.MutatingPlan(func, get_plan))
+      plan = (
+        mutation.RestridePlan(func, view, get_plan)
+        if view is not None
+        else mutation.MutatingPlan(func, get_plan)
+      )
     else:
       plan = FunctionalPlan(func)
     with _plans_lock:
@@ -50,11 +53,13 @@ _SPECIAL = special.table(get_plan)
 def _proven(func: Any, plan: Callable) -> Callable:
   """`plan` (a special op's that makes new tensors), whose int64 results in a 32-bit program
   are proven exact or refused (`narrowing`; the other plans do it themselves)."""
+
   def proven(args: tuple, kwargs: dict) -> Any:
     out = plan(args, kwargs)
     if _scope_var.get().narrow:
       narrowing.after_call(func, args, kwargs, out)
     return out
+
   return proven
 
 

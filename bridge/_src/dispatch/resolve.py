@@ -70,6 +70,7 @@ class decomposing_scope:
 
 def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
   """Run torch's decomposition on tensors that wrap the traced JAX values."""
+
   def run(*args: Any, **kwargs: Any) -> Any:
     if func in decomposing():
       fallback.raise_not_found(func)
@@ -80,14 +81,23 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
     device = tensor_lib.jax_device(0)
     # Traced arrays become tensors again; a weakly typed 0-d tracer is a traced Python scalar.
     targs, tkwargs = jax.tree_util.tree_map(
-        lambda x: make(x, device) if isinstance(x, (jax.core.Tracer, jax.Array))
-        and (np.ndim(x) > 0 or not x.aval.weak_type) else x, (args, kwargs))
+      lambda x: (
+        make(x, device)
+        if isinstance(x, (jax.core.Tracer, jax.Array)) and (np.ndim(x) > 0 or not x.aval.weak_type)
+        else x
+      ),
+      (args, kwargs),
+    )
     out = decomp(*targs, **tkwargs)
     if out is NotImplemented:  # torch's decomposition does not cover these arguments
       lowering = fallback.lowering(func)
       if lowering is None:
         fallback.raise_not_found(func)
       return lowering.fn(*args, **kwargs)
-    return jax.tree_util.tree_map(lambda t: value(t) if isinstance(t, Tensor) else t, out,
-                                  is_leaf=lambda t: isinstance(t, torch.Tensor))
+    return jax.tree_util.tree_map(
+      lambda t: value(t) if isinstance(t, Tensor) else t,
+      out,
+      is_leaf=lambda t: isinstance(t, torch.Tensor),
+    )
+
   return run

@@ -42,11 +42,15 @@ def is_dynamic_type(t: Any) -> bool:
 
 
 def mutated_args(func: Any) -> list[str]:
-  return [a.name for a in func._schema.arguments
-          if a.alias_info is not None and a.alias_info.is_write]
+  return [
+    a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+  ]
 
 
 def is_view(func: Any) -> bool:
   rets = func._schema.returns
-  return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write
-                            for r in rets) and not mutated_args(func)
+  return (
+    bool(rets)
+    and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+    and not mutated_args(func)
+  )

@@ -43,8 +43,9 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
     v = concrete(v, f"a copy to {device}: `.cpu()`, `.tolist()`, `.numpy()`, `.to('{device}')`")
     out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
     return out.to(dtype=dtype, device=device)
-  target_device = (tensor_lib.jax_device(device_lib.device_index(device)) if device is not None
-                   else src.device)
+  target_device = (
+    tensor_lib.jax_device(device_lib.device_index(device)) if device is not None else src.device
+  )
   dtype = narrowing.narrow_dtype(dtype, f"a conversion to {dtype}")
   with x64():
     want = dtypes.jax_dtype(dtype, api="Tensor.to", where="the requested dtype")
@@ -71,8 +72,9 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
         dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
     return dst
   # (inside a 32-bit program a 64-bit source must fit, as CPU tensors beside jax tensors)
-  src_t, bound = narrowing.known(src.detach(), f"a {src.dtype} CPU tensor (shape "
-                                 f"{tuple(src.shape)}) copied to the jax device")
+  src_t, bound = narrowing.known(
+    src.detach(), f"a {src.dtype} CPU tensor (shape {tuple(src.shape)}) copied to the jax device"
+  )
   with x64():
     v = transfer.tensor_to_jax(src_t, copy=True, api="Tensor.copy_", where=lambda: "the source")
     # (a CPU tensor arrives on JAX's CPU device: on to the tensor's own, a GPU or jax:1)
@@ -161,30 +163,38 @@ def _pack_padded_sequence(args: tuple, kwargs: dict) -> tuple:
     kind = torch.empty(0, dtype=lengths.dtype).type().rpartition(".")[2].removesuffix("Tensor")
     hint = ""
     if isinstance(lengths, Tensor) and isinstance(lengths._storage.array, jax.core.Tracer):
-      hint = (". Here `lengths` is a value of the JAX program being traced (a tensor argument "
-              "of `bridge.compile` or `call_torch`), but the packed layout must be known "
-              "while tracing: pass the lengths as a Python list (a static argument) or as a "
-              "CPU tensor the function closes over")
-    raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
-                       f"{lengths.dim()}D {lengths.device} {kind} tensor{hint}")
+      hint = (
+        ". Here `lengths` is a value of the JAX program being traced (a tensor argument "
+        "of `bridge.compile` or `call_torch`), but the packed layout must be known "
+        "while tracing: pass the lengths as a Python list (a static argument) or as a "
+        "CPU tensor the function closes over"
+      )
+    raise RuntimeError(
+      f"'lengths' argument should be a 1D CPU int64 tensor, but got "
+      f"{lengths.dim()}D {lengths.device} {kind} tensor{hint}"
+    )
   if batch_first:
     x = x.transpose(0, 1)
   batch, lens = x.shape[1], lengths.tolist()
   if len(lens) != batch:
-    raise RuntimeError(f"Expected `len(lengths)` to be equal to batch_size, but got "
-                       f"{len(lens)} (batch_size={batch})")
+    raise RuntimeError(
+      f"Expected `len(lengths)` to be equal to batch_size, but got {len(lens)} (batch_size={batch})"
+    )
   if lens[-1] <= 0:
-    raise RuntimeError("Length of all samples has to be greater than 0, but found an element "
-                       "in 'lengths' that is <= 0")
+    raise RuntimeError(
+      "Length of all samples has to be greater than 0, but found an element "
+      "in 'lengths' that is <= 0"
+    )
   steps, sizes, prev = [], [], 0
   for i, n in enumerate(reversed(lens)):  # shortest first: each run of steps has one batch
     if n < prev:
       raise RuntimeError(
-          "`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
-          "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence "
-          "to sidestep this requirement if you do not need ONNX exportability.")
+        "`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
+        "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence "
+        "to sidestep this requirement if you do not need ONNX exportability."
+      )
     if n > prev:
-      steps.append(x[prev:n, :batch - i].reshape(-1, *x.shape[2:]))
+      steps.append(x[prev:n, : batch - i].reshape(-1, *x.shape[2:]))
       sizes += [batch - i] * (n - prev)
       prev = n
   return torch.cat(steps), torch.tensor(sizes, dtype=torch.int64, device="cpu")
@@ -198,51 +208,92 @@ def _native_batch_norm(plan_of: Callable[[Any], Callable]) -> Callable:
   """`native_batch_norm` updates its running stats in place though its schema does not say so:
   it runs the plan (`plan_of`) of the `_native_batch_norm_legit` overload that fits, then
   stores the new statistics."""
+
   def run(args: tuple, kwargs: dict) -> Any:
-    bound = dict(zip(["input", "weight", "bias", "running_mean", "running_var", "training",
-                      "momentum", "eps"], args), **kwargs)
+    bound = dict(
+      zip(
+        ["input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"],
+        args,
+      ),
+      **kwargs,
+    )
     if not (bound["training"] and bound["running_mean"] is not None):
       if bound["running_mean"] is not None:
         return plan_of(aten._native_batch_norm_legit_no_training.default)(
-            (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
-             bound["running_var"], bound["momentum"], bound["eps"]), {})
+          (
+            bound["input"],
+            bound["weight"],
+            bound["bias"],
+            bound["running_mean"],
+            bound["running_var"],
+            bound["momentum"],
+            bound["eps"],
+          ),
+          {},
+        )
       return plan_of(aten._native_batch_norm_legit.no_stats)(
-          (bound["input"], bound["weight"], bound["bias"], bound["training"],
-           bound["momentum"], bound["eps"]), {})
-    out, mean, rstd, new_mean, new_var = plan_of(
-        aten._native_batch_norm_legit_functional.default)(
-        (bound["input"], bound["weight"], bound["bias"], bound["running_mean"],
-         bound["running_var"], True, bound["momentum"], bound["eps"]), {})
+        (
+          bound["input"],
+          bound["weight"],
+          bound["bias"],
+          bound["training"],
+          bound["momentum"],
+          bound["eps"],
+        ),
+        {},
+      )
+    out, mean, rstd, new_mean, new_var = plan_of(aten._native_batch_norm_legit_functional.default)(
+      (
+        bound["input"],
+        bound["weight"],
+        bound["bias"],
+        bound["running_mean"],
+        bound["running_var"],
+        True,
+        bound["momentum"],
+        bound["eps"],
+      ),
+      {},
+    )
     store(bound["running_mean"], new_mean)
     store(bound["running_var"], new_var)
     return out, mean, rstd
+
   return run
 
 
 # The special ops above that make tensors with new values or dtypes (their int64 results in a
 # 32-bit program are proven exact by `narrowing`); the others return their input or write
 # through `store`, which does it.
-NEW_VALUES = frozenset({aten._to_copy.default, aten.lift_fresh_copy.default, aten.view.dtype,
-                        aten.as_strided_scatter.default, aten._pack_padded_sequence.default})
+NEW_VALUES = frozenset(
+  {
+    aten._to_copy.default,
+    aten.lift_fresh_copy.default,
+    aten.view.dtype,
+    aten.as_strided_scatter.default,
+    aten._pack_padded_sequence.default,
+  }
+)
 
 _SPECIAL: dict[Any, Callable] = {
-    aten._to_copy.default: _to_copy,
-    aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.lift_fresh.default: lambda a, k: a[0],
-    aten.lift_fresh_copy.default: _identity_copy,
-    aten._conj.default: _conj_copy,
-    aten._neg_view.default: _neg_copy,
-    aten.resolve_conj.default: lambda a, k: a[0],
-    aten.resolve_neg.default: lambda a, k: a[0],
-    aten.view.dtype: _view_dtype,
-    aten.view_as_real.default: _view_as_real,
-    aten.view_as_complex.default: _view_as_complex,
-    aten.as_strided_scatter.default: _as_strided_scatter,
-    aten.is_pinned.default: _false,
-    aten._pack_padded_sequence.default: _pack_padded_sequence,
-    aten._has_compatible_shallow_copy_type.default:
-        lambda a, k: isinstance(a[0], Tensor) and isinstance(a[1], Tensor),
+  aten._to_copy.default: _to_copy,
+  aten.copy_.default: _copy_,
+  aten._local_scalar_dense.default: _local_scalar_dense,
+  aten.lift_fresh.default: lambda a, k: a[0],
+  aten.lift_fresh_copy.default: _identity_copy,
+  aten._conj.default: _conj_copy,
+  aten._neg_view.default: _neg_copy,
+  aten.resolve_conj.default: lambda a, k: a[0],
+  aten.resolve_neg.default: lambda a, k: a[0],
+  aten.view.dtype: _view_dtype,
+  aten.view_as_real.default: _view_as_real,
+  aten.view_as_complex.default: _view_as_complex,
+  aten.as_strided_scatter.default: _as_strided_scatter,
+  aten.is_pinned.default: _false,
+  aten._pack_padded_sequence.default: _pack_padded_sequence,
+  aten._has_compatible_shallow_copy_type.default: lambda a, k: (
+    isinstance(a[0], Tensor) and isinstance(a[1], Tensor)
+  ),
 }
 
 

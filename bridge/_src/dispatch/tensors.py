@@ -24,7 +24,6 @@ from bridge._src.tensor import Tensor, make
 from bridge._src.transfer import ArrayImpl
 
 
-
 _last_result: list[Any] = [None]
 
 
@@ -36,19 +35,30 @@ def wait_for_last_result() -> None:
 
 def device_error(a: Any, b: Any) -> DeviceMismatchError:
   return DeviceMismatchError(
-      f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
-      f"{b}! Move them together first, e.g. `t.to('{a}')`.")
+    f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+    f"{b}! Move them together first, e.g. `t.to('{a}')`."
+  )
 
 
 LIKE_OPS = frozenset(
-    getattr(getattr(aten, name), overload)
-    for name, overloads in (
-        ("zeros_like", ("default",)), ("ones_like", ("default",)), ("empty_like", ("default",)),
-        ("full_like", ("default",)), ("rand_like", ("default",)), ("randn_like", ("default",)),
-        ("randint_like", ("default", "low_dtype")), ("new_zeros", ("default",)),
-        ("new_ones", ("default",)), ("new_empty", ("default",)), ("new_full", ("default",)),
-        ("new_empty_strided", ("default",)))
-    for overload in overloads if hasattr(getattr(aten, name, None), overload))
+  getattr(getattr(aten, name), overload)
+  for name, overloads in (
+    ("zeros_like", ("default",)),
+    ("ones_like", ("default",)),
+    ("empty_like", ("default",)),
+    ("full_like", ("default",)),
+    ("rand_like", ("default",)),
+    ("randn_like", ("default",)),
+    ("randint_like", ("default", "low_dtype")),
+    ("new_zeros", ("default",)),
+    ("new_ones", ("default",)),
+    ("new_empty", ("default",)),
+    ("new_full", ("default",)),
+    ("new_empty_strided", ("default",)),
+  )
+  for overload in overloads
+  if hasattr(getattr(aten, name, None), overload)
+)
 
 
 def placed_like(out: Any, like: Any) -> Any:
@@ -68,17 +78,18 @@ def placement_error(func: Any, dyn: list) -> DeviceMismatchError:
   """Tensors of one op placed on different sets of devices (different meshes)."""
   placed = placement_lines((f"argument {i}", a) for i, a in enumerate(dyn) if np.ndim(a) > 0)
   return DeviceMismatchError(
-      f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
-      + "\n".join(placed) + "\nOne op runs on one mesh: place them together first "
-      "(`bridge.shard(t, sharding)` with a sharding over the same mesh).")
+    f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
+    + "\n".join(placed)
+    + "\nOne op runs on one mesh: place them together first "
+    "(`bridge.shard(t, sharding)` with a sharding over the same mesh)."
+  )
 
 
 def scalar_from_cpu(t: torch.Tensor) -> Any:
   """A CPU tensor torch allows beside device tensors (0-dim values, index tensors)."""
   t, bound = narrowing.known(t.detach(), f"a {t.dtype} CPU tensor (shape {tuple(t.shape)})")
   with x64():
-    a = transfer.tensor_to_jax(t.contiguous(), api="the jax device",
-                               where=lambda: "a CPU tensor")
+    a = transfer.tensor_to_jax(t.contiguous(), api="the jax device", where=lambda: "a CPU tensor")
     if device_lib.jax_devices()[0].platform != "cpu":
       # (on JAX's CPU device, committed there: beside GPU arrays, an uncommitted copy that
       # JAX places with the op's other arguments)
@@ -138,7 +149,7 @@ def _host_zeros(size: tuple, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(size)  # page-aligned
   raw = np.zeros(nbytes + transfer._ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % transfer._ALIGNMENT
-  return raw[start:start + nbytes].view(dtype).reshape(size)
+  return raw[start : start + nbytes].view(dtype).reshape(size)
 
 
 _MAP_BYTES = 1 << 20

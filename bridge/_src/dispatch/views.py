@@ -1,5 +1,4 @@
-"""The plan of a view op: the result shares its input's storage, with torch's metadata.
-"""
+"""The plan of a view op: the result shares its input's storage, with torch's metadata."""
 
 from __future__ import annotations
 
@@ -26,8 +25,14 @@ class ViewPlan:
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     self_t = args[0]
     rest = args[1:]
-    key = (tuple(self_t.shape), tuple(self_t.stride()), self_t.storage_offset(), self_t.dtype,
-           _freeze(rest), _freeze(kwargs))
+    key = (
+      tuple(self_t.shape),
+      tuple(self_t.stride()),
+      self_t.storage_offset(),
+      self_t.dtype,
+      _freeze(rest),
+      _freeze(kwargs),
+    )
     meta = self.cache.get(key)
     if meta is None:
       meta = self.cache[key] = self._meta(self_t, rest, kwargs)
@@ -38,15 +43,17 @@ class ViewPlan:
     storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
     out: Any
     if isinstance(meta, list):
-      out = [make_view(storage, size, stride, offset, dtype, device)
-             for size, stride, offset in meta]
+      out = [
+        make_view(storage, size, stride, offset, dtype, device) for size, stride, offset in meta
+      ]
     else:
       size, stride, offset = meta
       out = make_view(storage, size, stride, offset, dtype, device)
     # `detach()`, views of a detached tensor, and views made in a `torch.no_grad()` block of
     # traced code are constants for JAX's derivatives (torch gives them no gradient)
-    if ((self.detaches or self_t._detached or scope.no_grad_inside())
-        and isinstance(storage.array, jax.core.Tracer)):
+    if (self.detaches or self_t._detached or scope.no_grad_inside()) and isinstance(
+      storage.array, jax.core.Tracer
+    ):
       tensor_lib.detach_traced(out)
     return out
 
@@ -55,14 +62,17 @@ class ViewPlan:
     base = torch.empty(numel, dtype=t.dtype, device="meta")
     m = base.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
     composite = torch._C._dispatch_has_kernel_for_dispatch_key(
-        self.func.name(), "CompositeImplicitAutograd")
+      self.func.name(), "CompositeImplicitAutograd"
+    )
     try:
       out = self.func(m, *rest, **kwargs)
     except (NotImplementedError, RuntimeError):
       if composite:  # `to(device="cpu")`: no meta answer, a copy
         return _COPIES
       raise
-    if composite and any(not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])):
+    if composite and any(
+      not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])
+    ):
       return _COPIES
     if isinstance(out, (list, tuple)):
       return [(tuple(o.shape), tuple(o.stride()), o.storage_offset()) for o in out]

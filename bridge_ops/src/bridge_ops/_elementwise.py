@@ -50,6 +50,7 @@ def _promote(*names: str, kind: str = "default") -> Callable[[Callable], Callabl
   torch casts a Python scalar to the operation's dtype, so an out-of-range int wraps
   (`uint8_tensor == 300` compares with 44) where JAX would refuse the literal.
   """
+
   def decorate(fn: Callable) -> Callable:
     sig = inspect.signature(fn)
 
@@ -60,7 +61,9 @@ def _promote(*names: str, kind: str = "default") -> Callable[[Callable], Callabl
       for n, v in zip(present, _promoted(*(bound.arguments[n] for n in present), kind=kind)):
         bound.arguments[n] = v
       return fn(*bound.args, **bound.kwargs)
+
     return wrapper
+
   return decorate
 
 
@@ -113,8 +116,7 @@ def _remainder_value(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 # torch's derivative: da - db * floor(a / b), with torch's floor division (nan at a = inf)
-_remainder_real = with_derivative(
-    _remainder_value, lambda out, p, t: t[0] - t[1] * _div_floor(*p))
+_remainder_real = with_derivative(_remainder_value, lambda out, p, t: t[0] - t[1] * _div_floor(*p))
 
 
 def _remainder(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -133,8 +135,9 @@ def _int_pow(a: jax.Array, b: jax.Array) -> jax.Array:
     base = base * base
     e = lax.shift_right_logical(e, jnp.ones((), e.dtype))
   if jnp.issubdtype(b.dtype, jnp.signedinteger):
-    neg = jnp.where(a == 1, one, jnp.where(a == -1, jnp.where((b & 1) != 0, -one, one),
-                                           jnp.zeros((), a.dtype)))
+    neg = jnp.where(
+      a == 1, one, jnp.where(a == -1, jnp.where((b & 1) != 0, -one, one), jnp.zeros((), a.dtype))
+    )
     acc = jnp.where(b < 0, neg, acc)
   return acc
 
@@ -157,8 +160,9 @@ def _clamp(x: jax.Array, lo: jax.Array | None, hi: jax.Array | None) -> jax.Arra
   return jnp.where(nan_input, kept, x)
 
 
-def _nan_to_num_real(x: jax.Array, nan: float | None, posinf: float | None,
-                     neginf: float | None) -> jax.Array:
+def _nan_to_num_real(
+  x: jax.Array, nan: float | None, posinf: float | None, neginf: float | None
+) -> jax.Array:
   info = jnp.finfo(x.dtype)
   nan_v = jnp.asarray(0.0 if nan is None else nan, np.float64).astype(x.dtype)
   pos_v = jnp.asarray(info.max if posinf is None else posinf, np.float64).astype(x.dtype)
@@ -170,8 +174,9 @@ def _nan_to_num_real(x: jax.Array, nan: float | None, posinf: float | None,
 
 # torch's derivative, from the output: y (1 - y). Differentiating 1 / (1 + exp(-x)) gives
 # inf / inf = nan once exp(-x) overflows (x < -89 in float32), where torch's is 0.
-_sigmoid = with_derivative(lambda x: 1 / (1 + jnp.exp(-x)),
-                           lambda out, x, t: t[0] * (1 - out) * out)
+_sigmoid = with_derivative(
+  lambda x: 1 / (1 + jnp.exp(-x)), lambda out, x, t: t[0] * (1 - out) * out
+)
 
 
 def _lshift(a: jax.Array, b: jax.Array) -> jax.Array:

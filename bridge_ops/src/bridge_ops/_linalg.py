@@ -25,9 +25,11 @@ def _empty(dtype):
 
 def _batch_broadcast(a, b, a_core=2, b_core=2):
   """`a`, `b` with their batch dims (all but the last `*_core`) broadcast to each other."""
-  batch = jnp.broadcast_shapes(a.shape[:a.ndim - a_core], b.shape[:b.ndim - b_core])
-  return (jnp.broadcast_to(a, batch + a.shape[a.ndim - a_core:]),
-          jnp.broadcast_to(b, batch + b.shape[b.ndim - b_core:]))
+  batch = jnp.broadcast_shapes(a.shape[: a.ndim - a_core], b.shape[: b.ndim - b_core])
+  return (
+    jnp.broadcast_to(a, batch + a.shape[a.ndim - a_core :]),
+    jnp.broadcast_to(b, batch + b.shape[b.ndim - b_core :]),
+  )
 
 
 def _is_vector_rhs(A, B):

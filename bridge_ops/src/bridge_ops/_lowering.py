@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+
 class Missing:
   """An op that this torch does not have (it came in a later torch): `lowering` skips it, and
   calling it raises."""
@@ -86,24 +87,40 @@ def _dtype_map(direction: str) -> Mapping[Any, Any]:
     return _DTYPES[direction]
   except KeyError:
     raise RuntimeError(
-        "bridge_ops: no dtype map is installed. The core hands its torch -> JAX dtype map to "
-        "`bridge_ops.plugin.register(registry)` (`registry.dtypes`) when it loads the plugin; "
-        "to call a lowering outside the core, install one first: "
-        "`bridge_ops.plugin.install_dtypes(bridge._src.registry.REGISTRY.dtypes)`.") from None
+      "bridge_ops: no dtype map is installed. The core hands its torch -> JAX dtype map to "
+      "`bridge_ops.plugin.register(registry)` (`registry.dtypes`) when it loads the plugin; "
+      "to call a lowering outside the core, install one first: "
+      "`bridge_ops.plugin.install_dtypes(bridge._src.registry.REGISTRY.dtypes)`."
+    ) from None
 
 
-def lowering(*ops: Any, override: bool = False, random: bool = False,
-             static_argnames: tuple[str, ...] = (), dynamic_shape: bool | str = False
-             ) -> Callable[[Callable], Callable]:
+def lowering(
+  *ops: Any,
+  override: bool = False,
+  random: bool = False,
+  static_argnames: tuple[str, ...] = (),
+  dynamic_shape: bool | str = False,
+) -> Callable[[Callable], Callable]:
   """Records the decorated function as the lowering of aten `ops` (overloads or packets)."""
+
   def decorate(fn: Callable) -> Callable:
     for op in ops:
       if isinstance(op, Missing):
         continue  # an op of a later torch
-      RECORDS.append(Record(op, fn, dict(override=override, random=random,
-                                         static_argnames=static_argnames,
-                                         dynamic_shape=dynamic_shape)))
+      RECORDS.append(
+        Record(
+          op,
+          fn,
+          dict(
+            override=override,
+            random=random,
+            static_argnames=static_argnames,
+            dynamic_shape=dynamic_shape,
+          ),
+        )
+      )
     return fn
+
   return decorate
 
 
@@ -141,8 +158,9 @@ def scan(*args: Any, **kwargs: Any) -> Any:
 _REPORT: list[Callable[..., None] | None] = [None]  # the core's, from `plugin.install_checks`
 
 
-def check(bad: Any, values: Any, error: type[Exception], message: Any, *,
-          kind: str = "value") -> None:
+def check(
+  bad: Any, values: Any, error: type[Exception], message: Any, *, kind: str = "value"
+) -> None:
   """torch raises `error(message)` where the bool array `bad` is True.
 
   `values` (`bad`'s shape, or None) holds the offending values; `message` is torch's text,
@@ -155,8 +173,9 @@ def check(bad: Any, values: Any, error: type[Exception], message: Any, *,
     report(bad, values, error, message, kind)
 
 
-def check_index(index: Any, size: int, error: type[Exception], message: Any, *,
-                negative: bool = False) -> None:
+def check_index(
+  index: Any, size: int, error: type[Exception], message: Any, *, negative: bool = False
+) -> None:
   """`check` that `index` lies in [0, size), or with `negative` in [-size, size) (torch's
   negative indices count from the end)."""
   if _REPORT[0] is None or np.size(index) == 0:
@@ -166,8 +185,9 @@ def check_index(index: Any, size: int, error: type[Exception], message: Any, *,
   check(bad, index, error, message, kind="index")
 
 
-def with_derivative(fn: Callable[..., Any],
-                    tangent: Callable[[Any, tuple, tuple], Any]) -> Callable[..., Any]:
+def with_derivative(
+  fn: Callable[..., Any], tangent: Callable[[Any, tuple, tuple], Any]
+) -> Callable[..., Any]:
   """`fn` (a function of arrays) differentiated by `tangent(out, primals, tangents)` instead
   of JAX's rules, for ops whose torch derivative takes another value at a kink, a tie or a
   zero (`abs` at 0 has derivative 0 in torch, 1 in JAX). `tangent` must be linear in
@@ -187,6 +207,7 @@ def x_times_log(log: Callable[[Any], Any], pole: float) -> Callable[[Any, Any], 
   """torch's `xlogy` (log = jnp.log, pole 0) or `xlog1py` (jnp.log1p, pole -1): x * log(y),
   nan where y is nan, else 0 where x == 0; derivative torch's, log(y) dx (0 where x == 0 and
   y <= pole) + x / (y - pole) dy (a `where` in the value would give dx 0 at every x == 0)."""
+
   def value(x: Any, y: Any) -> Any:
     out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * log(y))
     return jnp.where(jnp.isnan(y), y, out)
@@ -325,7 +346,8 @@ def result_dtypes(*args: Any, kind: str = "default") -> tuple[Any, Any]:
   """
   fakes = [_as_torch_arg(a) for a in args if a is not None]
   compute, result = elementwise_dtypes(
-      *fakes, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind.upper()))
+    *fakes, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind.upper())
+  )
   to_jax = _dtype_map("to_jax")
   return to_jax[compute], to_jax[result]
 
@@ -336,6 +358,7 @@ def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable
   Tensor arguments are cast with `astype`; scalar arguments are left to JAX's weak
   typing, which then follows the tensors' dtype as torch does.
   """
+
   def decorate(fn: Callable) -> Callable:
     sig = inspect.signature(fn)
 
@@ -349,5 +372,7 @@ def promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable
         if v is not None and _is_array(v) and not (weak(v) and np.ndim(v) == 0):
           bound.arguments[n] = jnp.asarray(v).astype(compute)
       return fn(*bound.args, **bound.kwargs)
+
     return wrapper
+
   return decorate

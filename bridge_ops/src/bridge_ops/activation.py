@@ -24,6 +24,7 @@ _2_SQRTPI = 1.12837916709551257390
 
 # ----------------------------------------------------------------------------- activations
 
+
 @lowering(aten.relu.default)
 def relu(self):
   # As torch: relu(nan) = nan; the derivative is 0 where x <= 0 (at exactly 0 too: that of a
@@ -108,11 +109,13 @@ def softplus(self, beta=1, threshold=20):
 # Their derivatives are torch's backward formulas (`hardsigmoid_backward`,
 # `hardswish_backward` below): 0 at x = -3 and 3 for hardsigmoid, where clip's rule gives 1/12.
 _hardsigmoid = with_derivative(
-    lambda x: jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
-    lambda out, x, t: _hardsigmoid_grad(t[0], x[0]))
+  lambda x: jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
+  lambda out, x, t: _hardsigmoid_grad(t[0], x[0]),
+)
 _hardswish = with_derivative(
-    lambda x: x * jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
-    lambda out, x, t: _hardswish_grad(t[0], x[0]))
+  lambda x: x * jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6,
+  lambda out, x, t: _hardswish_grad(t[0], x[0]),
+)
 
 
 @lowering(aten.hardsigmoid.default)
@@ -134,8 +137,9 @@ def mish(self):
 
 
 # (torch's backward formula: finite where exp(x) overflows)
-_mish = with_derivative(lambda x: x * jnp.tanh(jnp.log1p(jnp.exp(x))),
-                        lambda out, x, t: _mish_grad(t[0], x[0]))
+_mish = with_derivative(
+  lambda x: x * jnp.tanh(jnp.log1p(jnp.exp(x))), lambda out, x, t: _mish_grad(t[0], x[0])
+)
 
 
 @lowering(aten.threshold.default)
@@ -147,11 +151,13 @@ def threshold(self, threshold, value):
 
 # ----------------------------------------------------------------------------- backward ops
 
+
 @lowering(aten.threshold_backward.default)
 @promote("grad_output", "self")
 def threshold_backward(grad_output, self, threshold):
-  return jnp.where(self <= _as(threshold, self.dtype), jnp.zeros((), grad_output.dtype),
-                   grad_output)
+  return jnp.where(
+    self <= _as(threshold, self.dtype), jnp.zeros((), grad_output.dtype), grad_output
+  )
 
 
 @lowering(aten.gelu_backward.default)
@@ -233,8 +239,11 @@ def _hardsigmoid_grad(grad_output, self):
 def _hardswish_grad(grad_output, self):
   # nan input -> nan, like torch's vectorized path (its scalar path and the decomposition
   # give grad_output).
-  return jnp.where(self <= -3, jnp.zeros((), grad_output.dtype),
-                   jnp.where(self >= 3, grad_output, grad_output * (self / 3 + 0.5)))
+  return jnp.where(
+    self <= -3,
+    jnp.zeros((), grad_output.dtype),
+    jnp.where(self >= 3, grad_output, grad_output * (self / 3 + 0.5)),
+  )
 
 
 @lowering(aten.hardsigmoid_backward.default)

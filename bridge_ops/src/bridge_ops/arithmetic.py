@@ -27,15 +27,35 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, check, lowering, promote, result_dtypes, torch_abs,
-                                  torch_sign, with_derivative)
-from bridge_ops._elementwise import (_as, _check_divisor, _clamp, _div_floor, _inexact, _is_one,
-                                     _pow, _promote, _promoted, _remainder, _truth)
+from bridge_ops._lowering import (
+  aten,
+  check,
+  lowering,
+  promote,
+  result_dtypes,
+  torch_abs,
+  torch_sign,
+  with_derivative,
+)
+from bridge_ops._elementwise import (
+  _as,
+  _check_divisor,
+  _clamp,
+  _div_floor,
+  _inexact,
+  _is_one,
+  _pow,
+  _promote,
+  _promoted,
+  _remainder,
+  _truth,
+)
 
 __all__: list[str] = []
 
 
 # ----------------------------------------------------------------------------- arithmetic
+
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
 @_promote("self", "other")
@@ -88,8 +108,9 @@ def div_mode(self, other, *, rounding_mode=None):
     return lax.div(*jnp.broadcast_arrays(a, b))  # C division: rounds towards zero
   if rounding_mode == "floor":
     return floor_divide(self, other)
-  raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
-                   f"but found {rounding_mode!r}")
+  raise ValueError(
+    f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}"
+  )
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
@@ -166,21 +187,29 @@ def pow(self, exponent):  # (named after the op)
 
 def _scalar(x: Any) -> bool:
   """A Scalar argument: a Python number or a weakly typed 0-d value (a traced number)."""
-  return not hasattr(x, "dtype") or (np.ndim(x) == 0 and getattr(
-      getattr(x, "aval", x), "weak_type", False))
+  return not hasattr(x, "dtype") or (
+    np.ndim(x) == 0 and getattr(getattr(x, "aval", x), "weak_type", False)
+  )
 
 
 def _check_int_power(fn: Callable) -> Callable:
   """torch: an integral tensor to a negative integral Scalar power raises (before promotion,
   which wraps -1 into 255 for uint8). `pow_` with a Scalar runs `pow.Scalar` with the tensor
   as `self`, so both overloads check."""
+
   @functools.wraps(fn)
   def wrapper(self: Any, exponent: Any) -> Any:
-    if (not _scalar(self) and _scalar(exponent) and _integral_kind(self)
-        and _integral_kind(exponent)):
-      check(jnp.asarray(exponent) < 0, None, RuntimeError,
-            "Integers to negative integer powers are not allowed.")
+    if (
+      not _scalar(self) and _scalar(exponent) and _integral_kind(self) and _integral_kind(exponent)
+    ):
+      check(
+        jnp.asarray(exponent) < 0,
+        None,
+        RuntimeError,
+        "Integers to negative integer powers are not allowed.",
+      )
     return fn(self, exponent)
+
   return wrapper
 
 
@@ -219,6 +248,7 @@ def reciprocal(self):
 
 # ----------------------------------------------------------------------------- clamp, min/max
 
+
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 @_promote("self", "min", "max")
 def clamp(self, min=None, max=None):  # (schema names)
@@ -241,8 +271,9 @@ def _first_on_tie(extreme: Callable) -> Callable:
   """`extreme` (jnp.maximum/minimum: NaN-propagating) returning its first argument on a tie,
   as torch's CPU loop (-0.0 and 0.0 are a tie), with `extreme`'s derivative (half to each
   argument on a tie, as torch's)."""
-  return with_derivative(lambda a, b: jnp.where(a == b, a, extreme(a, b)),
-                         lambda out, p, t: jax.jvp(extreme, p, t)[1])
+  return with_derivative(
+    lambda a, b: jnp.where(a == b, a, extreme(a, b)), lambda out, p, t: jax.jvp(extreme, p, t)[1]
+  )
 
 
 _float_minimum = _first_on_tie(jnp.minimum)
@@ -283,6 +314,7 @@ def fmax(self, other):
 
 
 # ----------------------------------------------------------------------------- ternary
+
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
 @_promote("self", "end", "weight")

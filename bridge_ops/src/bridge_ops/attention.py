@@ -63,12 +63,25 @@ def _in_projection(query, key, value, qkv_weight, qkv_bias):
   return _linear(query, wq, bq), _linear(key, wk, bk), _linear(value, wv, bv)
 
 
-@lowering(aten._native_multi_head_attention.default,
-          static_argnames=("embed_dim", "num_head", "need_weights", "average_attn_weights",
-                           "mask_type"))
-def _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
-                                 proj_weight, proj_bias, mask=None, need_weights=True,
-                                 average_attn_weights=True, mask_type=None):
+@lowering(
+  aten._native_multi_head_attention.default,
+  static_argnames=("embed_dim", "num_head", "need_weights", "average_attn_weights", "mask_type"),
+)
+def _native_multi_head_attention(
+  query,
+  key,
+  value,
+  embed_dim,
+  num_head,
+  qkv_weight,
+  qkv_bias,
+  proj_weight,
+  proj_bias,
+  mask=None,
+  need_weights=True,
+  average_attn_weights=True,
+  mask_type=None,
+):
   del embed_dim
   q, k, v = _in_projection(query, key, value, qkv_weight, qkv_bias)
   out, weights = _attention(q, k, v, num_head, mask, mask_type)
@@ -84,13 +97,32 @@ def _layer_norm(x, weight, bias, eps):
   return (x - mean) * lax.rsqrt(var + eps) * weight + bias
 
 
-@lowering(aten._transformer_encoder_layer_fwd.default,
-          static_argnames=("embed_dim", "num_heads", "use_gelu", "norm_first", "mask_type"))
-def _transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
-                                   proj_bias, use_gelu, norm_first, eps, norm_weight_1,
-                                   norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
-                                   ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
-                                   mask_type=None):
+@lowering(
+  aten._transformer_encoder_layer_fwd.default,
+  static_argnames=("embed_dim", "num_heads", "use_gelu", "norm_first", "mask_type"),
+)
+def _transformer_encoder_layer_fwd(
+  src,
+  embed_dim,
+  num_heads,
+  qkv_weight,
+  qkv_bias,
+  proj_weight,
+  proj_bias,
+  use_gelu,
+  norm_first,
+  eps,
+  norm_weight_1,
+  norm_bias_1,
+  norm_weight_2,
+  norm_bias_2,
+  ffn_weight_1,
+  ffn_bias_1,
+  ffn_weight_2,
+  ffn_bias_2,
+  mask=None,
+  mask_type=None,
+):
   del embed_dim
   x = src
   h = _layer_norm(x, norm_weight_1, norm_bias_1, eps) if norm_first else x

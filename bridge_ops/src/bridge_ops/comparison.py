@@ -11,13 +11,23 @@ import jax.numpy as jnp
 from jax import lax
 
 from bridge_ops._lowering import aten, lowering
-from bridge_ops._elementwise import (_as, _inexact, _isnan, _lshift, _nan_to_num_real, _promote,
-                                     _promoted, _rshift, _truth)
+from bridge_ops._elementwise import (
+  _as,
+  _inexact,
+  _isnan,
+  _lshift,
+  _nan_to_num_real,
+  _promote,
+  _promoted,
+  _rshift,
+  _truth,
+)
 
 __all__: list[str] = []
 
 
 # ----------------------------------------------------------------------------- comparisons
+
 
 @lowering(aten.eq.Tensor, aten.eq.Scalar)
 @_promote("self", "other", kind="always_bool")
@@ -98,15 +108,25 @@ def bitwise_not(self):
   return ~self
 
 
-@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+@lowering(
+  aten.bitwise_left_shift.Tensor,
+  aten.bitwise_left_shift.Tensor_Scalar,
+  aten.bitwise_left_shift.Scalar_Tensor,
+  aten.__lshift__.Tensor,
+  aten.__lshift__.Scalar,
+)
 @_promote("self", "other")
 def bitwise_left_shift(self, other):
   return _lshift(self, other)
 
 
-@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
-          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+@lowering(
+  aten.bitwise_right_shift.Tensor,
+  aten.bitwise_right_shift.Tensor_Scalar,
+  aten.bitwise_right_shift.Scalar_Tensor,
+  aten.__rshift__.Tensor,
+  aten.__rshift__.Scalar,
+)
 @_promote("self", "other")
 def bitwise_right_shift(self, other):
   return _rshift(self, other)
@@ -140,14 +160,17 @@ def isneginf(self):
 @lowering(aten.nan_to_num.default)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
   if jnp.issubdtype(self.dtype, jnp.complexfloating):
-    return lax.complex(_nan_to_num_real(jnp.real(self), nan, posinf, neginf),
-                       _nan_to_num_real(jnp.imag(self), nan, posinf, neginf))
+    return lax.complex(
+      _nan_to_num_real(jnp.real(self), nan, posinf, neginf),
+      _nan_to_num_real(jnp.imag(self), nan, posinf, neginf),
+    )
   if not _inexact(self):
     return self
   return _nan_to_num_real(self, nan, posinf, neginf)
 
 
 # ----------------------------------------------------------------------------- whole-tensor tests
+
 
 @lowering(aten.equal.default, dynamic_shape=True)
 def equal(self, other):
@@ -173,8 +196,9 @@ def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     close = close | (jnp.isfinite(diff) & (diff <= tol))
   else:
     diff = jnp.abs(a.astype(jnp.float64) - b.astype(jnp.float64))
-    close = close | (diff <= _as(atol, jnp.float64) + _as(rtol, jnp.float64) * jnp.abs(
-        b.astype(jnp.float64)))
+    close = close | (
+      diff <= _as(atol, jnp.float64) + _as(rtol, jnp.float64) * jnp.abs(b.astype(jnp.float64))
+    )
   return jnp.all(close)
 
 

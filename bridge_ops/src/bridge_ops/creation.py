@@ -37,8 +37,13 @@ def _default_complex():
 
 def _scalar_dtype(value):
   """torch's dtype for a tensor made from a Python scalar."""
-  return {"b": jnp.bool_, "i": jnp.int64, "u": jnp.int64, "f": default_float(),
-          "c": _default_complex()}[_kind(value)]
+  return {
+    "b": jnp.bool_,
+    "i": jnp.int64,
+    "u": jnp.int64,
+    "f": default_float(),
+    "c": _default_complex(),
+  }[_kind(value)]
 
 
 def _filled(shape, value, dtype):
@@ -72,26 +77,24 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 @lowering(aten.zeros_like.default)
-def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
   return jnp.zeros(self.shape, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.ones_like.default)
-def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-              memory_format=None):
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
   return jnp.ones(self.shape, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.empty_like.default)
-def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
   return jnp.zeros(self.shape, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.full_like.default)
-def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
-              memory_format=None):
+def full_like(
+  self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
   return _filled(self.shape, fill_value, jax_dtype(dtype, self.dtype))
 
 
@@ -111,8 +114,7 @@ def new_empty(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
 
 
 @lowering(aten.new_empty_strided.default)
-def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None,
-                      pin_memory=None):
+def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
   return jnp.zeros(tuple(size), jax_dtype(dtype, self.dtype))
 
 
@@ -179,8 +181,7 @@ def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory
 
 
 @lowering(aten.arange.start_step, static_argnames=("start", "end", "step"))
-def arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None,
-                      pin_memory=None):
+def arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
   return _arange(start, end, step, dtype)
 
 
@@ -219,17 +220,26 @@ def _linspace_compute(dtype):
   return dtype
 
 
-@lowering(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
-          aten.linspace.Scalar_Tensor)
+@lowering(
+  aten.linspace.default,
+  aten.linspace.Tensor_Tensor,
+  aten.linspace.Tensor_Scalar,
+  aten.linspace.Scalar_Tensor,
+)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
   out = _space_dtype(start, end, dtype)
   return _linear(start, end, steps, out, _linspace_compute(out)).astype(out)
 
 
-@lowering(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
-          aten.logspace.Scalar_Tensor)
-def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
-             pin_memory=None):
+@lowering(
+  aten.logspace.default,
+  aten.logspace.Tensor_Tensor,
+  aten.logspace.Tensor_Scalar,
+  aten.logspace.Scalar_Tensor,
+)
+def logspace(
+  start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None
+):
   """base ** linspace(start, end), the power taken in double (complex128 for complex)."""
   out = _space_dtype(start, end, dtype)
   compute = jnp.complex128 if np.dtype(out).kind == "c" else jnp.float64

@@ -31,15 +31,21 @@ def _scale(x, normalization: int, n: int):
 def _c2c(x, axes, forward: bool):
   """Unnormalized complex transform over `axes` (XLA transforms at most 3 axes at a time)."""
   for i in range(0, len(axes), 3):
-    chunk = axes[i:i + 3]
-    x = jnp.fft.fftn(x, axes=chunk, norm="backward") if forward else \
-        jnp.fft.ifftn(x, axes=chunk, norm="forward")
+    chunk = axes[i : i + 3]
+    x = (
+      jnp.fft.fftn(x, axes=chunk, norm="backward")
+      if forward
+      else jnp.fft.ifftn(x, axes=chunk, norm="forward")
+    )
   return x
 
 
 def _complex(x):
-  return x.astype(jnp.complex128 if x.dtype == jnp.float64 else jnp.complex64) \
-      if not jnp.iscomplexobj(x) else x
+  return (
+    x.astype(jnp.complex128 if x.dtype == jnp.float64 else jnp.complex64)
+    if not jnp.iscomplexobj(x)
+    else x
+  )
 
 
 @lowering(aten._fft_c2c.default)

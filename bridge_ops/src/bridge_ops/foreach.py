@@ -153,8 +153,10 @@ def _foreach_addcmul_ScalarList(self, tensor1, tensor2, scalars):
 
 @lowering(aten._foreach_addcmul.Tensor)
 def _foreach_addcmul_Tensor(self, tensor1, tensor2, scalars):
-  return [_addcmul(s, a, b, _scalar(scalars, i))
-          for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
+  return [
+    _addcmul(s, a, b, _scalar(scalars, i))
+    for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))
+  ]
 
 
 @lowering(aten._foreach_addcdiv.Scalar)
@@ -169,8 +171,10 @@ def _foreach_addcdiv_ScalarList(self, tensor1, tensor2, scalars):
 
 @lowering(aten._foreach_addcdiv.Tensor)
 def _foreach_addcdiv_Tensor(self, tensor1, tensor2, scalars):
-  return [_addcdiv(s, a, b, _scalar(scalars, i))
-          for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
+  return [
+    _addcdiv(s, a, b, _scalar(scalars, i))
+    for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))
+  ]
 
 
 # --- lerp (torch's two-sided formula, exact at both ends) -------------------------------------
@@ -308,8 +312,9 @@ def _foreach_pow_ScalarAndTensor(self, exponent):
 def _norm_dtypes(x, dtype):
   out = jax_dtype(dtype, None)
   if out is None:
-    out = {np.dtype(jnp.complex64): jnp.float32,
-           np.dtype(jnp.complex128): jnp.float64}.get(np.dtype(x.dtype), x.dtype)
+    out = {np.dtype(jnp.complex64): jnp.float32, np.dtype(jnp.complex128): jnp.float64}.get(
+      np.dtype(x.dtype), x.dtype
+    )
   compute = opmath(out)
   return compute, out
 
@@ -328,7 +333,7 @@ def _norm(x, ord, dtype):
   elif ord == 2:
     r = jnp.sqrt(jnp.sum(a * a))
   else:
-    r = jnp.sum(a ** ord) ** (1.0 / ord)
+    r = jnp.sum(a**ord) ** (1.0 / ord)
   return r.astype(out)
 
 

@@ -97,8 +97,10 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
   if interpolation_mode == _BICUBIC:
     out = _grid_bicubic(x_last, n_index, coords, sizes, padding_mode, align_corners)
   else:
-    src = [_pad_coordinates(_unnormalize(c, s, align_corners), s, padding_mode, align_corners)
-           for c, s in zip(coords, sizes)]
+    src = [
+      _pad_coordinates(_unnormalize(c, s, align_corners), s, padding_mode, align_corners)
+      for c, s in zip(coords, sizes)
+    ]
     if interpolation_mode == _NEAREST:
       out, _ = _gather(x_last, n_index, [jnp.round(c) for c in src])  # half to even
     else:
@@ -112,7 +114,7 @@ def _grid_linear(x_last, n_index, src):
   low = [jnp.floor(c) for c in src]
   out = None
   nd = len(src)
-  for corner in range(2 ** nd):
+  for corner in range(2**nd):
     bits = [(corner >> (nd - 1 - a)) & 1 for a in range(nd)]  # axis 0 is the slowest
     point = [lo + b for lo, b in zip(low, bits)]
     weight = None
@@ -157,6 +159,7 @@ def _cubic_weights(t):
 
   def far(x):
     return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
   return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
@@ -181,9 +184,13 @@ def _round16(dtype):
     return lambda v: jax.lax.reduce_precision(v, exponent_bits=8, mantissa_bits=7)
 
   def r(v):
-    tiny = jnp.round(v * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24)
-    return jnp.where(jnp.abs(v) < np.float32(2.0 ** -14), tiny,
-                     jax.lax.reduce_precision(v, exponent_bits=5, mantissa_bits=10))
+    tiny = jnp.round(v * np.float32(2.0**24)) * np.float32(2.0**-24)
+    return jnp.where(
+      jnp.abs(v) < np.float32(2.0**-14),
+      tiny,
+      jax.lax.reduce_precision(v, exponent_bits=5, mantissa_bits=10),
+    )
+
   return r
 
 
@@ -196,8 +203,8 @@ def _scalar16(dtype, value) -> np.float32:
 def _to_int16(v):
   """`convert_to_int_of_same_size` for 16-bit lanes: truncate to int32 (NaN and values out
   of range give INT_MIN, as x86's `cvtt` does) and keep the low 16 bits."""
-  bad = jnp.isnan(v) | (jnp.abs(v) >= np.float32(2.0 ** 31))
-  return jnp.where(bad, np.float32(-2.0 ** 31), v).astype(jnp.int32).astype(jnp.int16)
+  bad = jnp.isnan(v) | (jnp.abs(v) >= np.float32(2.0**31))
+  return jnp.where(bad, np.float32(-(2.0**31)), v).astype(jnp.int32).astype(jnp.int16)
 
 
 def _grid_sample_2d_16(input, grid, interpolation_mode, padding_mode, align_corners):
@@ -205,22 +212,24 @@ def _grid_sample_2d_16(input, grid, interpolation_mode, padding_mode, align_corn
   dtype = input.dtype
   r = _round16(dtype)
   n, _, h, w = input.shape
-  if h * w >= 2 ** 15:
+  if h * w >= 2**15:
     # The kernel's sizes and gather offsets `y * inp_sH + x * inp_sW` are int16 lanes: from
     # 2**15 elements per channel they wrap and torch reads outside the channel.
     raise NotImplementedError(
-        f"bridge: `grid_sampler_2d` on the `jax` device does not support "
-        f"{np.dtype(dtype).name} inputs with 32768 or more pixels per channel (got "
-        f"{h}x{w}): torch's 16-bit CPU kernel overflows its int16 offsets there and reads "
-        "outside the input. Cast the input and grid to float32 first.")
+      f"bridge: `grid_sampler_2d` on the `jax` device does not support "
+      f"{np.dtype(dtype).name} inputs with 32768 or more pixels per channel (got "
+      f"{h}x{w}): torch's 16-bit CPU kernel overflows its int16 offsets there and reads "
+      "outside the input. Cast the input and grid to float32 first."
+    )
   if padding_mode != _ZEROS and any(_scalar16(dtype, s - 1) > s - 1 for s in (h, w)):
     # Border and reflection clip to `static_cast<scalar_t>(size - 1)`, which rounds up past
     # the last pixel here, and the kernel then reads the pixel after the row (or channel).
     raise NotImplementedError(
-        f"bridge: `grid_sampler_2d` on the `jax` device does not support "
-        f"{np.dtype(dtype).name} inputs of size {h}x{w} with border or reflection padding: "
-        f"torch's 16-bit CPU kernel rounds the last pixel's index up and reads past the "
-        "input. Cast the input and grid to float32 first.")
+      f"bridge: `grid_sampler_2d` on the `jax` device does not support "
+      f"{np.dtype(dtype).name} inputs of size {h}x{w} with border or reflection padding: "
+      f"torch's 16-bit CPU kernel rounds the last pixel's index up and reads past the "
+      "input. Cast the input and grid to float32 first."
+    )
   x_last = jnp.moveaxis(input.astype(jnp.float32), 1, -1)  # (N, H, W, C)
   g = grid.astype(jnp.float32)
   n_index = jnp.arange(n).reshape(-1, 1, 1)
@@ -259,6 +268,7 @@ def _grid_sample_2d_16(input, grid, interpolation_mode, padding_mode, align_corn
       if padding_mode == _REFLECTION:
         return clip(reflect(v))
       return v
+
     return unnormalize, coordinates
 
   unnorm_w, coords_w = location(w)
@@ -316,10 +326,12 @@ def _grid_sample_2d_16(input, grid, interpolation_mode, padding_mode, align_corn
   else:
     w_mask = n_mask = jnp.ones(jx_w.shape, bool)
     e_mask, s_mask = jx_e < w, jy_s < h
-  corners = [(jy_n, jx_w, n_mask & w_mask, r(ds * de)),
-             (jy_n, jx_e, n_mask & e_mask, r(ds * dw)),
-             (jy_s, jx_w, s_mask & w_mask, r(dn * de)),
-             (jy_s, jx_e, s_mask & e_mask, r(dn * dw))]
+  corners = [
+    (jy_n, jx_w, n_mask & w_mask, r(ds * de)),
+    (jy_n, jx_e, n_mask & e_mask, r(ds * dw)),
+    (jy_s, jx_w, s_mask & w_mask, r(dn * de)),
+    (jy_s, jx_e, s_mask & e_mask, r(dn * dw)),
+  ]
   out = None
   for iy, ix, mask, weight in corners:
     term = r(gather(iy, ix, mask) * weight[..., None])
@@ -336,6 +348,7 @@ def _cubic_weights16(r, t):
 
   def far(x):  # ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
     return r(r(r(r(r(r(a * x) - 5 * a) * x) + 8 * a) * x) - 4 * a)
+
   return [far(r(t + 1)), near(t), near(r(1 - t)), far(r(2 - t))]
 
 
@@ -412,18 +425,21 @@ def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners
 
 
 @lowering(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
-def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode,
-                          align_corners, output_mask):
+def grid_sampler_backward(
+  grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
+):
   """(grad_input, grad_grid) through JAX's derivative of the forward above."""
   if input.dtype in (jnp.float16, jnp.bfloat16):
     # torch's 16-bit backward kernels round each step in their own order (and scatter-add
     # in 16 bits); the derivative of the emulated forward would not match them.
     raise NotImplementedError(
-        f"bridge: the backward of `grid_sampler` on the `jax` device supports float32 and "
-        f"float64, not {np.dtype(input.dtype).name}. Cast the input and grid to float32.")
+      f"bridge: the backward of `grid_sampler` on the `jax` device supports float32 and "
+      f"float64, not {np.dtype(input.dtype).name}. Cast the input and grid to float32."
+    )
 
   def f(x, g):
     return _grid_sample(x, g, interpolation_mode, padding_mode, align_corners)
+
   _, vjp = jax.vjp(f, input, grid)
   grad_input, grad_grid = vjp(grad_output.astype(input.dtype))
   return (grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None)

@@ -12,6 +12,7 @@ from bridge_ops._lowering import aten, check, lowering, opmath
 
 # ----------------------------------------------------------------------------- histograms
 
+
 def _upper_bound(edges, x, first, length):
   """std::upper_bound(edges + first, edges + first + length, x) - edges, elementwise over `x`,
   step for step (so an unsorted `edges` gives what torch's CPU kernel gives)."""
@@ -150,33 +151,40 @@ def bincount(self, weights=None, minlength=0):
 
 # ----------------------------------------------------------------------------- segment_reduce
 
+
 @lowering(aten.segment_reduce.default)
-def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
-                   unsafe=False, initial=None):
+def segment_reduce(
+  data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None
+):
   """Reduces consecutive segments of `data` along `axis` (segment sizes from `lengths`, or
   `offsets` with lengths = diff(offsets)). `initial` joins every segment as one more element
   (mean: (initial + sum) / count); empty segments give `initial`, else sum 0, prod 1,
   max -inf, min inf, mean NaN."""
   if indices is not None:
-    raise NotImplementedError("bridge: `segment_reduce` with `indices` is not supported (torch "
-                              "does not implement it either); pass `lengths` or `offsets`.")
+    raise NotImplementedError(
+      "bridge: `segment_reduce` with `indices` is not supported (torch "
+      "does not implement it either); pass `lengths` or `offsets`."
+    )
   if lengths is None:
     lengths = offsets[..., 1:] - offsets[..., :-1]
   axis = axis % data.ndim
   if lengths.ndim != axis + 1:
-    raise NotImplementedError("bridge: `segment_reduce`: `lengths`/`offsets` must have the "
-                              "leading dims of `data` up to `axis`.")
+    raise NotImplementedError(
+      "bridge: `segment_reduce`: `lengths`/`offsets` must have the "
+      "leading dims of `data` up to `axis`."
+    )
   s = lengths.shape[-1]
-  x = jnp.moveaxis(data, axis, -1)                             # (..., n, *rest) -> (..., rest, n)
-  x = x.reshape(lengths.shape[:-1] + (-1, data.shape[axis]))   # (lead, rest, n)
+  x = jnp.moveaxis(data, axis, -1)  # (..., n, *rest) -> (..., rest, n)
+  x = x.reshape(lengths.shape[:-1] + (-1, data.shape[axis]))  # (lead, rest, n)
   rows = x.reshape(-1, x.shape[-2], x.shape[-1])
   lens = lengths.reshape(-1, s).astype(jnp.int64)
-  ids = jnp.sum(jnp.arange(data.shape[axis])[None, :, None] >= jnp.cumsum(lens, -1)[:, None, :],
-                axis=-1)                                       # (batch, n) segment of each element
+  ids = jnp.sum(
+    jnp.arange(data.shape[axis])[None, :, None] >= jnp.cumsum(lens, -1)[:, None, :], axis=-1
+  )  # (batch, n) segment of each element
   acc = opmath(data.dtype)
 
   def one(r, seg, ln):  # r: (rest, n); seg: (n,); ln: (s,)
-    r = r.T.astype(acc)                                        # (n, rest)
+    r = r.T.astype(acc)  # (n, rest)
     if reduce in ("sum", "mean"):
       out = jax.ops.segment_sum(r, seg, s)
     elif reduce == "prod":
@@ -191,20 +199,24 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     empty = ln == 0
     if initial is not None:
       init = jnp.asarray(initial, acc)
-      out = {"sum": lambda: out + init, "mean": lambda: out + init,
-             "prod": lambda: out * init, "max": lambda: jnp.maximum(out, init),
-             "min": lambda: jnp.minimum(out, init)}[reduce]()
+      out = {
+        "sum": lambda: out + init,
+        "mean": lambda: out + init,
+        "prod": lambda: out * init,
+        "max": lambda: jnp.maximum(out, init),
+        "min": lambda: jnp.minimum(out, init),
+      }[reduce]()
       if reduce == "mean":
         out = jnp.where(empty, init, out / jnp.maximum(ln, 1).astype(acc))
       out = jnp.where(empty, jnp.broadcast_to(init, out.shape), out)
     elif reduce == "mean":
-      out = out / ln.astype(acc)                               # empty: 0 / 0 = NaN, as torch
+      out = out / ln.astype(acc)  # empty: 0 / 0 = NaN, as torch
     elif reduce in ("max", "min"):
       fill = -jnp.inf if reduce == "max" else jnp.inf
       out = jnp.where(empty, jnp.full_like(out, fill), out)
-    return out.T                                               # (rest, s)
+    return out.T  # (rest, s)
 
-  out = jax.vmap(one)(rows, ids, lens).astype(data.dtype)      # (batch, rest, s)
+  out = jax.vmap(one)(rows, ids, lens).astype(data.dtype)  # (batch, rest, s)
   out = out.reshape(x.shape[:-1] + (s,))
-  out = out.reshape(lengths.shape[:-1] + data.shape[axis + 1:] + (s,))
+  out = out.reshape(lengths.shape[:-1] + data.shape[axis + 1 :] + (s,))
   return jnp.moveaxis(out, -1, axis)

@@ -22,8 +22,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import (aten, check, check_index, highest, lowering, lowest, weak,
-                                  with_derivative)
+from bridge_ops._lowering import (
+  aten,
+  check,
+  check_index,
+  highest,
+  lowering,
+  lowest,
+  weak,
+  with_derivative,
+)
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -67,8 +75,13 @@ def _check_along(self, dim, index, error, message, negative=False):
   """`index` within `self`'s dim `dim` (a 0-d `self` has one element), with torch's message."""
   d = _dim(dim, self.ndim)
   size = self.shape[d] if self.ndim else 1
-  check_index(index, size, error, message.replace("{dim}", str(d)).replace("{size}", str(size)),
-              negative=negative)
+  check_index(
+    index,
+    size,
+    error,
+    message.replace("{dim}", str(d)).replace("{size}", str(size)),
+    negative=negative,
+  )
 
 
 # --- advanced indexing ------------------------------------------------------------------------
@@ -85,8 +98,13 @@ def _check_advanced(self, indices):
       continue
     if i is not None:
       if self.shape[d] == 0 and i.size:  # known now (and JAX could not build the gather)
-        check(np.ones((), bool), None, IndexError,
-              "index is out of bounds for dimension with size 0", kind="index")
+        check(
+          np.ones((), bool),
+          None,
+          IndexError,
+          "index is out of bounds for dimension with size 0",
+          kind="index",
+        )
       arrays.append(i)
       dims.append((j, self.shape[d]))
       j += 1
@@ -101,6 +119,7 @@ def _check_advanced(self, indices):
   def message(value, position):
     j, n = dims[position % len(dims)]
     return f"index {value} is out of bounds for dimension {j} with size {n}"
+
   check(bad, values, IndexError, message, kind="index")
 
 
@@ -146,7 +165,7 @@ def _put_tuple(self, indices, values):
   out, dim = [], 0
   for i in indices:
     if i is not None and i.dtype == jnp.bool_:
-      fill = tuple(self.shape[dim:dim + i.ndim])
+      fill = tuple(self.shape[dim : dim + i.ndim])
       parts = jnp.nonzero(i, size=count, fill_value=fill) if i.ndim else None
       if parts is None:  # a 0-d mask: True adds a unit dim, False selects nothing
         raise NotImplementedError("bridge: index_put with a 0-d boolean index")
@@ -171,8 +190,9 @@ def index_put(self, indices, values, accumulate=False):
   return _index_put(self, indices, values, accumulate)
 
 
-@lowering(aten._index_put_impl.default, aten._index_put_impl_.default,
-          aten._index_put_impl_.hacked_twin)
+@lowering(
+  aten._index_put_impl.default, aten._index_put_impl_.default, aten._index_put_impl_.hacked_twin
+)
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
   _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
@@ -193,8 +213,10 @@ def _unsafe_index_put(self, indices, values, accumulate=False):
 
 def _clamped(self, indices):
   """Indices clamped into [-size, size) per dim, as torch's decompositions of the masked ops."""
-  return [None if ix is None else jnp.clip(ix, -self.shape[d], self.shape[d] - 1)
-          for d, ix in enumerate(indices)]
+  return [
+    None if ix is None else jnp.clip(ix, -self.shape[d], self.shape[d] - 1)
+    for d, ix in enumerate(indices)
+  ]
 
 
 @lowering(aten._unsafe_masked_index.default)
@@ -222,8 +244,13 @@ def _along(self, dim, index):
 def index_select(self, dim, index):
   # [0, size); torch's CPU kernel words it by its path: its own loop along dim 1
   if self.ndim > 1 and _dim(dim, self.ndim) == 1:
-    _check_along(self, dim, index, RuntimeError,
-                 "INDICES element is out of DATA bounds, id={value} axis_dim={size}")
+    _check_along(
+      self,
+      dim,
+      index,
+      RuntimeError,
+      "INDICES element is out of DATA bounds, id={value} axis_dim={size}",
+    )
   else:
     _check_along(self, dim, index, IndexError, "index out of range in self")
   if self.ndim == 0:
@@ -244,7 +271,7 @@ def index_add(self, dim, index, source, *, alpha=1):
 
 def _indexed_shape(self, dim, index):
   d = _dim(dim, self.ndim)
-  return self.shape[:d] + (int(np.prod(index.shape)),) + self.shape[d + 1:]
+  return self.shape[:d] + (int(np.prod(index.shape)),) + self.shape[d + 1 :]
 
 
 @lowering(aten.index_copy.default)
@@ -273,8 +300,9 @@ def index_fill_int_Tensor(self, dim, index, value):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
   """scatter_reduce with `index` spread over `source`'s other dims."""
   if self.ndim == 0:
-    return index_reduce(self.reshape(1), 0, index, source.reshape(1), reduce,
-                        include_self=include_self).reshape(())
+    return index_reduce(
+      self.reshape(1), 0, index, source.reshape(1), reduce, include_self=include_self
+    ).reshape(())
   _check_along(self, dim, index, IndexError, "index out of range in self")
   d = _dim(dim, self.ndim)
   src = jnp.reshape(source, _indexed_shape(self, d, index))
@@ -287,11 +315,21 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 def _check_flat(self, index, empty):
   """`take`/`put`'s check: flat positions in [-numel, numel)."""
   if not self.size:  # known now (and JAX could not build `take`'s gather)
-    check(np.ones((), bool) if np.size(index) else np.zeros((), bool), None, IndexError, empty,
-          kind="index")
+    check(
+      np.ones((), bool) if np.size(index) else np.zeros((), bool),
+      None,
+      IndexError,
+      empty,
+      kind="index",
+    )
     return
-  check_index(index, self.size, IndexError, f"out of range: tried to access index {{value}} on "
-              f"a tensor of {self.size} elements.", negative=True)
+  check_index(
+    index,
+    self.size,
+    IndexError,
+    f"out of range: tried to access index {{value}} on a tensor of {self.size} elements.",
+    negative=True,
+  )
 
 
 @lowering(aten.take.default)
@@ -320,11 +358,13 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
   the gather (`jax.grad`, `jax.jvp`, the VJP behind a compiled module's backward) follow
   torch through `_embedding`'s JVP rule."""
   check_index(indices, weight.shape[0], IndexError, "index out of range in self")
-  if (((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq)
-      or not jnp.issubdtype(weight.dtype, jnp.inexact)):  # (no derivative to shape)
+  if ((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq) or not jnp.issubdtype(
+    weight.dtype, jnp.inexact
+  ):  # (no derivative to shape)
     return _rows(weight, indices)
-  return _embedding(padding_idx if padding_idx is not None else -1, bool(scale_grad_by_freq),
-                    weight, indices)
+  return _embedding(
+    padding_idx if padding_idx is not None else -1, bool(scale_grad_by_freq), weight, indices
+  )
 
 
 def _rows(weight, indices):
@@ -336,8 +376,9 @@ def _rows(weight, indices):
 # rows of `weight`; derivative: the weight tangent's rows times the per-position factor
 # (linear in that tangent, so JAX transposes it for reverse mode: a scatter-add)
 _embedding_rows = with_derivative(
-    lambda weight, indices, factor: _rows(weight, indices),
-    lambda out, p, t: _rows(t[0], p[1]) * p[2][..., None])
+  lambda weight, indices, factor: _rows(weight, indices),
+  lambda out, p, t: _rows(t[0], p[1]) * p[2][..., None],
+)
 
 
 def _embedding(padding_idx: int, scale_grad_by_freq: bool, weight, indices):
@@ -386,6 +427,7 @@ def _as_1d(out):
 
   `out` names whose shape the result has: "self" (scatter) or "index" (gather).
   """
+
   def decorate(fn):
     def wrapped(self, dim, index, *args, **kwargs):
       if self.ndim:
@@ -393,9 +435,11 @@ def _as_1d(out):
       args = [jnp.reshape(a, (-1,)) if hasattr(a, "ndim") and not weak(a) else a for a in args]
       result = fn(jnp.reshape(self, (1,)), 0, jnp.reshape(index, (-1,)), *args, **kwargs)
       return jnp.reshape(result, self.shape if out == "self" else index.shape)
+
     wrapped.__name__, wrapped.__qualname__ = fn.__name__, fn.__qualname__
     wrapped.__module__ = fn.__module__
     return wrapped
+
   return decorate
 
 
@@ -478,8 +522,9 @@ def _scatter_prod_bwd(res, g):
   zeros_in_slot = jnp.zeros(base.shape, jnp.int32).at[idx].add(src_zero.astype(jnp.int32))[idx]
   single_zero = src_zero & (zeros_in_slot == 1)
   others = base.at[idx].multiply(jnp.where(single_zero, one, src))
-  grad_src = jnp.where(single_zero, (g * others)[idx],
-                       (g * result)[idx] / jnp.where(src_zero, one, src))
+  grad_src = jnp.where(
+    single_zero, (g * others)[idx], (g * result)[idx] / jnp.where(src_zero, one, src)
+  )
   return grad_base, tuple(None for _ in idx), grad_src
 
 
@@ -513,8 +558,11 @@ def _scatter_reduce_two(self, dim, index, src, reduce, include_self):
     return base(highest(dt)).at[idx].min(src)
   if reduce == "mean":
     total = base(0).at[idx].add(src)
-    count = (jnp.ones if include_self else jnp.zeros)(self.shape, dt).at[idx].add(
-        jnp.ones(index.shape, dt))
+    count = (
+      (jnp.ones if include_self else jnp.zeros)(self.shape, dt)
+      .at[idx]
+      .add(jnp.ones(index.shape, dt))
+    )
     count = jnp.where(count == 0, jnp.ones((), dt), count)
     kind = np.dtype(dt).kind
     if kind in "fc" or dt == jnp.bfloat16:

@@ -37,6 +37,7 @@ _SCALES = ("scales", "scales_d", "scales_h", "scales_w", "scale_factors")
 
 # --------------------------------------------------------------------- index tables (NumPy)
 
+
 def _area_scale(n_in: int, n_out: int, align_corners: bool, scale, ct) -> np.generic:
   """torch's `area_pixel_compute_scale`."""
   if align_corners:
@@ -100,11 +101,13 @@ def _linear_table(n_in, n_out, align_corners, scale, ct, wt):
 
 def _cubic_coefficients(t, a):
   """Keys' cubic convolution weights of the 4 neighbours at fraction `t` (torch's order)."""
+
   def near(x):  # |x| <= 1
     return ((a + 2) * x - (a + 3)) * x * x + 1
 
   def far(x):  # 1 < |x| < 2
     return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
   one = t.dtype.type(1)
   return np.stack([far(t + one), near(t), near(one - t), far(one - t + one)])
 
@@ -140,8 +143,11 @@ def _aa_table(n_in, n_out, align_corners, scale, ct, cubic):
   x = np.abs(x.astype(ct))
   if cubic:  # Keys, A = -0.5 (Pillow's bicubic)
     a = t(-0.5)
-    w = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-                 np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, t(0)))
+    w = np.where(
+      x < 1,
+      ((a + 2) * x - (a + 3)) * x * x + 1,
+      np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, t(0)),
+    )
   else:  # triangle
     w = np.where(x < 1, (1.0 - x.astype(np.float64)).astype(ct), t(0))
   mask = j < xsize[None]
@@ -155,6 +161,7 @@ def _aa_table(n_in, n_out, align_corners, scale, ct, cubic):
 
 
 # ------------------------------------------------------------------------- resampling (JAX)
+
 
 def _resample_axis(x, axis: int, idx: np.ndarray, w: np.ndarray | None, mask=None):
   """out[..., i, ...] = sum_k w[k, i] * x[..., idx[k, i], ...] along `axis`."""
@@ -198,30 +205,41 @@ def _vectorized_2d(output_size) -> bool:
 
 def _nearest(x, output_size, scales, exact):
   vectorized = _vectorized_2d(output_size)  # each path has its own index rule
+
   def table(d, n_in, n_out, ct, wt):
     if vectorized:
       return _nearest_idx_table(n_in, n_out, scales[d], exact)
     return _nearest_table(n_in, n_out, scales[d], exact, ct)
+
   return _resample(x, output_size, table)
 
 
 def _linear(x, output_size, align_corners, scales):
-  return _resample(x, output_size, lambda d, n_in, n_out, ct, wt: _linear_table(
-      n_in, n_out, align_corners, scales[d], ct, wt), not _vectorized_2d(output_size))
+  return _resample(
+    x,
+    output_size,
+    lambda d, n_in, n_out, ct, wt: _linear_table(n_in, n_out, align_corners, scales[d], ct, wt),
+    not _vectorized_2d(output_size),
+  )
 
 
 def _cubic(x, output_size, align_corners, scales):
-  return _resample(x, output_size, lambda d, n_in, n_out, ct, wt: _cubic_table(
-      n_in, n_out, align_corners, scales[d], ct, wt))
+  return _resample(
+    x,
+    output_size,
+    lambda d, n_in, n_out, ct, wt: _cubic_table(n_in, n_out, align_corners, scales[d], ct, wt),
+  )
 
 
 def _aa(x, output_size, align_corners, scales, cubic, skip_kept=True):
   """Antialiased resampling. torch's forward copies an axis whose size is kept (whatever the
   scale), its backward does not: `skip_kept=False` for the backward."""
+
   def table(d, n_in, n_out, ct, wt):
     if skip_kept and n_in == n_out:
       return np.arange(n_out)[None], None
     return _aa_table(n_in, n_out, align_corners, scales[d], ct, cubic)
+
   return _resample(x, output_size, table)
 
 
@@ -246,6 +264,7 @@ _static = functools.partial(lowering, static_argnames=_SCALES)
 
 
 # --- nearest
+
 
 @_static(aten.upsample_nearest1d.default)
 def upsample_nearest1d(self, output_size, scales=None):
@@ -285,8 +304,11 @@ def upsample_nearest_vec(input, output_size, scale_factors):
   return _nearest(input, size, scales, exact=False)
 
 
-@_static(aten._upsample_nearest_exact1d.vec, aten._upsample_nearest_exact2d.vec,
-         aten._upsample_nearest_exact3d.vec)
+@_static(
+  aten._upsample_nearest_exact1d.vec,
+  aten._upsample_nearest_exact2d.vec,
+  aten._upsample_nearest_exact3d.vec,
+)
 def _upsample_nearest_exact_vec(input, output_size, scale_factors):
   size, scales = _vec_size(input, output_size, scale_factors)
   return _nearest(input, size, scales, exact=True)
@@ -298,17 +320,21 @@ def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=Non
 
 
 @_static(aten.upsample_nearest2d_backward.default)
-def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None,
-                                scales_w=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales_h, scales_w], False),
-                   grad_output, input_size)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+  return _backward(
+    lambda x: _nearest(x, output_size, [scales_h, scales_w], False), grad_output, input_size
+  )
 
 
 @_static(aten.upsample_nearest3d_backward.default)
-def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None,
-                                scales_h=None, scales_w=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], False),
-                   grad_output, input_size)
+def upsample_nearest3d_backward(
+  grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+):
+  return _backward(
+    lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], False),
+    grad_output,
+    input_size,
+  )
 
 
 @_static(aten._upsample_nearest_exact1d_backward.default)
@@ -317,20 +343,27 @@ def _upsample_nearest_exact1d_backward(grad_output, output_size, input_size, sca
 
 
 @_static(aten._upsample_nearest_exact2d_backward.default)
-def _upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None,
-                                       scales_w=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales_h, scales_w], True),
-                   grad_output, input_size)
+def _upsample_nearest_exact2d_backward(
+  grad_output, output_size, input_size, scales_h=None, scales_w=None
+):
+  return _backward(
+    lambda x: _nearest(x, output_size, [scales_h, scales_w], True), grad_output, input_size
+  )
 
 
 @_static(aten._upsample_nearest_exact3d_backward.default)
-def _upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None,
-                                       scales_h=None, scales_w=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], True),
-                   grad_output, input_size)
+def _upsample_nearest_exact3d_backward(
+  grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+):
+  return _backward(
+    lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], True),
+    grad_output,
+    input_size,
+  )
 
 
 # --- linear, bilinear, trilinear
+
 
 @_static(aten.upsample_linear1d.default)
 def upsample_linear1d(self, output_size, align_corners, scales=None):
@@ -344,41 +377,46 @@ def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_
 
 
 @_static(aten.upsample_trilinear3d.default)
-def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None,
-                         scales_w=None):
+def upsample_trilinear3d(
+  self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
   return _linear(self, output_size, align_corners, [scales_d, scales_h, scales_w])
 
 
-@_static(aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec,
-         aten.upsample_trilinear3d.vec)
+@_static(aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_trilinear3d.vec)
 def upsample_linear_vec(input, output_size, align_corners, scale_factors):
   size, scales = _vec_size(input, output_size, scale_factors)
   return _linear(input, size, align_corners, scales)
 
 
 @_static(aten.upsample_linear1d_backward.default)
-def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners,
-                               scales=None):
-  return _backward(lambda x: _linear(x, output_size, align_corners, [scales]), grad_output,
-                   input_size)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+  return _backward(
+    lambda x: _linear(x, output_size, align_corners, [scales]), grad_output, input_size
+  )
 
 
 @_static(aten.upsample_bilinear2d_backward.default)
-def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners,
-                                 scales_h=None, scales_w=None):
-  return _backward(lambda x: _linear(x, output_size, align_corners, [scales_h, scales_w]),
-                   grad_output, input_size)
+def upsample_bilinear2d_backward(
+  grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+  return _backward(
+    lambda x: _linear(x, output_size, align_corners, [scales_h, scales_w]), grad_output, input_size
+  )
 
 
 @_static(aten.upsample_trilinear3d_backward.default)
-def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners,
-                                  scales_d=None, scales_h=None, scales_w=None):
+def upsample_trilinear3d_backward(
+  grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
   scales = [scales_d, scales_h, scales_w]
-  return _backward(lambda x: _linear(x, output_size, align_corners, scales), grad_output,
-                   input_size)
+  return _backward(
+    lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size
+  )
 
 
 # --- bicubic
+
 
 @_static(aten.upsample_bicubic2d.default)
 def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
@@ -393,13 +431,16 @@ def upsample_bicubic2d_vec(input, output_size, align_corners, scale_factors):
 
 
 @_static(aten.upsample_bicubic2d_backward.default)
-def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners,
-                                scales_h=None, scales_w=None):
-  return _backward(lambda x: _cubic(x, output_size, align_corners, [scales_h, scales_w]),
-                   grad_output, input_size)
+def upsample_bicubic2d_backward(
+  grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+  return _backward(
+    lambda x: _cubic(x, output_size, align_corners, [scales_h, scales_w]), grad_output, input_size
+  )
 
 
 # --- antialiased (interpolate(..., antialias=True))
+
 
 @_static(aten._upsample_bilinear2d_aa.default)
 def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
@@ -426,16 +467,24 @@ def _upsample_bicubic2d_aa_vec(input, output_size, align_corners, scale_factors)
 
 
 @_static(aten._upsample_bilinear2d_aa_backward.default)
-def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners,
-                                     scales_h=None, scales_w=None):
+def _upsample_bilinear2d_aa_backward(
+  grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
   scales = [scales_h, scales_w]
-  return _backward(lambda x: _aa(x, output_size, align_corners, scales, False, skip_kept=False),
-                   grad_output, input_size)
+  return _backward(
+    lambda x: _aa(x, output_size, align_corners, scales, False, skip_kept=False),
+    grad_output,
+    input_size,
+  )
 
 
 @_static(aten._upsample_bicubic2d_aa_backward.default)
-def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners,
-                                    scales_h=None, scales_w=None):
+def _upsample_bicubic2d_aa_backward(
+  grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
   scales = [scales_h, scales_w]
-  return _backward(lambda x: _aa(x, output_size, align_corners, scales, True, skip_kept=False),
-                   grad_output, input_size)
+  return _backward(
+    lambda x: _aa(x, output_size, align_corners, scales, True, skip_kept=False),
+    grad_output,
+    input_size,
+  )

@@ -25,7 +25,7 @@ from bridge_ops._lowering import aten, lowering, while_loop
 # The factor is LAPACK's compact one: L's columns and D's blocks in the lower triangle, 1-based
 # pivots, negative (and repeated) for a 2x2 block, `info` the first zero pivot column.
 
-_BK_ALPHA = (1 + 17 ** 0.5) / 8
+_BK_ALPHA = (1 + 17**0.5) / 8
 
 
 def _cabs1(z):
@@ -45,10 +45,12 @@ def _fmax(a, b):
 
 def _matrices(fn, *args, cores):
   """`fn` on each matrix of `args` (batch dims broadcast; `cores` core dims per argument)."""
-  batch = jnp.broadcast_shapes(*(a.shape[:a.ndim - c] for a, c in zip(args, cores)))
+  batch = jnp.broadcast_shapes(*(a.shape[: a.ndim - c] for a, c in zip(args, cores)))
   size = int(np.prod(batch))
-  flat = [jnp.broadcast_to(a, batch + a.shape[a.ndim - c:]).reshape((size,) + a.shape[a.ndim - c:])
-          for a, c in zip(args, cores)]
+  flat = [
+    jnp.broadcast_to(a, batch + a.shape[a.ndim - c :]).reshape((size,) + a.shape[a.ndim - c :])
+    for a, c in zip(args, cores)
+  ]
   outs = jax.vmap(fn)(*flat)
   return tuple(o.reshape(batch + o.shape[1:]) for o in outs)
 
@@ -113,8 +115,9 @@ def _sytf2(a, herm):
       wk = d21 * (d11 * ck - ck1)
       wkp1 = d21 * (d22 * ck1 - ck)
     trail2 = (row >= k + 2) & (col >= k + 2)
-    a2 = jnp.where(trail2, a - ck[:, None] * conj(wk)[None, :] - ck1[:, None] * conj(wkp1)[None, :],
-                   a)
+    a2 = jnp.where(
+      trail2, a - ck[:, None] * conj(wk)[None, :] - ck1[:, None] * conj(wkp1)[None, :], a
+    )
     below2 = row >= k + 2
     a2 = jnp.where(below2 & (col == k), wk[:, None], a2)
     a2 = jnp.where(below2 & (col == k + 1), wkp1[:, None], a2)
@@ -193,11 +196,17 @@ def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
   """torch's LAPACK ?sytrs (?hetrs for complex `hermitian`) with uplo='L'; batch dims
   broadcast."""
   if B.dtype != LD.dtype:  # torch's kernel checks this (its meta function does not)
-    names = {"float32": "Float", "float64": "Double", "complex64": "ComplexFloat",
-             "complex128": "ComplexDouble"}
+    names = {
+      "float32": "Float",
+      "float64": "Double",
+      "complex64": "ComplexFloat",
+      "complex128": "ComplexDouble",
+    }
     name = lambda x: names.get(np.dtype(x.dtype).name, np.dtype(x.dtype).name)
-    raise RuntimeError(f"Expected b and A to have the same dtype, but found b of type {name(B)} "
-                       f"and A of type {name(LD)} instead.")
+    raise RuntimeError(
+      f"Expected b and A to have the same dtype, but found b of type {name(B)} "
+      f"and A of type {name(LD)} instead."
+    )
   herm = hermitian and jnp.iscomplexobj(LD)
   solve = lambda ld, piv, b: (_sytrs(ld, piv, b, herm),)
   return _matrices(solve, LD, pivots, B, cores=(2, 1, 2))[0]

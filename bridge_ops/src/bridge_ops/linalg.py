@@ -16,10 +16,24 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, lowering, opmath, p_norm, torch_abs,
-                                  with_derivative)
-from bridge_ops._linalg import (_HIGHEST, _batch_broadcast, _empty, _hermitian_input,
-                                _is_vector_rhs, _mH, _mT)
+from bridge_ops._lowering import (
+  aten,
+  fori_loop,
+  lowering,
+  opmath,
+  p_norm,
+  torch_abs,
+  with_derivative,
+)
+from bridge_ops._linalg import (
+  _HIGHEST,
+  _batch_broadcast,
+  _empty,
+  _hermitian_input,
+  _is_vector_rhs,
+  _mH,
+  _mT,
+)
 
 
 # ----------------------------------------------------------------------------- decompositions
@@ -67,8 +81,7 @@ def _lu_solve(lu, perm, b, adjoint=False):
     return tri(lu, y, left_side=True, lower=False)
   # A^H = U^H L^H P^T
   y = tri(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
-  y = tri(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True,
-          conjugate_a=True)
+  y = tri(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=True)
   return _unrows(y, perm)
 
 
@@ -166,8 +179,7 @@ def _det_tangent(out, primals, tangents):
   singular = out == 0
   eye = jnp.eye(A.shape[-1], dtype=A.dtype)
   x = jnp.linalg.solve(jnp.where(singular[..., None, None], eye, A), dA)
-  return jnp.where(singular, jnp.zeros((), out.dtype),
-                   out * jnp.trace(x, axis1=-2, axis2=-1))
+  return jnp.where(singular, jnp.zeros((), out.dtype), out * jnp.trace(x, axis1=-2, axis2=-1))
 
 
 _det = with_derivative(_det_value, _det_tangent)
@@ -204,7 +216,9 @@ def _cholesky_info(a):
       col = col / dj[..., None]
       col = jnp.where(jnp.arange(n) > j, col, 0).at[..., j].set(dj)
       return l.at[..., :, j].set(col), info
+
     return fori_loop(0, n, step, (jnp.zeros_like(a), jnp.zeros(a.shape[:-2], jnp.int32)))[1]
+
   return failing(lax.stop_gradient(a))
 
 
@@ -213,8 +227,7 @@ def _cholesky(a, upper):
   l = lax.linalg.cholesky(h, symmetrize_input=False)
   info = jnp.zeros(a.shape[:-2], jnp.int32)
   if a.shape[-1]:
-    info = lax.cond(jnp.all(jnp.isfinite(l)), lambda h: info, _cholesky_info,
-                    lax.stop_gradient(h))
+    info = lax.cond(jnp.all(jnp.isfinite(l)), lambda h: info, _cholesky_info, lax.stop_gradient(h))
   return (_mH(l) if upper else l), info
 
 
@@ -255,15 +268,17 @@ def cholesky_inverse(self, upper=False):
 @lowering(aten.linalg_solve_triangular.default)
 def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
   a, b = _batch_broadcast(self, B)
-  return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper,
-                                     unit_diagonal=unitriangular)
+  return lax.linalg.triangular_solve(
+    a, b, left_side=left, lower=not upper, unit_diagonal=unitriangular
+  )
 
 
 @lowering(aten.triangular_solve.default)
 def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
   a, b = _batch_broadcast(A, self)
-  x = lax.linalg.triangular_solve(a, b, left_side=True, lower=not upper, transpose_a=transpose,
-                                  unit_diagonal=unitriangular)
+  x = lax.linalg.triangular_solve(
+    a, b, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+  )
   return x, a  # (solution, cloned_coefficient: A broadcast to the batch shape)
 
 
@@ -278,6 +293,7 @@ def linalg_qr(A, mode="reduced"):
 def geqrf(self):
   # LAPACK geqrf (JAX has it as a primitive, not yet in its public `lax.linalg`)
   from jax._src.lax.linalg import geqrf as lapack_geqrf
+
   return lapack_geqrf(self)
 
 
@@ -296,6 +312,7 @@ def _householder_q(a, tau, cols):
     t = lax.dynamic_index_in_dim(tau, j, axis=tau.ndim - 1, keepdims=False)
     w = jnp.einsum("...i,...ij->...j", jnp.conj(v), q)
     return q - (t[..., None] * v)[..., :, None] * w[..., None, :]
+
   return fori_loop(0, k, step, q)
 
 
@@ -310,8 +327,9 @@ def ormqr(self, input2, input3, left=True, transpose=False):
   q = _householder_q(self, input2, self.shape[-2])
   if transpose:
     q = _mH(q)
-  return jnp.matmul(q, input3, precision=_HIGHEST) if left else \
-      jnp.matmul(input3, q, precision=_HIGHEST)
+  return (
+    jnp.matmul(q, input3, precision=_HIGHEST) if left else jnp.matmul(input3, q, precision=_HIGHEST)
+  )
 
 
 @lowering(aten._linalg_check_errors.default, dynamic_shape=True)
@@ -331,18 +349,23 @@ def _linalg_check_errors(info, api_name, *, is_matrix):
   if code < 0:
     raise RuntimeError(f"{api_name}{where}: Argument {-code} has illegal value.")
   if "inv" in api_name:
-    msg = (f"The diagonal element {code} is zero, the inversion could not be completed because "
-           "the input matrix is singular.")
+    msg = (
+      f"The diagonal element {code} is zero, the inversion could not be completed because "
+      "the input matrix is singular."
+    )
   elif "solve" in api_name:
     msg = "The solver failed because the input matrix is singular."
   elif "cholesky" in api_name:
-    msg = ("The factorization could not be completed because the input is not "
-           f"positive-definite (the leading minor of order {code} is not positive-definite).")
+    msg = (
+      "The factorization could not be completed because the input is not "
+      f"positive-definite (the leading minor of order {code} is not positive-definite)."
+    )
   elif "lu_factor" in api_name:
     raise RuntimeError(
-        f"{api_name}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
-        "division by zero. If you still want to perform the factorization, consider calling "
-        "linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)")
+      f"{api_name}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
+      "division by zero. If you still want to perform the factorization, consider calling "
+      "linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"
+    )
   else:
     msg = f"The algorithm failed (error code: {code})."
   raise torch.linalg.LinAlgError(f"{api_name}{where}: {msg}")

@@ -29,8 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from bridge_ops._lowering import (Ops, aten, check, lowering, p_norm, promote, result_dtypes,
-                                  scan, with_derivative)
+from bridge_ops._lowering import (
+  Ops,
+  aten,
+  check,
+  lowering,
+  p_norm,
+  promote,
+  result_dtypes,
+  scan,
+  with_derivative,
+)
 
 try:
   # Defines the `torch_nn` library ops of the chunked `F.linear_cross_entropy` (torch imports
@@ -112,8 +121,7 @@ def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
 
 @lowering(aten.binary_cross_entropy_with_logits.default)
 @promote("self", "target", "weight", "pos_weight")
-def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
-                                     reduction=_MEAN):
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=_MEAN):
   log_sigmoid = jax.nn.log_sigmoid(self)  # min(x, 0) - log1p(exp(-|x|)), as torch's
   if pos_weight is not None:
     log_sigmoid = ((pos_weight - 1) * target + 1) * log_sigmoid
@@ -137,8 +145,13 @@ def _nll(logp, target, weight, reduction, ignore_index):
   target = target.astype(jnp.int64)
   ignored = target == ignore_index
   n_classes = logp.shape[-1]
-  check(~ignored & ((target < 0) | (target >= n_classes)), target, IndexError,
-        "Target {value} is out of bounds.", kind="index")
+  check(
+    ~ignored & ((target < 0) | (target >= n_classes)),
+    target,
+    IndexError,
+    "Target {value} is out of bounds.",
+    kind="index",
+  )
   safe = jnp.where(ignored, 0, target)
   picked = jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
   w = jnp.ones_like(picked) if weight is None else weight.astype(logp.dtype)[safe]
@@ -180,8 +193,9 @@ def _linear_ce_rows(input, linear_weight, linear_bias, target, weight, ignore_in
   so they are not followed: the rows are computed at once.
   """
   acc, _ = result_dtypes(input)
-  logits = jnp.matmul(input.astype(acc), linear_weight.astype(acc).T,
-                      precision=jax.lax.Precision.HIGHEST)
+  logits = jnp.matmul(
+    input.astype(acc), linear_weight.astype(acc).T, precision=jax.lax.Precision.HIGHEST
+  )
   if linear_bias is not None:
     logits = logits + linear_bias.astype(acc)
   ignored = target == ignore_index
@@ -195,12 +209,26 @@ def _linear_ce_rows(input, linear_weight, linear_bias, target, weight, ignore_in
   return w * nll, w
 
 
-@lowering(torch_nn._linear_cross_entropy_batch_chunked.default,
-          static_argnames=("label_smoothing",))
+@lowering(
+  torch_nn._linear_cross_entropy_batch_chunked.default, static_argnames=("label_smoothing",)
+)
 def _linear_cross_entropy_batch_chunked(
-    input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-    label_smoothing, batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph,
-    compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad):
+  input,
+  linear_weight,
+  target,
+  linear_bias,
+  weight,
+  reduction,
+  ignore_index,
+  label_smoothing,
+  batch_chunk_size,
+  acc_policy,
+  acc_dtype,
+  allow_retain_graph,
+  compute_input_grad,
+  compute_linear_weight_grad,
+  compute_linear_bias_grad,
+):
   """The mean/sum chunked op: (loss, d loss/d input, d loss/d linear_weight, d loss/d bias),
   each gradient an empty (0, 0) / (0,) array unless its `compute_*` flag is set (torch's
   autograd scales them by the upstream gradient). `mean` divides by the summed row weights
@@ -228,8 +256,16 @@ def _linear_cross_entropy_batch_chunked(
 
 @lowering(torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default)
 def _linear_cross_entropy_batch_chunked_no_reduction(
-    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size,
-    acc_policy, acc_dtype):
+  input,
+  linear_weight,
+  target,
+  linear_bias,
+  weight,
+  ignore_index,
+  batch_chunk_size,
+  acc_policy,
+  acc_dtype,
+):
   """The reduction='none' chunked op: the per-row loss (N,), 0 on ignored rows."""
   rows, _ = _linear_ce_rows(input, linear_weight, linear_bias, target, weight, ignore_index)
   return rows.astype(input.dtype)
@@ -328,8 +364,7 @@ def _ctc_alpha(log_probs, labels, input_lengths, target_lengths, blank):
   return -_logsumexp(end, before), jnp.moveaxis(history, 0, 1)
 
 
-def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, blank,
-                   zero_infinity):
+def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, blank, zero_infinity):
   """`width`: the targets' padded length (log_alpha has 2 * width + 1 columns)."""
   in_len = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int32)
   tgt_len = jnp.reshape(jnp.asarray(target_lengths), (-1,)).astype(jnp.int32)
@@ -383,13 +418,21 @@ def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, bla
 def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
   """torch's CTC loss (`F.ctc_loss` before its reduction), with torch's gradient."""
   width = max((int(v) for v in target_lengths), default=0)
-  return _ctc_loss_impl(log_probs, targets, np.asarray(input_lengths, np.int64),
-                        np.asarray(target_lengths, np.int64), width, blank, zero_infinity)
+  return _ctc_loss_impl(
+    log_probs,
+    targets,
+    np.asarray(input_lengths, np.int64),
+    np.asarray(target_lengths, np.int64),
+    width,
+    blank,
+    zero_infinity,
+  )
 
 
 @lowering(aten._ctc_loss.Tensor, dynamic_shape=True)
-def _ctc_loss_Tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
-                     zero_infinity=False):
+def _ctc_loss_Tensor(
+  log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False
+):
   """`_ctc_loss` with the lengths as tensors. Eagerly log_alpha (the buffer torch's backward
   reads) is (N, T, 2 * max(target_lengths) + 1) as in torch; under `jax.jit` the lengths are
   not known, so it is padded to the targets' own width (the extra columns -inf, where torch
@@ -398,5 +441,6 @@ def _ctc_loss_Tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
     width = targets.shape[-1] if targets.ndim == 2 else targets.shape[0]
   else:
     width = int(np.max(np.asarray(target_lengths), initial=0))
-  return _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, blank,
-                        zero_infinity)
+  return _ctc_loss_impl(
+    log_probs, targets, input_lengths, target_lengths, width, blank, zero_infinity
+  )

@@ -14,8 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, lowering, promote, result_dtypes, while_loop,
-                                  with_derivative, x_times_log)
+from bridge_ops._lowering import (
+  aten,
+  lowering,
+  promote,
+  result_dtypes,
+  while_loop,
+  with_derivative,
+  x_times_log,
+)
 from bridge_ops._elementwise import _as, _inexact, _integer, _promote, _sigmoid
 
 __all__: list[str] = []
@@ -300,8 +307,9 @@ def copysign(self, other):
 
 def _copysign_tangent(out, primals, tangents):
   x = primals[0]  # torch: d/dx = out / x, 0 at x = 0 (JAX's rule gives the sign there)
-  return tangents[0] * jnp.where(x == 0, jnp.zeros((), out.dtype),
-                                 out / jnp.where(x == 0, jnp.ones((), x.dtype), x))
+  return tangents[0] * jnp.where(
+    x == 0, jnp.zeros((), out.dtype), out / jnp.where(x == 0, jnp.ones((), x.dtype), x)
+  )
 
 
 _copysign = with_derivative(jnp.copysign, _copysign_tangent)
@@ -336,6 +344,7 @@ def heaviside(self, values):
 
 
 # ----------------------------------------------------------------------------- more math
+
 
 def _sinc_value(x):
   # torch: 1 at 0, else sin(pi x) / (pi x), in opmath (float32 for float16/bfloat16).
@@ -376,8 +385,9 @@ def logaddexp(self, other):
     nan = lax.complex(*(jnp.full((), jnp.nan, x.real.dtype),) * 2)
     both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
     finite_hi = jnp.where(both_inf, jnp.zeros((), x.dtype), hi)
-    general = jnp.log1p(jnp.exp(jnp.where(both_inf, jnp.zeros((), x.dtype), lo) - finite_hi)) \
-        + finite_hi
+    general = (
+      jnp.log1p(jnp.exp(jnp.where(both_inf, jnp.zeros((), x.dtype), lo) - finite_hi)) + finite_hi
+    )
     inf_case = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
     return jnp.where(jnp.isnan(lo), nan, jnp.where(both_inf, inf_case, general))
   lo = jnp.where(jnp.isnan(y), y, jnp.minimum(x, y))
@@ -405,9 +415,10 @@ def angle(self):
 def _no_complex32(name: str, x: jax.Array) -> None:
   if x.dtype == jnp.float16:
     raise TypeError(
-        f"`torch.{name}`: float16 inputs give a torch.complex32 (chalf) result, and JAX has no "
-        f"complex32 type. Cast the inputs to float32 (complex64 result) first; got a float16 "
-        f"tensor of shape {tuple(x.shape)}.")
+      f"`torch.{name}`: float16 inputs give a torch.complex32 (chalf) result, and JAX has no "
+      f"complex32 type. Cast the inputs to float32 (complex64 result) first; got a float16 "
+      f"tensor of shape {tuple(x.shape)}."
+    )
 
 
 @lowering(aten.complex.default)

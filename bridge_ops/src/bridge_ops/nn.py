@@ -30,9 +30,10 @@ _HIGHEST = lax.Precision.HIGHEST
 
 
 def _conv_dn(lhs_shape, rhs_shape):
-  spatial = "DHW"[5 - len(lhs_shape):]  # torch convolves 1, 2 or 3 spatial dims
-  return lax.conv_dimension_numbers(lhs_shape, rhs_shape,
-                                    ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+  spatial = "DHW"[5 - len(lhs_shape) :]  # torch convolves 1, 2 or 3 spatial dims
+  return lax.conv_dimension_numbers(
+    lhs_shape, rhs_shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+  )
 
 
 def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
@@ -42,9 +43,15 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
   weight = weight.astype(input.dtype)
   if not transposed:
     return lax.conv_general_dilated(
-        input, weight, window_strides=stride, padding=[(p, p) for p in padding],
-        rhs_dilation=dilation, dimension_numbers=_conv_dn(input.shape, weight.shape),
-        feature_group_count=groups, precision=_HIGHEST)
+      input,
+      weight,
+      window_strides=stride,
+      padding=[(p, p) for p in padding],
+      rhs_dilation=dilation,
+      dimension_numbers=_conv_dn(input.shape, weight.shape),
+      feature_group_count=groups,
+      precision=_HIGHEST,
+    )
   # Transposed: weight is (C_in, C_out / groups, *k). Dilate the input by the stride,
   # pad by dilation * (k - 1) - padding (plus output_padding on the high side) and
   # convolve with the spatially flipped kernel, regrouped to (C_out, C_in / groups, *k).
@@ -52,12 +59,21 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
   w = weight.reshape(groups, c_in // groups, c_out_g, *k)
   w = jnp.swapaxes(w, 1, 2).reshape(groups * c_out_g, c_in // groups, *k)
   w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-  pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
-          for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+  pads = [
+    (d * (kk - 1) - p, d * (kk - 1) - p + op)
+    for kk, p, d, op in zip(k, padding, dilation, output_padding)
+  ]
   return lax.conv_general_dilated(
-      input, w, window_strides=[1] * nd, padding=pads, lhs_dilation=stride,
-      rhs_dilation=dilation, dimension_numbers=_conv_dn(input.shape, w.shape),
-      feature_group_count=groups, precision=_HIGHEST)
+    input,
+    w,
+    window_strides=[1] * nd,
+    padding=pads,
+    lhs_dilation=stride,
+    rhs_dilation=dilation,
+    dimension_numbers=_conv_dn(input.shape, w.shape),
+    feature_group_count=groups,
+    precision=_HIGHEST,
+  )
 
 
 def _real_convolution(input, weight, bias, *params):
@@ -71,8 +87,7 @@ def _real_convolution(input, weight, bias, *params):
 
 
 @lowering(aten.convolution.default)
-def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                groups):
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
   params = (stride, padding, dilation, transposed, output_padding, groups)
   if not jnp.iscomplexobj(input):
     return _real_convolution(input, weight, bias, *params)
@@ -90,21 +105,36 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 
 
 @lowering(aten.convolution_backward.default)
-def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-                         transposed, output_padding, groups, output_mask):
+def convolution_backward(
+  grad_output,
+  input,
+  weight,
+  bias_sizes,
+  stride,
+  padding,
+  dilation,
+  transposed,
+  output_padding,
+  groups,
+  output_mask,
+):
   def f(x, w):
     return convolution(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+
   _, vjp = jax.vjp(f, input, weight)
   grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
   grad_bias = None
   if output_mask[2]:
     grad_bias = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim)))
-  return (grad_input if output_mask[0] else None,
-          grad_weight if output_mask[1] else None,
-          grad_bias)
+  return (
+    grad_input if output_mask[0] else None,
+    grad_weight if output_mask[1] else None,
+    grad_bias,
+  )
 
 
 # ----------------------------------------------------------------------- normalization
+
 
 def _channel_shape(ndim: int) -> tuple[int, ...]:
   return (1, -1) + (1,) * (ndim - 2)
@@ -125,12 +155,14 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     n = input.size // input.shape[1] if input.shape[1] else 0
     new_mean = new_var = None
     if running_mean is not None:
-      new_mean = (momentum * mean + (1 - momentum) * running_mean.astype(ct)
-                  ).astype(running_mean.dtype)
+      new_mean = (momentum * mean + (1 - momentum) * running_mean.astype(ct)).astype(
+        running_mean.dtype
+      )
     if running_var is not None:
       unbiased = var * n / jnp.asarray(n - 1, ct)  # n == 1 gives nan, as torch's var_sum / 0
-      new_var = (momentum * unbiased + (1 - momentum) * running_var.astype(ct)
-                 ).astype(running_var.dtype)
+      new_var = (momentum * unbiased + (1 - momentum) * running_var.astype(ct)).astype(
+        running_var.dtype
+      )
   else:
     mean = running_mean.astype(ct)
     invstd = 1 / jnp.sqrt(running_var.astype(ct) + eps)
@@ -146,8 +178,9 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
 
 
 @lowering(aten._native_batch_norm_legit_functional.default)
-def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var,
-                                        training, momentum, eps):
+def _native_batch_norm_legit_functional(
+  input, weight, bias, running_mean, running_var, training, momentum, eps
+):
   return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
@@ -157,26 +190,30 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
 
 
 @lowering(aten._native_batch_norm_legit_no_training.default)
-def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
-                                         momentum, eps):
+def _native_batch_norm_legit_no_training(
+  input, weight, bias, running_mean, running_var, momentum, eps
+):
   return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
 @lowering(aten._batch_norm_with_update_functional.default)
-def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum,
-                                       eps):
+def _batch_norm_with_update_functional(
+  input, weight, bias, running_mean, running_var, momentum, eps
+):
   """`BatchNorm` training with running stats (the functional twin of `_batch_norm_with_update`):
   (out, save_mean, save_invstd, reserve (empty), new running mean, new running var)."""
-  out, mean, invstd, new_mean, new_var = _batch_norm(input, weight, bias, running_mean,
-                                                     running_var, True, momentum, eps)
+  out, mean, invstd, new_mean, new_var = _batch_norm(
+    input, weight, bias, running_mean, running_var, True, momentum, eps
+  )
   return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
 
 
 @lowering(aten._batch_norm_no_update.default)
 def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
   """`BatchNorm` in eval mode: normalized with the running stats."""
-  out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var,
-                                        False, momentum, eps)
+  out, mean, invstd, _, _ = _batch_norm(
+    input, weight, bias, running_mean, running_var, False, momentum, eps
+  )
   return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
 
 
@@ -236,19 +273,32 @@ def _check_bag_indices(weight, indices, mode, padding_idx):
   (16/32-bit floats, "sum"/"mean", no padding_idx) names the position (FBGEMM words a bad
   index past the first bag otherwise; this message is kept for it too)."""
   n = weight.shape[0]
-  if (mode != _BAG_MAX and (padding_idx is None or padding_idx < 0)
-      and np.dtype(weight.dtype) in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16),
-                                     np.dtype(jnp.float32))):
-    message = f"Index {{position}} of input takes value {{value}} which is not in the valid " \
-              f"range [0, {n})"
+  if (
+    mode != _BAG_MAX
+    and (padding_idx is None or padding_idx < 0)
+    and np.dtype(weight.dtype)
+    in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+  ):
+    message = (
+      f"Index {{position}} of input takes value {{value}} which is not in the valid range [0, {n})"
+    )
   else:
     message = "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {value}"
   check_index(indices, n, RuntimeError, message)
 
 
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _embedding_bag(
+  weight,
+  indices,
+  offsets,
+  scale_grad_by_freq=False,
+  mode=0,
+  sparse=False,
+  per_sample_weights=None,
+  include_last_offset=False,
+  padding_idx=-1,
+):
   """`F.embedding_bag`: rows of `weight` gathered by `indices` and reduced per bag (bag `b` is
   `indices[offsets[b]:offsets[b + 1]]`, the last one to the end, or to `offsets[-1]` with
   `include_last_offset`); entries equal to `padding_idx` (>= 0) are left out (and not
@@ -286,19 +336,32 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     picked = jnp.take_along_axis(rows, jnp.clip(first, 0, n - 1), axis=0)
     out = jnp.where(first < n, picked, lax.stop_gradient(out))
   else:
-    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, jnp.zeros((), ct)), segment,
-                              n_bags + 1)[:n_bags]
+    out = jax.ops.segment_sum(
+      jnp.where(valid[:, None], rows, jnp.zeros((), ct)), segment, n_bags + 1
+    )[:n_bags]
     if mode == _BAG_MEAN:
-      out = jnp.where(count[:, None] > 0, out / jnp.maximum(count, 1)[:, None].astype(ct),
-                      jnp.zeros((), ct))
+      out = jnp.where(
+        count[:, None] > 0, out / jnp.maximum(count, 1)[:, None].astype(ct), jnp.zeros((), ct)
+      )
   bag_size = jnp.zeros((n_offsets,), indices.dtype).at[:n_bags].set(count.astype(indices.dtype))
   return out.astype(weight.dtype), bag.astype(indices.dtype), bag_size, max_indices
 
 
 @lowering(aten._embedding_bag_backward.default)
-def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
-                            num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
-                            padding_idx=-1):
+def _embedding_bag_backward(
+  grad,
+  indices,
+  offsets,
+  offset2bag,
+  bag_size,
+  maximum_indices,
+  num_weights,
+  scale_grad_by_freq,
+  mode,
+  sparse,
+  per_sample_weights,
+  padding_idx=-1,
+):
   """The weight's gradient of `_embedding_bag` ("sum", "mean": each counted index gets its
   bag's gradient, divided by the bag's size for "mean", times its `per_sample_weights`;
   "max": each bag's gradient goes to the rows that held its maxima). With
@@ -306,8 +369,10 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
   documented; torch 2.13's CPU kernel divides some rows by another index's count
   (pytorch/pytorch#190063), its CUDA kernel does not."""
   if sparse:
-    raise ValueError("embedding_bag(sparse=True): sparse gradients are not supported on the "
-                     "`jax` device; use sparse=False (dense gradients).")
+    raise ValueError(
+      "embedding_bag(sparse=True): sparse gradients are not supported on the "
+      "`jax` device; use sparse=False (dense gradients)."
+    )
   n_bags, width = grad.shape[0], grad.shape[1]
   include_last_offset = offsets.shape[0] == n_bags + 1
   ct = opmath(grad.dtype)

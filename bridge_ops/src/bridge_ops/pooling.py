@@ -30,6 +30,7 @@ from bridge_ops._lowering import aten, expand_param, lowering, lowest, opmath
 
 # ---------------------------------------------------------------------------- windows
 
+
 def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
   """torch's `pooling_output_shape`."""
   out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
@@ -46,8 +47,10 @@ def _pool_params(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
   sizes = x.shape[-nd:]
   out = [_pool_out(n, kk, ss, pp, dd, ceil_mode) for n, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
   # Padding on the high side: enough for the last (ceil_mode) window, never negative.
-  hi = [max(0, (o - 1) * ss + dd * (kk - 1) + 1 - pp - n)
-        for o, ss, dd, kk, pp, n in zip(out, s, d, k, p, sizes)]
+  hi = [
+    max(0, (o - 1) * ss + dd * (kk - 1) + 1 - pp - n)
+    for o, ss, dd, kk, pp, n in zip(out, s, d, k, p, sizes)
+  ]
   return k, s, p, d, out, hi
 
 
@@ -59,8 +62,9 @@ def _windows(x, k, s, p, d, out, hi, fill):
   views = []
   for offs in np.ndindex(*k):
     start = (0,) * lead + tuple(o * dd for o, dd in zip(offs, d))
-    limit = xp.shape[:lead] + tuple(o * dd + (oo - 1) * ss + 1
-                                    for o, dd, oo, ss in zip(offs, d, out, s))
+    limit = xp.shape[:lead] + tuple(
+      o * dd + (oo - 1) * ss + 1 for o, dd, oo, ss in zip(offs, d, out, s)
+    )
     views.append(lax.slice(xp, start, limit, (1,) * lead + tuple(s)))
   return jnp.stack(views, axis=-nd - 1)
 
@@ -88,9 +92,9 @@ def _select_max(v, valid, flat, axis):
 
 # ------------------------------------------------------------------------------ max pool
 
+
 @lowering(aten.max_pool2d_with_indices.default)
-def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
-                            ceil_mode=False):
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
   x = self
   k, s, p, d, out, hi = _pool_params(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
   h, w = x.shape[-2:]
@@ -105,14 +109,19 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
 
 # ------------------------------------------------------------------------------ avg pool
 
-def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
-              divisor_override):
+
+def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
   k, s, p, _, out, hi = _pool_params(x, nd, kernel_size, stride, padding, 1, ceil_mode)
   lead = x.ndim - nd
   y = x.astype(opmath(x.dtype))
   summed = lax.reduce_window(  # a concrete 0 init keeps it a differentiable window sum
-      y, np.zeros((), y.dtype), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
-      [(0, 0)] * lead + list(zip(p, hi)))
+    y,
+    np.zeros((), y.dtype),
+    lax.add,
+    (1,) * lead + tuple(k),
+    (1,) * lead + tuple(s),
+    [(0, 0)] * lead + list(zip(p, hi)),
+  )
   if divisor_override is not None:
     div = np.full(out, divisor_override, np.int64)
   else:
@@ -123,6 +132,7 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
       full = end - start
       valid = np.minimum(end, n) - np.maximum(start, 0)
       return full if count_include_pad else valid
+
     div = np.ones((), np.int64)
     for o, kk, ss, pp, n in zip(out, k, s, p, x.shape[lead:]):
       div = np.multiply.outer(div, sizes(o, kk, ss, pp, n))
@@ -134,17 +144,33 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
 
 
 @lowering(aten.avg_pool2d.default)
-def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-  return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override)
+def avg_pool2d(
+  self,
+  kernel_size,
+  stride=(),
+  padding=0,
+  ceil_mode=False,
+  count_include_pad=True,
+  divisor_override=None,
+):
+  return _avg_pool(
+    self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+  )
 
 
 @lowering(aten.avg_pool3d.default)
-def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-  return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override)
+def avg_pool3d(
+  self,
+  kernel_size,
+  stride=(),
+  padding=0,
+  ceil_mode=False,
+  count_include_pad=True,
+  divisor_override=None,
+):
+  return _avg_pool(
+    self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+  )
 
 
 def _vjp(f, x, grad):
@@ -153,20 +179,33 @@ def _vjp(f, x, grad):
 
 
 @lowering(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                        count_include_pad, divisor_override):
-  return _vjp(lambda x: _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode,
-                                  count_include_pad, divisor_override), self, grad_output)
+def avg_pool2d_backward(
+  grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+  return _vjp(
+    lambda x: _avg_pool(
+      x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    ),
+    self,
+    grad_output,
+  )
 
 
 @lowering(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                        count_include_pad, divisor_override):
-  return _vjp(lambda x: _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode,
-                                  count_include_pad, divisor_override), self, grad_output)
+def avg_pool3d_backward(
+  grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+  return _vjp(
+    lambda x: _avg_pool(
+      x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    ),
+    self,
+    grad_output,
+  )
 
 
 # ------------------------------------------------------------------------------ adaptive
+
 
 def _adaptive_table(n: int, o: int):
   """torch's adaptive windows [floor(i n/o), ceil((i+1) n/o)): (indices (o, K), mask, sizes)."""
@@ -253,8 +292,10 @@ def _gather_windows(x, flat, nd):
 def _adaptive_avg3d_half(x, output_size):
   """torch's CPU 3-D kernel on 16-bit floats sums each window in that dtype, in scan order,
   then divides by its depth, height and width in turn, rounding every step."""
+
   def r(v):
     return v.astype(x.dtype).astype(jnp.float32)
+
   flat, valid = _adaptive_windows(x.shape[-3:], output_size)
   v = _gather_windows(x, flat, 3).astype(jnp.float32)
   total = jnp.zeros(v.shape[:-1], jnp.float32)
@@ -312,6 +353,7 @@ def adaptive_max_pool3d_backward(grad_output, self, indices):
 
 # ---------------------------------------------------------------------------- fractional
 
+
 def _intervals(sample, n_in: int, n_out: int, pool: int):
   """torch's `generate_intervals`: window starts `int((i + u) * alpha) - int(u * alpha)` with
   `alpha = (in - pool) / (out - 1)`, the last window at `in - pool`. torch computes in the
@@ -321,11 +363,13 @@ def _intervals(sample, n_in: int, n_out: int, pool: int):
 
   def r(v):  # round to the sample's dtype, as torch's scalar arithmetic does
     return v.astype(dt).astype(u.dtype)
+
   if n_out > 1:
     alpha = r(jnp.asarray(n_in - pool, u.dtype) / jnp.asarray(n_out - 1, u.dtype))
     i = jnp.arange(n_out - 1, dtype=u.dtype)
-    starts = (r(r(i + u[..., None]) * alpha).astype(jnp.int64)
-              - r(u * alpha).astype(jnp.int64)[..., None])
+    starts = (
+      r(r(i + u[..., None]) * alpha).astype(jnp.int64) - r(u * alpha).astype(jnp.int64)[..., None]
+    )
     last = jnp.full(u.shape + (1,), n_in - pool, jnp.int64)
     return jnp.concatenate([starts, last], axis=-1)
   return jnp.full(u.shape + (1,), n_in - pool, jnp.int64)
@@ -384,13 +428,13 @@ def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, 
 
 # ------------------------------------------------------------------------------- unpool
 
+
 def _max_unpool(x, indices, output_size, nd):
   """Each value written at its flat index of an (N, C, *output_size) zero tensor; the gradient
   of every input is the output gradient at its index (torch's, also for repeated indices)."""
   lead = x.shape[:-nd]
   plane = int(np.prod(output_size))
-  batch = tuple(jnp.arange(n).reshape((-1,) + (1,) * (len(lead) - i))
-                for i, n in enumerate(lead))
+  batch = tuple(jnp.arange(n).reshape((-1,) + (1,) * (len(lead) - i)) for i, n in enumerate(lead))
   idx = indices.reshape(lead + (-1,)).astype(jnp.int64)
 
   @jax.custom_vjp
@@ -402,6 +446,7 @@ def _max_unpool(x, indices, output_size, nd):
 
   def backward(_, g):
     return (g[(*batch, jnp.clip(idx, 0, plane - 1))] * (idx < plane).astype(g.dtype),)
+
   unpool.defvjp(forward, backward)
   return unpool(x.reshape(lead + (-1,))).reshape(lead + tuple(int(o) for o in output_size))
 

@@ -21,32 +21,47 @@ import numpy as np
 import torch
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, jax_dtype, literal, lowering, opmath, scan,
-                                  torch_dtype)
+from bridge_ops._lowering import (
+  aten,
+  fori_loop,
+  jax_dtype,
+  literal,
+  lowering,
+  opmath,
+  scan,
+  torch_dtype,
+)
 from bridge_ops._linalg import _HIGHEST
 
 
 def _same_dtype(a, b):
   # torch's matrix products refuse mixed dtypes (its meta kernels do not check this)
   if a.dtype != b.dtype:
-    raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: "
-                       f"{_torch_name(a.dtype)} != {_torch_name(b.dtype)}")
+    raise RuntimeError(
+      f"expected m1 and m2 to have the same dtype, but got: "
+      f"{_torch_name(a.dtype)} != {_torch_name(b.dtype)}"
+    )
 
 
 def _torch_name(dtype):
-  return {"float32": "float", "float64": "double", "float16": "c10::Half",
-          "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int"}.get(
-              np.dtype(dtype).name, np.dtype(dtype).name)
+  return {
+    "float32": "float",
+    "float64": "double",
+    "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+    "int64": "long int",
+    "int32": "int",
+  }.get(np.dtype(dtype).name, np.dtype(dtype).name)
 
 
 # The products' contractions as `lax.dot_general` dimension numbers: ((contracting), (batch)).
 # (jnp.einsum plans its contraction in Python each time it meets new shapes: ~0.8 ms more per
 # op when torch code is traced.)
 _CONTRACTIONS = {
-    "ij,jk->ik": (((1,), (0,)), ((), ())),
-    "bij,bjk->bik": (((2,), (1,)), ((0,), (0,))),
-    "ij,j->i": (((1,), (0,)), ((), ())),
-    "i,i->": (((0,), (0,)), ((), ())),
+  "ij,jk->ik": (((1,), (0,)), ((), ())),
+  "bij,bjk->bik": (((2,), (1,)), ((0,), (0,))),
+  "ij,j->i": (((1,), (0,)), ((), ())),
+  "i,i->": (((0,), (0,)), ((), ())),
 }
 
 
@@ -54,8 +69,9 @@ def _product(subscripts, a, b):
   """A matrix product at full precision, in the accumulation dtype (float32 for 16-bit
   floats)."""
   _same_dtype(a, b)
-  return lax.dot_general(a, b, _CONTRACTIONS[subscripts], precision=_HIGHEST,
-                         preferred_element_type=opmath(a.dtype))
+  return lax.dot_general(
+    a, b, _CONTRACTIONS[subscripts], precision=_HIGHEST, preferred_element_type=opmath(a.dtype)
+  )
 
 
 def _scalar(x, dtype):
@@ -100,8 +116,13 @@ def linear(input, weight, bias=None):
   # torch decomposes `linear` (`t` + `addmm`, or an expanded `bmm` for a non-contiguous 3-D
   # input); the core runs this instead when autograd is not recording.
   _same_dtype(input, weight)
-  out = lax.dot_general(input, weight, (((input.ndim - 1,), (weight.ndim - 1,)), ((), ())),
-                        precision=_HIGHEST, preferred_element_type=opmath(input.dtype))
+  out = lax.dot_general(
+    input,
+    weight,
+    (((input.ndim - 1,), (weight.ndim - 1,)), ((), ())),
+    precision=_HIGHEST,
+    preferred_element_type=opmath(input.dtype),
+  )
   return (out if bias is None else out + bias).astype(input.dtype)
 
 
@@ -109,8 +130,9 @@ def linear(input, weight, bias=None):
 def matmul(self, other):
   # torch's `matmul` broadcasts by expanding to `bmm`; XLA contracts the batch dims directly.
   _same_dtype(self, other)
-  return jnp.matmul(self, other, precision=_HIGHEST,
-                    preferred_element_type=opmath(self.dtype)).astype(self.dtype)
+  return jnp.matmul(
+    self, other, precision=_HIGHEST, preferred_element_type=opmath(self.dtype)
+  ).astype(self.dtype)
 
 
 @lowering(aten.mv.default)
@@ -156,23 +178,28 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
   for name, m in (("mat_a", self), ("mat_b", mat2)):
     if np.dtype(m.dtype) not in allowed:
       kind = torch.empty(0, dtype=torch_dtype(m.dtype)).type().rpartition(".")[2]
-      raise RuntimeError(f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got "
-                         f"{kind.removesuffix('Tensor')}")
+      raise RuntimeError(
+        f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got "
+        f"{kind.removesuffix('Tensor')}"
+      )
   _same_dtype(self, mat2)
   if bias is not None:
     raise RuntimeError("Bias not supported yet")
   if out_dtype is not None and np.dtype(jax_dtype(out_dtype)) != np.dtype(self.dtype):
     raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
   if (offs is None) != (self.ndim == 3 and mat2.ndim == 3):
-    raise RuntimeError("Offsets must be passed (only) when mat_a or mat_b is 2-D: "
-                       f"got {self.ndim}-D and {mat2.ndim}-D with offs "
-                       f"{'missing' if offs is None else 'given'}")
+    raise RuntimeError(
+      "Offsets must be passed (only) when mat_a or mat_b is 2-D: "
+      f"got {self.ndim}-D and {mat2.ndim}-D with offs "
+      f"{'missing' if offs is None else 'given'}"
+    )
   if offs is not None and np.dtype(offs.dtype) != np.dtype(jnp.int32):
     raise RuntimeError("Offsets have to be int32")
   acc = opmath(self.dtype)
   if offs is None:
-    out = lax.dot_general(self, mat2, (((2,), (1,)), ((0,), (0,))), precision=_HIGHEST,
-                          preferred_element_type=acc)
+    out = lax.dot_general(
+      self, mat2, (((2,), (1,)), ((0,), (0,))), precision=_HIGHEST, preferred_element_type=acc
+    )
     return out.astype(self.dtype)
   groups = offs.shape[0]
   if self.ndim == 2 and mat2.ndim == 3:
@@ -184,21 +211,26 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
   group = jnp.searchsorted(offs, jnp.arange(ragged, dtype=offs.dtype), side="right")
   member = (group[None, :] == jnp.arange(groups)[:, None]).astype(acc)  # (G, ragged)
   if self.ndim == 3:  # (G, M, K) x (K, N): column n uses self[group of n]
-    full = lax.dot_general(self, mat2, (((2,), (0,)), ((), ())), precision=_HIGHEST,
-                           preferred_element_type=acc)  # (G, M, N)
+    full = lax.dot_general(
+      self, mat2, (((2,), (0,)), ((), ())), precision=_HIGHEST, preferred_element_type=acc
+    )  # (G, M, N)
     return (full * member[:, None, :]).sum(0).astype(self.dtype)
   # (M, K) x (K, N) with K in groups -> (G, M, N)
   masked = self.astype(acc)[None, :, :] * member[:, None, :]  # (G, M, K)
-  out = lax.dot_general(masked, mat2.astype(acc), (((2,), (0,)), ((), ())), precision=_HIGHEST,
-                        preferred_element_type=acc)
+  out = lax.dot_general(
+    masked,
+    mat2.astype(acc),
+    (((2,), (0,)), ((), ())),
+    precision=_HIGHEST,
+    preferred_element_type=acc,
+  )
   return out.astype(self.dtype)
 
 
 @lowering(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
   if batch1.shape[1] * batch1.shape[2] * batch2.shape[2] >= 400:  # BLAS
-    return _add_scaled(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha,
-                       batch1.dtype)
+    return _add_scaled(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha, batch1.dtype)
   # torch's own loop for small products: each dot product summed in order over k (in the
   # accumulation dtype), then `self * beta + alpha * acc`; alpha multiplies, so NaN propagates.
   _same_dtype(batch1, batch2)
@@ -206,8 +238,11 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
   a, b = batch1.astype(acc_dtype), batch2.astype(acc_dtype)
 
   def step(k, acc):
-    return acc + (lax.dynamic_index_in_dim(a, k, axis=2, keepdims=False)[:, :, None]
-                  * lax.dynamic_index_in_dim(b, k, axis=1, keepdims=False)[:, None, :])
+    return acc + (
+      lax.dynamic_index_in_dim(a, k, axis=2, keepdims=False)[:, :, None]
+      * lax.dynamic_index_in_dim(b, k, axis=1, keepdims=False)[:, None, :]
+    )
+
   acc = fori_loop(0, a.shape[2], step, jnp.zeros(a.shape[:2] + b.shape[2:], acc_dtype))
   return _add_scaled(self, acc, beta, alpha, batch1.dtype, zero_alpha_ignores_product=False)
 
@@ -224,6 +259,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
   def step(out, mats):
     return _add_scaled(out, _product("ij,jk->ik", *mats), 1, alpha, out.dtype), None
+
   return scan(step, out, (batch1[1:], batch2[1:]))[0]
 
 
@@ -238,6 +274,7 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
 
   def rnd(x):
     return x.astype(dtype)
+
   outer = rnd(rnd(alpha * vec1[:, None]) * vec2[None, :])
   return rnd(jnp.where(beta == 0, outer, rnd(rnd(self * beta) + outer)))
 
@@ -251,10 +288,15 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
   ndim = i1.ndim + len(expand1)
   letters = "abcdefghijklmnopqrstuvwxyz"[:ndim]
   summed = {d % ndim for d in sumdim}
-  dims = [[d for d in range(ndim) if d not in {e % ndim for e in expand}]
-          for expand in (expand1, expand2, expand3)]
-  first = [d for d in range(ndim) if (d in dims[0] or d in dims[1])
-           and not (d in summed and d not in dims[2])]
+  dims = [
+    [d for d in range(ndim) if d not in {e % ndim for e in expand}]
+    for expand in (expand1, expand2, expand3)
+  ]
+  first = [
+    d
+    for d in range(ndim)
+    if (d in dims[0] or d in dims[1]) and not (d in summed and d not in dims[2])
+  ]
   keep = [d for d in range(ndim) if d not in summed]
   second = [d for d in keep if d in first or d in dims[2]]
 
@@ -262,8 +304,10 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return "".join(letters[d] for d in ds)
 
   def contract(spec, *xs):
-    return jnp.einsum(spec, *xs, precision=_HIGHEST,
-                      preferred_element_type=opmath(i1.dtype)).astype(i1.dtype)
+    return jnp.einsum(
+      spec, *xs, precision=_HIGHEST, preferred_element_type=opmath(i1.dtype)
+    ).astype(i1.dtype)
+
   buf = contract(f"{sub(dims[0])},{sub(dims[1])}->{sub(first)}", i1, i2)
   out = contract(f"{sub(first)},{sub(dims[2])}->{sub(second)}", buf, i3)
   return jnp.expand_dims(out, [k for k, d in enumerate(keep) if d not in second])

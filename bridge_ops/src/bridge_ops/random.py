@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import (aten, default_float, jax_dtype, lowering, opmath,
-                                  result_dtypes)
+from bridge_ops._lowering import aten, default_float, jax_dtype, lowering, opmath, result_dtypes
 
 
 def _is_complex(dtype) -> bool:
@@ -29,8 +28,9 @@ def _is_complex(dtype) -> bool:
 
 
 def _real_of(dtype):
-  return {np.dtype(jnp.complex64): jnp.float32,
-          np.dtype(jnp.complex128): jnp.float64}.get(np.dtype(dtype), dtype)
+  return {np.dtype(jnp.complex64): jnp.float32, np.dtype(jnp.complex128): jnp.float64}.get(
+    np.dtype(dtype), dtype
+  )
 
 
 def _sample_dtype(dtype):
@@ -77,7 +77,7 @@ def _randint_inclusive(key, shape, low: int, high: int, dtype):
   """Integers uniform on [low, high] (Python bounds, any span up to 2**64), as `dtype`."""
   span = high - low + 1
   bits = jax.random.bits(key, tuple(shape), jnp.uint64)
-  r = bits if span >= 2 ** 64 else bits % jnp.uint64(span)
+  r = bits if span >= 2**64 else bits % jnp.uint64(span)
   # Two's-complement wraparound makes low + r right even when r exceeds int64's range.
   return (r.astype(jnp.int64) + jnp.int64(low)).astype(dtype)
 
@@ -141,8 +141,11 @@ def random_from(self, from_=None, to=None, *, generator=None, key, **kwargs):
 
 def _bernoulli(key, p, shape, dtype):
   """1 where a uniform draw falls below `p` (a tensor, or a Python/traced float)."""
-  strong64 = (hasattr(p, "dtype") and not getattr(getattr(p, "aval", p), "weak_type", False)
-              and np.dtype(p.dtype) == np.float64)
+  strong64 = (
+    hasattr(p, "dtype")
+    and not getattr(getattr(p, "aval", p), "weak_type", False)
+    and np.dtype(p.dtype) == np.float64
+  )
   f = jnp.float64 if strong64 or np.dtype(dtype) == np.float64 else jnp.float32
   u = jax.random.uniform(key, tuple(shape), f)
   return (u < jnp.asarray(p).astype(f)).astype(dtype)
@@ -196,8 +199,9 @@ def normal_Tensor_Tensor(mean, std, *, generator=None, key):
 
 
 @lowering(aten.normal.float_float, random=True)
-def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None, device=None,
-                       pin_memory=None, key):
+def normal_float_float(
+  mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
   return _normal(key, size, jax_dtype(dtype, default_float()), mean, std)
 
 
@@ -215,44 +219,95 @@ def randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_mem
 
 
 @lowering(aten.rand_like.default, aten.rand_like.generator, random=True)
-def rand_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-              memory_format=None, key):
+def rand_like(
+  self,
+  *,
+  generator=None,
+  dtype=None,
+  layout=None,
+  device=None,
+  pin_memory=None,
+  memory_format=None,
+  key,
+):
   return _uniform(key, self.shape, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.randn_like.default, aten.randn_like.generator, random=True)
-def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None, key):
+def randn_like(
+  self,
+  *,
+  generator=None,
+  dtype=None,
+  layout=None,
+  device=None,
+  pin_memory=None,
+  memory_format=None,
+  key,
+):
   return _normal(key, self.shape, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.randint.default, aten.randint.generator, random=True)
-def randint(high, size, *, generator=None, dtype=None, layout=None, device=None,
-            pin_memory=None, key):
+def randint(
+  high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
   return _randint_inclusive(key, size, 0, high - 1, jax_dtype(dtype, jnp.int64))
 
 
 @lowering(aten.randint.low, aten.randint.low_generator, random=True)
-def randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
-                pin_memory=None, key):
+def randint_low(
+  low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
+):
   return _randint_inclusive(key, size, low, high - 1, jax_dtype(dtype, jnp.int64))
 
 
 @lowering(aten.randint_like.default, aten.randint_like.generator, random=True)
-def randint_like(self, high, *, generator=None, dtype=None, layout=None, device=None,
-                 pin_memory=None, memory_format=None, key):
+def randint_like(
+  self,
+  high,
+  *,
+  generator=None,
+  dtype=None,
+  layout=None,
+  device=None,
+  pin_memory=None,
+  memory_format=None,
+  key,
+):
   return _randint_inclusive(key, self.shape, 0, high - 1, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True)
-def randint_like_low_dtype(self, low, high, *, generator=None, dtype=None, layout=None,
-                           device=None, pin_memory=None, memory_format=None, key):
+def randint_like_low_dtype(
+  self,
+  low,
+  high,
+  *,
+  generator=None,
+  dtype=None,
+  layout=None,
+  device=None,
+  pin_memory=None,
+  memory_format=None,
+  key,
+):
   return _randint_inclusive(key, self.shape, low, high - 1, jax_dtype(dtype, self.dtype))
 
 
 @lowering(aten.randint_like.Tensor, aten.randint_like.Tensor_generator, random=True)
-def randint_like_Tensor(self, high, *, generator=None, dtype=None, layout=None, device=None,
-                        pin_memory=None, memory_format=None, key):
+def randint_like_Tensor(
+  self,
+  high,
+  *,
+  generator=None,
+  dtype=None,
+  layout=None,
+  device=None,
+  pin_memory=None,
+  memory_format=None,
+  key,
+):
   out = jax.random.randint(key, self.shape, 0, jnp.asarray(high).astype(jnp.int64), jnp.int64)
   return out.astype(jax_dtype(dtype, self.dtype))
 
@@ -299,8 +354,9 @@ def native_dropout_backward(grad_output, mask, scale):
 
 
 @lowering(aten.rrelu_with_noise_functional.default, random=True)
-def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
-                                generator=None, *, key):
+def rrelu_with_noise_functional(
+  self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key
+):
   """torch `rrelu`: training, each x <= 0 is scaled by r ~ U(lower, upper) and `noise` records
   r (1 elsewhere); otherwise a leaky relu of slope (lower + upper) / 2 and `noise` unchanged."""
   compute = opmath(self.dtype)

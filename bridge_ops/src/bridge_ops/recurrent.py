@@ -66,16 +66,27 @@ def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
   grad_hx = (go * z).astype(dtype)
   if not has_bias:
     return grad_input_gates, grad_hidden_gates, grad_hx, None, None
-  return (grad_input_gates, grad_hidden_gates, grad_hx,
-          grad_input_gates.sum(axis=0), grad_hidden_gates.sum(axis=0))
+  return (
+    grad_input_gates,
+    grad_hidden_gates,
+    grad_hx,
+    grad_input_gates.sum(axis=0),
+    grad_hidden_gates.sum(axis=0),
+  )
 
 
 @lowering(aten._thnn_fused_lstm_cell.default)
 def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
   f = opmath(input_gates.dtype)
-  gates = [x + h + b1 + b2 for x, h, b1, b2 in zip(
-      _chunks(input_gates, 4, f), _chunks(hidden_gates, 4, f),
-      _chunks(input_bias, 4, f), _chunks(hidden_bias, 4, f))]
+  gates = [
+    x + h + b1 + b2
+    for x, h, b1, b2 in zip(
+      _chunks(input_gates, 4, f),
+      _chunks(hidden_gates, 4, f),
+      _chunks(input_bias, 4, f),
+      _chunks(hidden_bias, 4, f),
+    )
+  ]
   i, fg, o = (jax.nn.sigmoid(gates[k]) for k in (0, 1, 3))
   g = jnp.tanh(gates[2])
   cy = fg * cx.astype(f) + i * g
@@ -93,11 +104,14 @@ def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has
   goc = 0.0 if grad_cy is None else grad_cy.astype(i.dtype)
   t = jnp.tanh(cy.astype(i.dtype))
   gc = go * o * (1 - t * t) + goc
-  grad_gates = jnp.concatenate([
+  grad_gates = jnp.concatenate(
+    [
       gc * g * (1 - i) * i,
       gc * cx.astype(i.dtype) * (1 - fg) * fg,
       gc * i * (1 - g * g),
       go * t * (1 - o) * o,
-  ], axis=-1).astype(workspace.dtype)
+    ],
+    axis=-1,
+  ).astype(workspace.dtype)
   grad_cx = (gc * fg).astype(cx.dtype)
   return grad_gates, grad_cx, grad_gates.sum(axis=0) if has_bias else None

@@ -19,12 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, jax_dtype, lowering, opmath, p_norm, result_dtypes,
-                                  torch_abs, with_derivative)
+from bridge_ops._lowering import (
+  aten,
+  jax_dtype,
+  lowering,
+  opmath,
+  p_norm,
+  result_dtypes,
+  torch_abs,
+  with_derivative,
+)
 from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _real, _squeeze, _sum_dtype
 
 
 # ----------------------------------------------------------------------------- sum, mean, prod
+
 
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def sum_dim_IntList(self, dim=None, keepdim=False, *, dtype=None):
@@ -61,6 +70,7 @@ def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
 
 
 # ----------------------------------------------------------------------------- max, min, arg*
+
 
 @lowering(aten.max.default)
 def max_default(self):
@@ -128,8 +138,11 @@ def min_dim(self, dim, keepdim=False):
 # torch's std backward divides by 2 * std and gives 0 where std is 0 (a constant input);
 # sqrt's own rule gives inf there, so NaN once multiplied by the zero derivative of var.
 _std_sqrt = with_derivative(
-    jnp.sqrt, lambda out, v, t: jnp.where(out == 0, jnp.zeros((), out.dtype),
-                                          t[0] / (2 * jnp.where(out == 0, 1, out))))
+  jnp.sqrt,
+  lambda out, v, t: jnp.where(
+    out == 0, jnp.zeros((), out.dtype), t[0] / (2 * jnp.where(out == 0, 1, out))
+  ),
+)
 
 
 def _var_mean(x, dim, correction, keepdim, sqrt=False):
@@ -173,6 +186,7 @@ def std_mean_correction(self, dim=None, *, correction=None, keepdim=False):
 
 # ----------------------------------------------------------------------------- norms
 
+
 def _vector_norm(x, ord, dim, keepdim, dtype):
   """torch.linalg.vector_norm; `ord` is static (a Python number), it picks the algorithm."""
   if dtype is not None:
@@ -209,13 +223,19 @@ def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
   return _vector_norm(self, ord, dim, keepdim, dtype)
 
 
-@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
-          aten.norm.ScalarOpt_dtype, static_argnames=("p",))
+@lowering(
+  aten.norm.Scalar,
+  aten.norm.ScalarOpt_dim,
+  aten.norm.ScalarOpt_dim_dtype,
+  aten.norm.ScalarOpt_dtype,
+  static_argnames=("p",),
+)
 def norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
   return _vector_norm(self, 2 if p is None else p, dim, keepdim, dtype)
 
 
 # ----------------------------------------------------------------------------- all, any, count
+
 
 def _logical(fn, x, dim, keepdim):
   # all.dims / any.dims: an empty dim list reduces nothing (unlike sum).
@@ -239,6 +259,7 @@ def count_nonzero(self, dim=None):
 
 
 # ----------------------------------------------------------------------------- scans
+
 
 def _scan(fn, x, dim, out):
   x1, axis = _one_axis(x.astype(out), dim)
@@ -310,6 +331,7 @@ def cummin(self, dim):
 
 
 # ----------------------------------------------------------------------------- logsumexp, softmax
+
 
 @lowering(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
@@ -399,15 +421,20 @@ def _binary(fn, a, b, kind="default"):
 
 def _check_weights(w, name, n, integral):
   if w.ndim > 1:
-    raise RuntimeError(f"cov(): expected {name} to have one or fewer dimensions but got {name} "
-                       f"with {w.ndim} dimensions")
+    raise RuntimeError(
+      f"cov(): expected {name} to have one or fewer dimensions but got {name} "
+      f"with {w.ndim} dimensions"
+    )
   if _is_int(w.dtype) != integral or w.dtype == jnp.bool_:
     kind = "integral" if integral else "floating point"
-    raise RuntimeError(f"cov(): expected {name} to have {kind} dtype but got {name} with "
-                       f"{w.dtype} dtype")
+    raise RuntimeError(
+      f"cov(): expected {name} to have {kind} dtype but got {name} with {w.dtype} dtype"
+    )
   if w.size != n:
-    raise RuntimeError(f"cov(): expected {name} to have the same numel as there are "
-                       f"observations in the input but got {w.size} != {n}")
+    raise RuntimeError(
+      f"cov(): expected {name} to have the same numel as there are "
+      f"observations in the input but got {w.size} != {n}"
+    )
   return w.reshape(-1)
 
 
@@ -420,8 +447,10 @@ def cov(self, correction=1, fweights=None, aweights=None):
   negative weights or weights summing to zero, which torch refuses, give NaN; degrees of
   freedom <= 0 give torch's inf/NaN (it zeroes the normalization factor and warns)."""
   if self.ndim > 2:
-    raise RuntimeError("cov(): expected input to have two or fewer dimensions but got an "
-                       f"input with {self.ndim} dimensions")
+    raise RuntimeError(
+      "cov(): expected input to have two or fewer dimensions but got an "
+      f"input with {self.ndim} dimensions"
+    )
   if self.dtype == jnp.bool_:
     raise RuntimeError("cov(): bool dtype is not supported for input")
   x = self.reshape(1, -1) if self.ndim < 2 else self
@@ -458,8 +487,9 @@ def cov(self, correction=1, fweights=None, aweights=None):
     centred = sub(x, avg[:, None])
   other = centred if w is None else mul(centred, w)
   acc = opmath(centred.dtype)
-  c = jnp.matmul(centred, jnp.conj(other).T, precision=lax.Precision.HIGHEST,
-                 preferred_element_type=acc).astype(centred.dtype)
+  c = jnp.matmul(
+    centred, jnp.conj(other).T, precision=lax.Precision.HIGHEST, preferred_element_type=acc
+  ).astype(centred.dtype)
   if jnp.iscomplexobj(c) and 1 in centred.shape:  # torch zeroes a vector's imaginary part
     c = lax.complex(c.real, jnp.zeros_like(c.real))
   out = jnp.squeeze(div(c, norm))

@@ -125,8 +125,7 @@ def resize(self, size, *, memory_format=None):
 @lowering(aten.expand_copy.default)
 def expand_copy(self, size, *, implicit=False):
   lead = len(size) - self.ndim
-  shape = tuple(self.shape[i - lead] if (s == -1 and i >= lead) else s
-                for i, s in enumerate(size))
+  shape = tuple(self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(size))
   return _fresh(jnp.broadcast_to(self, shape))
 
 
@@ -228,7 +227,7 @@ def unfold_copy(self, dimension, size, step):
   starts = np.arange(n) * step
   idx = starts[:, None] + np.arange(size)[None, :]  # (n, size)
   out = jnp.take(self, jnp.asarray(idx.reshape(-1), jnp.int64), axis=d)
-  out = out.reshape(self.shape[:d] + (n, size) + self.shape[d + 1:])
+  out = out.reshape(self.shape[:d] + (n, size) + self.shape[d + 1 :])
   return jnp.moveaxis(out, d + 1, -1)
 
 
@@ -236,8 +235,9 @@ def unfold_copy(self, dimension, size, step):
 def split_with_sizes_copy(self, split_sizes, dim=0):
   d = _dim(dim, self.ndim)
   bounds = np.cumsum([0] + list(split_sizes))
-  return [_fresh(lax.slice_in_dim(self, int(a), int(b), axis=d))
-          for a, b in zip(bounds[:-1], bounds[1:])]
+  return [
+    _fresh(lax.slice_in_dim(self, int(a), int(b), axis=d)) for a, b in zip(bounds[:-1], bounds[1:])
+  ]
 
 
 @lowering(aten.split_copy.Tensor)

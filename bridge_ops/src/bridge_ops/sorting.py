@@ -17,12 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import (aten, fori_loop, lowering, result_dtypes, while_loop,
-                                  with_derivative)
+from bridge_ops._lowering import (
+  aten,
+  fori_loop,
+  lowering,
+  result_dtypes,
+  while_loop,
+  with_derivative,
+)
 from bridge_ops._reduction import _one_axis, _sort, _squeeze
 
 
 # ---------------------------------------------------------------- sort, topk, order statistics
+
 
 def _order_keys(x, descending: bool):
   """int32 keys whose `<` is torch's sort comparator on `x`: dense ranks with every NaN equal and
@@ -52,6 +59,7 @@ def _introsort_order(key):
   n = key.shape[0]
   pos = jnp.arange(n, dtype=jnp.int32)
   if n > 16:
+
     def level(state):
       a, perm, head, depth = state
       seg = jnp.cumsum(head.astype(jnp.int32)) - 1
@@ -63,8 +71,11 @@ def _introsort_order(key):
       # __move_median_to_first(first, first + 1, mid, last - 1)
       ia, ib, ic = first + 1, mid, jnp.maximum(last - 1, 0)
       va, vb, vc = a[jnp.minimum(ia, n - 1)], a[ib], a[ic]
-      chosen = jnp.where(va < vb, jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
-                         jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)))
+      chosen = jnp.where(
+        va < vb,
+        jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
+        jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)),
+      )
       src = jnp.where(active & (pos == first), chosen, pos)
       src = jnp.where(active & (pos == chosen[first]), first, src)
       a, perm = a[src], perm[src]
@@ -74,13 +85,17 @@ def _introsort_order(key):
       right = active & ~(pivot < a)
       lrank = _segment_cumsum(left, first)
       rc = jnp.cumsum(right.astype(jnp.int32))
-      rrank = rc[jnp.maximum(last - 1, 0)] - rc            # right stoppers above, in the segment
+      rrank = rc[jnp.maximum(last - 1, 0)] - rc  # right stoppers above, in the segment
       drop = jnp.full_like(pos, n)
-      lpos = jnp.full((n,), n, jnp.int32).at[jnp.where(left, first + lrank, drop)].set(
-          pos, mode="drop")
-      rpos = jnp.full((n,), -1, jnp.int32).at[jnp.where(right, first + rrank, drop)].set(
-          pos, mode="drop")
-      k = pos - first                                        # position t holds pair k of its segment
+      lpos = (
+        jnp.full((n,), n, jnp.int32).at[jnp.where(left, first + lrank, drop)].set(pos, mode="drop")
+      )
+      rpos = (
+        jnp.full((n,), -1, jnp.int32)
+        .at[jnp.where(right, first + rrank, drop)]
+        .set(pos, mode="drop")
+      )
+      k = pos - first  # position t holds pair k of its segment
       pair = active & (lpos < n) & (rpos >= 0) & (lpos < rpos)
       npairs = jax.ops.segment_sum(pair.astype(jnp.int32), seg, n)[seg]
       pair = pair & (k < npairs)
@@ -156,8 +171,11 @@ def _introselect_order(key, nth: int):
     mid = first + (last - first) // 2
     ia, ib, ic = first + 1, mid, last - 1
     va, vb, vc = a[ia], a[ib], a[ic]
-    chosen = jnp.where(va < vb, jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
-                       jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)))
+    chosen = jnp.where(
+      va < vb,
+      jnp.where(vb < vc, ib, jnp.where(va < vc, ic, ia)),
+      jnp.where(va < vc, ia, jnp.where(vb < vc, ic, ib)),
+    )
     a, perm = _swap((a, perm), first, chosen)
     piv = a[first]
     left = (pos > first) & (pos < last) & ~(a < piv)
@@ -171,8 +189,7 @@ def _introselect_order(key, nth: int):
     src = pos.at[jnp.where(pair, lpos, n)].set(rpos, mode="drop")
     src = src.at[jnp.where(pair, rpos, n)].set(lpos, mode="drop")
     a, perm = a[src], perm[src]
-    return (a, perm, jnp.where(cut <= nth, cut, first), jnp.where(cut <= nth, last, cut),
-            depth + 1)
+    return (a, perm, jnp.where(cut <= nth, cut, first), jnp.where(cut <= nth, last, cut), depth + 1)
 
   def more(state):
     _, _, first, last, depth = state
@@ -228,6 +245,7 @@ def _partial_sort_order(key, k: int):
     a, p = state
     parent = (k - 2) // 2 - t
     return _adjust_heap(a, p, parent, k, a[parent], p[parent], steps)
+
   if k >= 2:
     a, p = fori_loop(0, (k - 2) // 2 + 1, make, (a, p))
 
@@ -236,6 +254,7 @@ def _partial_sort_order(key, k: int):
     na, np_ = _adjust_heap(a, p, jnp.int32(0), k, key[i], i.astype(jnp.int32), steps)
     take = key[i] < a[0]
     return jnp.where(take, na, a), jnp.where(take, np_, p)
+
   a, p = fori_loop(k, n, select, (a, p))
 
   def pop(t, state):  # __sort_heap
@@ -244,6 +263,7 @@ def _partial_sort_order(key, k: int):
     va, vp = a[last], p[last]
     a, p = a.at[last].set(a[0]), p.at[last].set(p[0])
     return _adjust_heap(a, p, jnp.int32(0), last, va, vp, steps)
+
   a, p = fori_loop(0, k - 1, pop, (a, p))
   return p
 
@@ -257,8 +277,8 @@ def _topk_row(x, k: int, largest: bool, sorted: bool):
     return _partial_sort_order(keys, k)
   order = _introselect_order(keys, k - 1)[:k]
   if sorted and k > 1:
-    head = _introsort_order(keys[order[:k - 1]])
-    order = jnp.concatenate([order[:k - 1][head], order[k - 1:]])
+    head = _introsort_order(keys[order[: k - 1]])
+    order = jnp.concatenate([order[: k - 1][head], order[k - 1 :]])
   return order
 
 
@@ -329,12 +349,13 @@ def _quickselect_order(key, kth: int):
     left = (pos >= lo + 2) & (pos <= hi) & (a >= piv)
     right = (pos >= lo + 1) & (pos <= hi - 1) & (a <= piv)
     lpos, rpos = _pointer_stops(left, right, pos, n, big)
-    swaps = jnp.sum((lpos < rpos).astype(jnp.int32))      # pairs swapped before the pointers meet
+    swaps = jnp.sum((lpos < rpos).astype(jnp.int32))  # pairs swapped before the pointers meet
     meet = (lpos[jnp.minimum(swaps, n - 1)] == rpos[jnp.minimum(swaps, n - 1)]) & (swaps < n)
-    t = swaps + meet.astype(jnp.int32)                     # the round in which they cross
+    t = swaps + meet.astype(jnp.int32)  # the round in which they cross
 
     def at(arr, idx, missing):
       return jnp.where((idx >= 0) & (idx < n), arr[jnp.clip(idx, 0, n - 1)], missing)
+
     i = jnp.minimum(at(lpos, t, big), at(rpos, swaps - 1, big))
     j = jnp.maximum(at(rpos, t, -big), at(lpos, swaps - 1, -big))
     pair = pos < swaps
@@ -375,7 +396,7 @@ def _median(x, axis, keepdim, was_0d, ignore_nan):
   nanmedian: the lower median of the non-NaN values (all NaN -> the first NaN)."""
   v, i = _sort(x, axis, descending=False)  # NaN last, ties in index order
   n = x.shape[axis]
-  shape1 = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+  shape1 = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
   if not jnp.issubdtype(x.dtype, jnp.inexact):
     return _pick(v, i, jnp.full(shape1, (n - 1) // 2, jnp.int64), axis, keepdim, was_0d)
   nan = jnp.isnan(x)
@@ -409,10 +430,12 @@ def _evenly_distributed(out, primals, tangents):
 
 
 _MEDIAN_SPREAD = {  # by `ignore_nan`
-    flag: with_derivative(functools.partial(
-        lambda x, flag: _median(x.reshape(-1), 0, False, True, flag)[0], flag=flag),
-        _evenly_distributed)
-    for flag in (False, True)}
+  flag: with_derivative(
+    functools.partial(lambda x, flag: _median(x.reshape(-1), 0, False, True, flag)[0], flag=flag),
+    _evenly_distributed,
+  )
+  for flag in (False, True)
+}
 
 
 @lowering(aten.median.default)
@@ -449,14 +472,15 @@ def mode(self, dim=-1, keepdim=False):
   tail = lax.slice_in_dim(v, 1, n, axis=axis)
   edge = jnp.ones_like(lax.slice_in_dim(v, 0, 1, axis=axis), dtype=jnp.bool_)
   starts = jnp.concatenate([edge, tail != head], axis=axis)  # a run of equal values starts
-  ends = jnp.concatenate([tail != head, edge], axis=axis)    # a run ends
+  ends = jnp.concatenate([tail != head, edge], axis=axis)  # a run ends
   run_start = lax.cummax(jnp.where(starts, pos, 0), axis=axis)
-  length = jnp.where(ends, pos - run_start + 1, 0)            # run length, at each run's end
-  best = jnp.argmax(length, axis=axis, keepdims=True)         # first longest = smallest value
+  length = jnp.where(ends, pos - run_start + 1, 0)  # run length, at each run's end
+  best = jnp.argmax(length, axis=axis, keepdims=True)  # first longest = smallest value
   return _pick(v, i, best, axis, keepdim, self.ndim == 0)
 
 
 # ----------------------------------------------------------------------------- unique
+
 
 def _unique_flat(x, sorted_values, consecutive, return_inverse, return_counts):
   """Unique values of the flat concrete `x`: sorted (NaNs all distinct, last) or consecutive runs;
@@ -467,7 +491,7 @@ def _unique_flat(x, sorted_values, consecutive, return_inverse, return_counts):
     v, perm = x, jnp.arange(n)
   else:
     v, perm = _sort(x, 0, descending=False)
-  new = v[1:] != v[:-1]                                        # NaN != NaN: each NaN its own run
+  new = v[1:] != v[:-1]  # NaN != NaN: each NaN its own run
   starts = jnp.concatenate([jnp.ones((min(n, 1),), jnp.bool_), new])
   group = jnp.cumsum(starts) - 1
   k = int(jnp.sum(starts))
@@ -554,14 +578,16 @@ def _side(right, side):
 
 
 @lowering(aten.searchsorted.Tensor)
-def searchsorted_Tensor(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
+def searchsorted_Tensor(
+  sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None
+):
   return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
 
 
 @lowering(aten.searchsorted.Scalar)
-def searchsorted_Scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):
+def searchsorted_Scalar(
+  sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None
+):
   return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
 
 

@@ -29,6 +29,7 @@ __all__: list[str] = []
 
 # ----------------------------------------------------------------------------- gamma family
 
+
 @lowering(aten.lgamma.default, prims.lgamma.default)
 @promote("self", kind="int_to_float")
 def lgamma(self):
@@ -45,13 +46,24 @@ def _trigamma(x):
     result = result + 1 / (x * x)
     x = x + 1
   ixx = 1 / (x * x)
-  result = result + (1 + 1 / (2 * x) + ixx * (1. / 6 - ixx * (1. / 30 - ixx * (1. / 42)))) / x
+  result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
   return jnp.where(reflect, -result, result)
 
 
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
-           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
-           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+_ZETA_A = (
+  12.0,
+  -720.0,
+  30240.0,
+  -1209600.0,
+  47900160.0,
+  -1.8924375803183791606e9,
+  7.47242496e10,
+  -2.950130727918164224e12,
+  1.1646782814350067249e14,
+  -4.5979787224074726105e15,
+  1.8152105401943546773e17,
+  -7.1661652561756670113e18,
+)
 _ZETA_MAX_TERMS = 1 << 20  # torch's direct sum runs until q + i > 9: ~|q| terms for q << 0
 
 
@@ -114,8 +126,12 @@ def _zeta(x, q):
   return out.astype(dtype)
 
 
-@lowering(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar,
-          prims.zeta.default)
+@lowering(
+  aten.special_zeta.default,
+  aten.special_zeta.self_scalar,
+  aten.special_zeta.other_scalar,
+  prims.zeta.default,
+)
 def zeta(self, other):
   return _zeta(*_float(self, other))
 
@@ -191,6 +207,7 @@ def igammac(self, other):
 
 # ------------------------------------------------------------------------- error function family
 
+
 @lowering(aten.special_erfcx.default, prims.erfcx.default)
 @promote("self", kind="int_to_float")
 def special_erfcx(self):
@@ -209,8 +226,9 @@ def special_ndtr(self):
   return jsp.ndtr(self)
 
 
-@lowering(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
-          aten.special_xlog1py.other_scalar)
+@lowering(
+  aten.special_xlog1py.default, aten.special_xlog1py.self_scalar, aten.special_xlog1py.other_scalar
+)
 def special_xlog1py(self, other):
   return _xlog1py(*_float(self, other))
 
@@ -227,7 +245,8 @@ def special_ndtri(self):
 # torch's derivative, from the output: sqrt(2 pi) exp(ndtri(x)**2 / 2), inf at 0 and 1
 # (JAX's rule gives 0 there)
 _ndtri = with_derivative(
-    jsp.ndtri, lambda out, p, t: math.sqrt(2 * math.pi) * jnp.exp(out * out / 2) * t[0])
+  jsp.ndtri, lambda out, p, t: math.sqrt(2 * math.pi) * jnp.exp(out * out / 2) * t[0]
+)
 
 
 @lowering(aten.special_entr.default)

@@ -11,8 +11,15 @@ import numpy as np
 from jax import lax
 
 from bridge_ops._lowering import aten, fori_loop, lowering, opmath
-from bridge_ops._linalg import (_HIGHEST, _batch_broadcast, _empty, _hermitian_input,
-                                _is_vector_rhs, _mH, _mT)
+from bridge_ops._linalg import (
+  _HIGHEST,
+  _batch_broadcast,
+  _empty,
+  _hermitian_input,
+  _is_vector_rhs,
+  _mH,
+  _mT,
+)
 
 
 def _wider_complex(a):
@@ -48,14 +55,14 @@ def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     uf, _, vhf = _svd(lax.stop_gradient(A), full_matrices=True)
     k = min(m, n)
     u = jnp.concatenate([u + (uf[..., :k] - lax.stop_gradient(u)), uf[..., k:]], axis=-1)
-    vh = jnp.concatenate([vh + (vhf[..., :k, :] - lax.stop_gradient(vh)), vhf[..., k:, :]],
-                         axis=-2)
+    vh = jnp.concatenate([vh + (vhf[..., :k, :] - lax.stop_gradient(vh)), vhf[..., k:, :]], axis=-2)
   return u, s, vh
 
 
 def _eigh(a, uplo, compute_v):
-  v, w = lax.linalg.eigh(_hermitian_input(a, uplo == "U"), lower=uplo != "U",
-                         symmetrize_input=False)
+  v, w = lax.linalg.eigh(
+    _hermitian_input(a, uplo == "U"), lower=uplo != "U", symmetrize_input=False
+  )
   return w, v
 
 
@@ -93,7 +100,7 @@ def _eig_bwd(res, cts):
   ga = jnp.where(eye, gw[..., None, :] * jnp.eye(n, dtype=w.dtype), vhgv / econj)
   ga = jnp.linalg.solve(vh, mm(ga, vh))
   ga = jnp.conj(ga)
-  return (ga if jnp.iscomplexobj(like) else jnp.real(ga)),
+  return ((ga if jnp.iscomplexobj(like) else jnp.real(ga)),)
 
 
 _eig.defvjp(_eig_fwd, _eig_bwd)
@@ -135,8 +142,9 @@ def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
     if hermitian:
       w, v = _eigh(a, "L", True)
       s = jnp.abs(w)
-      tol = _pinv_tolerance(jnp.max(s, axis=-1, keepdims=True, initial=0), atol, rtol, m, n,
-                            a.dtype)
+      tol = _pinv_tolerance(
+        jnp.max(s, axis=-1, keepdims=True, initial=0), atol, rtol, m, n, a.dtype
+      )
       inv = jnp.where(s > tol, 1 / jnp.where(s > tol, w, 1), 0).astype(a.dtype)
       return jnp.matmul(v * inv[..., None, :], _mH(v), precision=_HIGHEST)
     u, s, vh = jnp.linalg.svd(a, full_matrices=False)
@@ -149,10 +157,13 @@ def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
     (a,), (da,) = primals, tangents
     p = pinv(a)
     mm = functools.partial(jnp.matmul, precision=_HIGHEST)
-    dp = (-mm(mm(p, da), p)
-          + mm(mm(mm(jnp.eye(n, dtype=a.dtype) - mm(p, a), _mH(da)), _mH(p)), p)
-          + mm(mm(mm(p, _mH(p)), _mH(da)), jnp.eye(m, dtype=a.dtype) - mm(a, p)))
+    dp = (
+      -mm(mm(p, da), p)
+      + mm(mm(mm(jnp.eye(n, dtype=a.dtype) - mm(p, a), _mH(da)), _mH(p)), p)
+      + mm(mm(mm(p, _mH(p)), _mH(da)), jnp.eye(m, dtype=a.dtype) - mm(a, p))
+    )
     return p, dp
+
   return pinv(self)
 
 
@@ -160,30 +171,54 @@ def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
 # or 18 (with scaling and squaring), picked per matrix by its 1-norm; the same evaluation
 # schemes here, so that float32 rounds as torch's does.
 _MEXP_THETAS = {
-    np.dtype(np.float32): (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
-                           5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00),
-    np.dtype(np.float64): (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
-                           4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00),
+  np.dtype(np.float32): (
+    1.192092800768788e-07,
+    5.978858893805233e-04,
+    5.116619363445086e-02,
+    5.800524627688768e-01,
+    1.461661507209034e00,
+    3.010066362817634e00,
+  ),
+  np.dtype(np.float64): (
+    2.220446049250313e-16,
+    2.580956802971767e-08,
+    3.397168839976962e-04,
+    4.991228871115323e-02,
+    2.996158913811580e-01,
+    1.090863719290036e00,
+  ),
 }
 _MEXP_T12 = (
-    (9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
-    (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
-     0.01108844528519167989),
-    (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968,
-     0.00610700528898058230),
-    (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079,
-     -0.00675951846863086359))
+  (9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+  (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031, 0.01108844528519167989),
+  (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968, 0.00610700528898058230),
+  (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079, -0.00675951846863086359),
+)
 _MEXP_T18 = (
-    (0., -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04,
-     0.),
-    (0., 3.97849749499645077844e-01, 1.36783778460411720168e+00, 4.98289622525382669416e-01,
-     -6.37898194594723280150e-04),
-    (-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
-     -6.98210122488052056106e-03, 3.34975017086070470649e-05),
-    (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
-     2.95552570429315521194e-02, -1.39180257516060693404e-05),
-    (0., 0., -9.23364619367118555360e-02, -1.69364939002081722752e-02,
-     -1.40086798182036094347e-05))
+  (0.0, -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04, 0.0),
+  (
+    0.0,
+    3.97849749499645077844e-01,
+    1.36783778460411720168e00,
+    4.98289622525382669416e-01,
+    -6.37898194594723280150e-04,
+  ),
+  (
+    -1.09676396052962061844e01,
+    1.68015813878906206114e00,
+    5.71779846478865511061e-02,
+    -6.98210122488052056106e-03,
+    3.34975017086070470649e-05,
+  ),
+  (
+    -9.04316832390810593223e-02,
+    -6.76404519071381882256e-02,
+    6.75961301770459654925e-02,
+    2.95552570429315521194e-02,
+    -1.39180257516060693404e-05,
+  ),
+  (0.0, 0.0, -9.23364619367118555360e-02, -1.69364939002081722752e-02, -1.40086798182036094347e-05),
+)
 
 
 def _mexp_taylor(a, degree):
@@ -196,21 +231,23 @@ def _mexp_taylor(a, degree):
     for m, c in zip(mats, coeffs):
       out = out + c * m
     return out
+
   if degree == 1:
     return eye + a
   a2 = mm(a, a)
   if degree == 2:
     return eye + a + a2 / 2
   if degree == 4:
-    return lin([eye, a, a2, mm(a2, lin([eye, a, a2], [1 / 2.0, 1 / 6.0, 1 / 24.0]))],
-               [1.0, 1.0, 0.0, 1.0])
+    return lin(
+      [eye, a, a2, mm(a2, lin([eye, a, a2], [1 / 2.0, 1 / 6.0, 1 / 24.0]))], [1.0, 1.0, 0.0, 1.0]
+    )
   if degree == 8:
-    sqrt_177 = 0.1330413469565007072504e+2
-    x3 = 2. / 3.
-    x1, x2 = x3 * ((1. + sqrt_177) / 88.), x3 * ((1. + sqrt_177) / 352.)
-    x4, x5 = (-271. + 29. * sqrt_177) / (315. * x3), (-11. + 11. * sqrt_177) / (1260. * x3)
-    x6, x7 = (-99. + 11. * sqrt_177) / (5040. * x3), (89. - sqrt_177) / (5040. * x3)
-    y2 = (857. - 58. * sqrt_177) / 630.
+    sqrt_177 = 0.1330413469565007072504e2
+    x3 = 2.0 / 3.0
+    x1, x2 = x3 * ((1.0 + sqrt_177) / 88.0), x3 * ((1.0 + sqrt_177) / 352.0)
+    x4, x5 = (-271.0 + 29.0 * sqrt_177) / (315.0 * x3), (-11.0 + 11.0 * sqrt_177) / (1260.0 * x3)
+    x6, x7 = (-99.0 + 11.0 * sqrt_177) / (5040.0 * x3), (89.0 - sqrt_177) / (5040.0 * x3)
+    y2 = (857.0 - 58.0 * sqrt_177) / 630.0
     a4 = mm(a2, lin([a, a2], [x1, x2]))
     a8 = mm(lin([a2, a4], [x3, 1.0]), lin([eye, a, a2, a4], [x4, x5, x6, x7]))
     return lin([eye, a, a2, a4, a8], [1.0, 1.0, y2, 0.0, 1.0])
@@ -231,10 +268,11 @@ def _mexp(a):
   # degree 18: scale by 2^-s, square s times (s <= 64 for any finite norm)
   s = jnp.maximum(0, jnp.ceil(jnp.log2(norm / thetas[5])))
   s = jnp.where(jnp.isfinite(s), s, 0)
-  out = _mexp_taylor(a / (2.0 ** s).astype(a.dtype), 18)
+  out = _mexp_taylor(a / (2.0**s).astype(a.dtype), 18)
   max_s = jnp.max(s).astype(jnp.int32) if s.size else 0
-  out = fori_loop(0, max_s, lambda i, m: jnp.where(
-      i < s, jnp.matmul(m, m, precision=_HIGHEST), m), out)
+  out = fori_loop(
+    0, max_s, lambda i, m: jnp.where(i < s, jnp.matmul(m, m, precision=_HIGHEST), m), out
+  )
   out = jnp.where(norm >= thetas[4], out, jnp.nan)
   lower = -1
   for degree, upper in zip((1, 2, 4, 8, 12), thetas):
@@ -260,7 +298,7 @@ def _matrix_exp_bwd(a, g):
   at = _mT(a)
   top = jnp.concatenate([at, g], axis=-1)
   bottom = jnp.concatenate([jnp.zeros_like(at), at], axis=-1)
-  return _mexp(jnp.concatenate([top, bottom], axis=-2))[..., :n, n:],
+  return (_mexp(jnp.concatenate([top, bottom], axis=-2))[..., :n, n:],)
 
 
 _matrix_exp.defvjp(_matrix_exp_fwd, _matrix_exp_bwd)
@@ -293,11 +331,12 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
   a, rhs = _batch_broadcast(self, rhs)
   u, s, vh = jnp.linalg.svd(a, full_matrices=False)
   real = s.dtype
-  cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond)
+  cutoff = jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond
   keep = s > cutoff * s[..., :1] if min(m, n) else s > 0
   inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
-  x = jnp.matmul(_mH(vh) * inv[..., None, :], jnp.matmul(_mH(u), rhs, precision=_HIGHEST),
-                 precision=_HIGHEST)
+  x = jnp.matmul(
+    _mH(vh) * inv[..., None, :], jnp.matmul(_mH(u), rhs, precision=_HIGHEST), precision=_HIGHEST
+  )
   rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
   residuals = _empty(real)
   if m > n and driver != "gelsy":
@@ -306,6 +345,9 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
       residuals = jnp.where(jnp.all(rank == n), residuals, jnp.nan)
     if vector:
       residuals = residuals[..., 0]
-  return ((x[..., 0] if vector else x), residuals,
-          rank if driver != "gels" else _empty(jnp.int64),
-          s if driver in ("gelsd", "gelss") else _empty(real))
+  return (
+    (x[..., 0] if vector else x),
+    residuals,
+    rank if driver != "gels" else _empty(jnp.int64),
+    s if driver in ("gelsd", "gelss") else _empty(real),
+  )
