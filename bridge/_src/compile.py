@@ -24,7 +24,7 @@ import functools
 import os
 import threading
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.extend.core
@@ -90,7 +90,7 @@ def _equations(jaxpr: Any) -> int:
 def _on_cpu(arrays: list) -> bool:
   for a in arrays:
     if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
-      return all(d.platform == "cpu" for d in a.sharding.device_set)
+      return all(d.platform == "cpu" for d in a.sharding.device_set)  # type: ignore[attr-defined]
   return jax.default_backend() == "cpu"
 
 
@@ -126,6 +126,13 @@ class _Program:
     self.lean: Any = None  # see `_compile_lean`
     self.vjp = vjp.VjpCache(self.apply)  # for calls that torch autograd records
 
+  @property
+  def traced(self) -> _Info:
+    """`info` where the program has been traced (every run has: `first_call` traces it)."""
+    info = self.info
+    assert info is not None, "bridge: a compiled program used before its first trace"
+    return info
+
   def first_call(self, *flat: Any) -> tuple:
     """Traces; a large program on the CPU is compiled in two tiers.
 
@@ -141,7 +148,7 @@ class _Program:
       return self.jitted(*flat)
     traced = self.jitted.trace(*flat)  # runs `apply` once; `jax.jit` reuses this trace
     if _equations(traced.jaxpr.jaxpr) < _TIER_MIN_EQUATIONS or not _on_cpu(list(flat)):
-      info = self.info
+      info = self.traced
       if info.out_single and not info.mutated and not info.draws:
         self._compile_lean(traced.jaxpr, flat)
         return self.forward(*flat)
@@ -260,7 +267,7 @@ class _Program:
 def _single(program: "_Program") -> bool:
   """Whether the output is one bare tensor with no updates or key (for a shortcut being
   recorded)."""
-  info = program.info
+  info = program.traced
   return info.out_plain and info.out_single and not info.mutated and not info.draws
 
 
@@ -271,18 +278,18 @@ def _locked(
   reading the state, running the program and writing the updates back are then one step
   for other threads' calls (BatchNorm's counter counts each call); and the generator's lock
   too if it draws, so that no two calls draw from the same key."""
-  info = program.info
+  info = program.traced
   if not (info.mutated or info.draws):
     return call
   lock = compiled._lock
   if info.draws:  # and the generator's, from reading its key to writing the next one
     generator = rng.generator_lock()
 
-    def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
+    def locked_drawing(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
       with lock, generator:
         return call(self, *args, **kwargs)
 
-    return locked
+    return locked_drawing
 
   def locked(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     with lock:
@@ -294,7 +301,7 @@ def _locked(
 def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   """The key the recorded call passed, if the program never draws (its key input is unused,
   so the shortcut passes this one instead of looking up the generator's); else None."""
-  return None if program.info.draws else arrays[n_state]
+  return None if program.traced.draws else arrays[n_state]
 
 
 def _fast_call(
@@ -314,7 +321,7 @@ def _fast_call(
   shapes/dtypes/device, nothing the trace read changed (the module's guard, train flags
   included: `modules.Guard.holds`), autocast off, nothing that requires grad. Anything
   else goes to the general path (`Compiled._call`), which records again."""
-  entries = tuple(
+  entries: tuple[Any, ...] = tuple(
     [(table, attr, table[attr], table[attr]._storage) for table, attr in compiled._slots or ()]
   )
   single = _single(program)
@@ -406,7 +413,7 @@ def _fast_cpu_call(
   parameter must be the same tensor, unchanged since: same version counter and data
   pointer), the arguments shared with JAX through NumPy, the outputs through DLPack."""
   slots = tuple(compiled._slots or ())
-  entries = tuple(
+  entries: tuple[Any, ...] = tuple(
     [(table, attr, t, version, a) for (table, attr), (t, version, a) in zip(slots, imported)]
   )
   single = _single(program)
@@ -421,7 +428,7 @@ def _fast_cpu_call(
   lean_call = getattr(lean, "_call", None) or lean  # see `_fast_call`
   # the lean output straight through DLPack: a fresh array of the CPU device, of a dtype
   # torch has (else `to_torch` checks it and `_to_torch` takes it)
-  out_info = getattr(lean, "out_info", None)
+  out_info: Any = getattr(lean, "out_info", None)
   to_dlpack = (
     transfer.buffer_to_dlpack
     if (
@@ -597,6 +604,7 @@ class Compiled:
     """The guard's quick test failed: compare what the traces read exactly, and drop every
     program if the module changed in it (each is traced again when next called)."""
     old = self._guard
+    assert self.module is not None  # (only a module's calls are guarded)
     new = modules_lib.Guard(self.module, old.volatile if old is not None else frozenset())
     if old is not None and not new.same_trace(old):
       self._programs = {}
@@ -610,7 +618,8 @@ class Compiled:
     if self._guard is not None:
       self._guard = self._guard.after_trace()
 
-  def _build_slots(self) -> None:
+  def _build_slots(self) -> list[tuple[dict, str]]:
+    assert self.module is not None  # (`_state` asks only for a module)
     state = modules_lib.module_state(self.module)
     slots = []
     for name in state:
@@ -623,19 +632,21 @@ class Compiled:
       self._record(None)
     self._slots, self._names = slots, tuple(state)
     self._submodules = list(self.module.modules())
+    return slots
 
   def _state(self) -> list[torch.Tensor]:
     if self.module is None:
       return []
-    if self._slots is None:
-      self._build_slots()
+    slots = self._slots
+    if slots is None:
+      slots = self._build_slots()
     try:
-      state = [table[attr] for table, attr in self._slots]
+      state = [table[attr] for table, attr in slots]
     except KeyError:
       state = [None]
     if any(t is None for t in state):  # a parameter or buffer was removed or added
-      self._build_slots()
-      state = [table[attr] for table, attr in self._slots]
+      slots = self._build_slots()
+      state = [table[attr] for table, attr in slots]
     return state
 
   def _state_arrays(self, state: list) -> tuple[list, Any]:
@@ -726,6 +737,7 @@ class Compiled:
         if not isinstance(a, torch.Tensor):
           fast = False
           break
+    dyn: Sequence[Any]
     if fast:
       spec, statics, dyn = len(args), (_DYN,) * len(args), args
       sig = tuple([(a.shape, a.dtype) for a in args])
@@ -760,7 +772,7 @@ class Compiled:
       for t in dyn:
         if type(t) is tensor_lib.Tensor:
           arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
-          d = t._storage.device
+          d: torch.device | None = t._storage.device
         else:
           arrays.append(_array(t))
           d = None if t.is_cpu else t.device
@@ -810,7 +822,7 @@ class Compiled:
       if "__call__" in own.__dict__:
         delattr(own, "__call__")
     else:
-      own.__call__ = call
+      own.__call__ = call  # type: ignore[method-assign]
 
   def _record_fast(
     self,
@@ -867,11 +879,11 @@ class Compiled:
 
   def _finish(self, program: _Program, outs: list, updates: tuple, new_key: Any) -> Any:
     """Writes back the key and the updated buffers; the outputs in the forward's structure."""
-    info = program.info
+    info = program.traced
     if new_key is not None:
       rng.set_key(new_key)
-    if updates:
-      modules_lib.write_back(self.module, dict(zip(info.mutated, updates)))
+    if updates:  # (only a module's forward has state to update)
+      modules_lib.write_back(self.module, dict(zip(info.mutated, updates)))  # type: ignore[arg-type]
     if info.out_plain:
       return outs[0] if info.out_single else info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
@@ -899,7 +911,7 @@ class Compiled:
 
   def _backward_hooks_error(self) -> BridgeError:
     return BridgeError(
-      f"`{API}({self.name})`: {', '.join(self._guard.backward_hooks[:3])} has a module "
+      f"`{API}({self.name})`: {', '.join(self._guard.backward_hooks[:3])} has a module "  # type: ignore[union-attr]
       "backward hook (`register_full_backward_hook`, `register_full_backward_pre_hook` or "
       "a global one). A compiled call's backward is JAX's derivative of the traced forward, "
       "which cannot run torch's module backward hooks, so its gradients would skip them. "
