@@ -304,6 +304,29 @@ def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   return None if program.traced.draws else arrays[n_state]
 
 
+def _refusal(compiled: "Compiled", n_args: int) -> Callable[..., bool]:
+  """The checks both shortcuts make first: whether a call must take the general path because
+  something the trace read changed (the module's guard: `modules.Guard.holds`), it passes
+  keywords or another number of arguments, it is another instance's, or autocast is on."""
+  snap, live = compiled._guarded()
+  autocast_on = torch.is_autocast_enabled
+
+  def refused(self: "Compiled", args: tuple, kwargs: dict, device_type: str) -> bool:
+    try:
+      stale = snap != live
+    except Exception:  # noqa: BLE001 - see `Guard.holds`
+      stale = True
+    return (
+      stale
+      or bool(kwargs)
+      or len(args) != n_args
+      or self is not compiled
+      or autocast_on(device_type)
+    )
+
+  return refused
+
+
 def _fast_call(
   compiled: "Compiled",
   program: "_Program",
@@ -315,7 +338,8 @@ def _fast_call(
   """The recorded call as the compiled module's `__call__` (see `Compiled._record`): one
   closure over everything it checks, for a call like the recorded one with whole `jax`-device
   tensors only. On this hot path a method call or an attribute lookup is a tenth of a
-  microsecond in a call of about ten, so the checks are written out: the same parameter
+  microsecond in a call of about ten, so the checks are written out (those both shortcuts
+  share in one call, `_refusal`): the same parameter
   tensors holding the same storages (whose arrays are current: in-place updates replace
   `storage.array`; `.data =` and resizes replace the storage), the arguments' array
   shapes/dtypes/device, nothing the trace read changed (the module's guard, train flags
@@ -325,11 +349,11 @@ def _fast_call(
     [(table, attr, table[attr], table[attr]._storage) for table, attr in compiled._slots or ()]
   )
   single = _single(program)
-  snap, live = compiled._guarded()
-  n_args, n_state = len(sig), len(entries)
+  refused = _refusal(compiled, len(sig))
+  n_state = len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor, make_result = torch.Tensor._make_wrapper_subclass, tensor_lib.make_result
-  autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
+  grad_on = torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key = rng.current_key
   general, finish = Compiled._call, compiled._finish
@@ -342,17 +366,7 @@ def _fast_call(
   strided = torch.strided
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
-    try:
-      stale = snap != live
-    except Exception:  # noqa: BLE001 - see `Guard.holds`
-      stale = True
-    if (
-      stale
-      or kwargs
-      or len(args) != n_args
-      or self is not compiled
-      or autocast_on(tensor_lib.device_type())
-    ):
+    if refused(self, args, kwargs, tensor_lib.device_type()):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
@@ -417,10 +431,10 @@ def _fast_cpu_call(
     [(table, attr, t, version, a) for (table, attr), (t, version, a) in zip(slots, imported)]
   )
   single = _single(program)
-  snap, live = compiled._guarded()
-  n_args, n_state = len(sig), len(slots)
+  refused = _refusal(compiled, len(sig))
+  n_state = len(slots)
   plain = torch.Tensor
-  autocast_on, grad_on = torch.is_autocast_enabled, torch.is_grad_enabled
+  grad_on = torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
   to_torch, general, finish = transfer.fast_array_out, Compiled._call, compiled._finish
@@ -444,18 +458,7 @@ def _fast_cpu_call(
   from_dlpack = torch._C._from_dlpack
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
-    try:
-      stale = snap != live
-    except Exception:  # noqa: BLE001 - see `Guard.holds`
-      stale = True
-    if (
-      stale
-      or kwargs
-      or len(args) != n_args
-      or self is not compiled
-      or autocast_on("cpu")
-      or not on_cpu()
-    ):
+    if refused(self, args, kwargs, "cpu") or not on_cpu():
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
