@@ -1,5 +1,5 @@
 """Lowerings of torch's fused attention ops: the `nn.MultiheadAttention` and
-`nn.TransformerEncoderLayer` fast paths.
+`nn.TransformerEncoderLayer` fast paths; and the CPU flash-attention kernel with its backward.
 
 In eval mode (or with no parameter requiring grad) these modules call one fused
 aten op instead of their Python code: `_native_multi_head_attention` and
@@ -7,6 +7,12 @@ aten op instead of their Python code: `_native_multi_head_attention` and
 nonzero (True) entry hides the key; `mask_type` 0 is an (L, S) attention mask,
 1 a (B, S) key-padding mask, 2 a mask broadcastable to (B, H, L, S). A row whose
 keys are all hidden gets zero weights, as in torch.
+
+`F.scaled_dot_product_attention` on CPU tensors traced by aot_autograd (`torch.compile`)
+becomes `_scaled_dot_product_flash_attention_for_cpu` (when there is no dropout), whose
+second output is the log-sum-exp of each query's scores; its backward recomputes the
+probabilities from it. torch's decomposition of the forward returns the attention weights
+in that place instead, so both are lowered here.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, lowering, opmath
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -138,3 +144,79 @@ def _transformer_encoder_layer_fwd(
   if not norm_first:
     x = _layer_norm(x, norm_weight_2, norm_bias_2, eps)
   return x
+
+
+def _flash_scores(query, key, is_causal, attn_mask, scale):
+  """The scaled scores (B, H, L, S) in the compute dtype, causal and `attn_mask` applied."""
+  ct = opmath(query.dtype)
+  scale = 1.0 / float(query.shape[-1]) ** 0.5 if scale is None else scale
+  s = jnp.matmul(query.astype(ct), jnp.swapaxes(key, -1, -2).astype(ct), precision=_HIGHEST)
+  s = s * jnp.asarray(scale, ct)
+  if is_causal:  # (top left aligned, as torch's kernel)
+    length, keys = s.shape[-2:]
+    s = jnp.where(jnp.tril(jnp.ones((length, keys), bool)), s, -jnp.inf)
+  if attn_mask is not None:
+    if attn_mask.dtype == jnp.bool_:
+      s = jnp.where(attn_mask, s, -jnp.inf)
+    else:
+      s = s + attn_mask.astype(ct)
+  return s
+
+
+def _flash_probabilities(s, logsumexp):
+  """softmax(s) from its log-sum-exp; a row with every key hidden gets zeros."""
+  lse = logsumexp[..., None]
+  return jnp.where(jnp.isneginf(lse), 0.0, jnp.exp(s - jnp.where(jnp.isneginf(lse), 0.0, lse)))
+
+
+def _no_dropout(dropout_p):
+  if dropout_p:
+    raise NotImplementedError(
+      "_scaled_dot_product_flash_attention_for_cpu with dropout: torch's CPU kernel takes "
+      "no dropout either (scaled_dot_product_attention takes its math path then)."
+    )
+
+
+@lowering(
+  aten._scaled_dot_product_flash_attention_for_cpu.default,
+  static_argnames=("dropout_p", "is_causal", "scale"),
+)
+def _flash_attention_for_cpu(
+  query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
+):
+  _no_dropout(dropout_p)
+  s = _flash_scores(query, key, is_causal, attn_mask, scale)
+  logsumexp = jax.nn.logsumexp(s, axis=-1)
+  p = _flash_probabilities(s, logsumexp)
+  out = jnp.matmul(p, value.astype(p.dtype), precision=_HIGHEST)
+  return out.astype(query.dtype), logsumexp  # (in the compute dtype, as torch's)
+
+
+@lowering(
+  aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+  static_argnames=("dropout_p", "is_causal", "scale"),
+)
+def _flash_attention_for_cpu_backward(
+  grad_out,
+  query,
+  key,
+  value,
+  out,
+  logsumexp,
+  dropout_p,
+  is_causal,
+  *,
+  attn_mask=None,
+  scale=None,
+):
+  _no_dropout(dropout_p)
+  ct = opmath(query.dtype)
+  scale = 1.0 / float(query.shape[-1]) ** 0.5 if scale is None else scale
+  p = _flash_probabilities(_flash_scores(query, key, is_causal, attn_mask, scale), logsumexp)
+  g = grad_out.astype(ct)
+  grad_value = jnp.matmul(jnp.swapaxes(p, -1, -2), g, precision=_HIGHEST)
+  dp = jnp.matmul(g, jnp.swapaxes(value, -1, -2).astype(ct), precision=_HIGHEST)
+  ds = p * (dp - jnp.sum(g * out.astype(ct), axis=-1, keepdims=True)) * jnp.asarray(scale, ct)
+  grad_query = jnp.matmul(ds, key.astype(ct), precision=_HIGHEST)
+  grad_key = jnp.matmul(jnp.swapaxes(ds, -1, -2), query.astype(ct), precision=_HIGHEST)
+  return grad_query.astype(query.dtype), grad_key.astype(key.dtype), grad_value.astype(value.dtype)
