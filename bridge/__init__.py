@@ -14,6 +14,7 @@ import os as _os
 _os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from bridge._src import device as _device
+from bridge._src import dynamo as _dynamo
 from bridge._src.config import config as config
 from bridge._src.config import get_config as get_config
 from bridge._src.errors import BridgeError as BridgeError
@@ -33,6 +34,8 @@ from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.compile import Compiled as Compiled
 from bridge._src.compile import compile as compile
 from bridge._src.device import register_jax_device as register_jax_device
+from bridge._src.dynamo import CompileStats as CompileStats
+from bridge._src.dynamo import compile_stats as compile_stats
 from bridge._src.call_torch import fallback_ops as fallback_ops
 from bridge._src.call_jax import call_jax as call_jax
 from bridge._src.loader import DeviceLoader as DeviceLoader
@@ -50,10 +53,12 @@ from bridge._src.views import torch_view as torch_view
 __version__ = "0.1.0"
 
 _device.register()
+_dynamo.skip_own_frames()
 
 __all__ = [
   "BridgeError",
   "BridgeTypeError",
+  "CompileStats",
   "Compiled",
   "CudaAutogradWarning",
   "DeviceLoader",
@@ -72,6 +77,7 @@ __all__ = [
   "call_jax",
   "call_torch",
   "compile",
+  "compile_stats",
   "config",
   "constrain",
   "extract_jax",

@@ -18,6 +18,7 @@ from bridge._src import call_jax as interop  # (the module of call_jax; once nam
 PUBLIC = [
   "BridgeError",
   "BridgeTypeError",
+  "CompileStats",
   "Compiled",
   "CudaAutogradWarning",
   "DeviceLoader",
@@ -36,6 +37,7 @@ PUBLIC = [
   "call_jax",
   "call_torch",
   "compile",
+  "compile_stats",
   "config",
   "constrain",
   "extract_jax",

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Callable
 
 import jax
+import torch
 
 from bridge._src import tensor as tensor_lib
 
@@ -32,7 +33,9 @@ def _recognising_bridge_tensors(original: Callable[[Any], bool]) -> Callable[[An
 
   is_jax_jitting.__wrapped__ = original  # type: ignore[attr-defined]
   is_jax_jitting.__doc__ = original.__doc__
-  return is_jax_jitting
+  # torch.compile traces it as the library's own (the bridge's files are skipped by dynamo,
+  # `dynamo.skip_own_frames`): skipped, it would break the graph of every model that asks
+  return torch._dynamo.dont_skip_tracing(is_jax_jitting)
 
 
 def tell_libraries() -> None:

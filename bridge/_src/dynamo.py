@@ -1,0 +1,432 @@
+"""`torch.compile(model, backend="jax")`: the graphs dynamo captures, run as `jax.jit` programs.
+
+Dynamo hands each captured graph to `backend`, which gives it to torch's `aot_autograd`:
+functionalization, the forward/backward partition and the inference graph for calls under
+`torch.no_grad()`. Each graph aot_autograd makes (forward, backward or inference, aten ops
+only) becomes one `bridge.compile` program (`bridge._src.compile`): traced once per input
+structure and shapes by running the graph on `bridge.Tensor`s, each aten op through the
+bridge's dispatch (a lowering, torch's decomposition, or the per-op callback fallback), then
+cached by `jax.jit`. Its inputs and outputs cross zero-copy; outputs come back on the inputs'
+device.
+
+What torch does around the graphs stays torch's: aot_autograd's runtime applies buffer
+updates (BatchNorm's running statistics) and accumulates gradients into `.grad`, dynamo
+guards and recompiles, graph breaks run in eager Python between graphs.
+
+`compile_stats()` counts what the backend did; the logger `bridge.backend` says it as it
+happens (at INFO: each graph, each program traced, and what changed at a recompile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+import torch._dynamo.trace_rules
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from bridge._src import compile as compile_lib
+from bridge._src import config as config_lib
+from bridge._src.errors import BridgeTypeError
+
+log = logging.getLogger("bridge.backend")
+
+NAME = "jax"
+
+# `torch.compile(..., options={...})`: each option is a setting of `bridge.config`, in force
+# while the compiled graphs trace and run.
+OPTIONS: dict[str, tuple[type, str]] = {
+  "fallback": (str, "what an op with no lowering and no decomposition does: 'callback' or 'error'"),
+  "decompose_missing_ops": (bool, "run an op with no lowering through torch's decomposition"),
+  "tiered_compile": (bool, "compile a large CPU program quickly first, then fully"),
+  "check_indices": (bool, "check indices inside the programs (a host call per indexing op)"),
+  "debug_print_each_op": (bool, "print each aten op as the programs trace it"),
+}
+
+
+@dataclasses.dataclass
+class CompileStats:
+  """What `torch.compile(..., backend="jax")` did in this process (`bridge.compile_stats()`).
+
+  Attributes:
+    graphs: graphs dynamo handed to the backend (each graph break and each dynamo
+      recompile makes one more).
+    programs: JAX programs traced: one per forward, backward or inference graph and
+      input shapes/dtypes/static values.
+    calls: calls of the compiled graphs.
+    cache_hits: calls that ran a program already traced.
+    recompiles: for each graph or program made again for code seen before, what changed:
+      which input, and its shape, dtype or value before and after.
+  """
+
+  graphs: int = 0
+  programs: int = 0
+  calls: int = 0
+  cache_hits: int = 0
+  recompiles: list[str] = dataclasses.field(default_factory=list)
+
+
+_stats = CompileStats()
+_stats_lock = threading.Lock()
+_frames: dict[int, dict[str, Any]] = {}  # dynamo frame id -> its last graph's input signature
+
+
+def compile_stats(reset: bool = False) -> CompileStats:
+  """A copy of the counts of what `torch.compile(..., backend="jax")` did in this process.
+
+  Args:
+    reset: start the counts again from zero (after taking this copy).
+
+  Example:
+    >>> import torch, bridge
+    >>> f = torch.compile(lambda x: x.sin() + 1, backend="jax")
+    >>> _ = bridge.compile_stats(reset=True)
+    >>> _ = f(torch.ones(3)); _ = f(torch.ones(3))
+    >>> s = bridge.compile_stats()
+    >>> (s.graphs, s.programs, s.calls, s.cache_hits)
+    (1, 1, 2, 1)
+  """
+  global _stats
+  with _stats_lock:
+    out = dataclasses.replace(_stats, recompiles=list(_stats.recompiles))
+    if reset:
+      _stats = CompileStats()
+      _frames.clear()
+  return out
+
+
+def skip_own_frames() -> None:
+  """Dynamo does not trace the bridge's own code: an op on a `jax`-device tensor inside a
+  function torch.compile traces (any backend) reaches `bridge.Tensor.__torch_dispatch__`
+  from C, and dynamo would otherwise compile the dispatcher's frames as user code (which
+  breaks their calls into JAX's C++), and JAX's with them. Their frames run as they are, like
+  numpy's."""
+  for name in ("bridge", "bridge_ops", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
+    torch._dynamo.trace_rules.add(name)
+
+
+def _settings(options: Any, mode: Any) -> dict[str, Any]:
+  """`options` checked against `OPTIONS` (the settings to enter around each call)."""
+  if mode not in (None, "default"):
+    raise BridgeTypeError(
+      f"torch.compile(backend={NAME!r}) has no mode {mode!r}: its modes are inductor's. "
+      "Leave `mode` out; the backend's own settings go in `options` "
+      f"({', '.join(sorted(OPTIONS))})."
+    )
+  if options is None:
+    return {}
+  if not isinstance(options, dict):
+    raise BridgeTypeError(
+      f"torch.compile(backend={NAME!r}): `options` must be a dict, got {type(options).__name__}."
+    )
+  settings = {}
+  for name, value in options.items():
+    if name not in OPTIONS:
+      known = "\n".join(f"  {k}: {doc}" for k, (_, doc) in sorted(OPTIONS.items()))
+      raise BridgeTypeError(
+        f"torch.compile(backend={NAME!r}) has no option {name!r}. Its options:\n{known}"
+      )
+    kind = OPTIONS[name][0]
+    if type(value) is not kind:
+      raise BridgeTypeError(
+        f"torch.compile(backend={NAME!r}): option {name!r} must be a {kind.__name__}, got "
+        f"{value!r}."
+      )
+    settings[name] = value
+  config_lib.config(**settings)  # (its own checks: the fallback's names)
+  return settings
+
+
+def _check_inputs(example_inputs: Sequence[Any]) -> None:
+  """Refuse the tensor kinds a JAX program cannot take (sparse, nested, quantized)."""
+  for i, x in enumerate(example_inputs):
+    if not isinstance(x, torch.Tensor):
+      continue
+    kind = (
+      "sparse"
+      if x.is_sparse or x.layout not in (torch.strided,)
+      else "nested"
+      if x.is_nested
+      else "quantized"
+      if x.is_quantized
+      else None
+    )
+    if kind is not None:
+      raise BridgeTypeError(
+        f"torch.compile(backend={NAME!r}): graph input {i} is a {kind} tensor "
+        f"({x.layout}, {x.dtype}); JAX programs take dense tensors. Convert it first "
+        "(`x.to_dense()`, `x.dequantize()`), or compile with another backend."
+      )
+
+
+def _signature(names: Sequence[str], inputs: Sequence[Any]) -> dict[str, Any]:
+  """What a recompile may differ in, for each input by name: shape and dtype, or a value."""
+  sig: dict[str, Any] = {}
+  for name, x in zip(names, inputs):
+    if isinstance(x, torch.Tensor):  # (sizes as text: a symbolic one must not be compared)
+      sig[name] = (tuple([str(n) for n in x.shape]), x.dtype)
+    else:
+      sig[name] = ("value", str(x))
+  return sig
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+  out = []
+  for name in new:
+    if name not in old:
+      out.append(f"{name} is new")
+    elif old[name] != new[name]:
+      a, b = old[name], new[name]
+      if a[0] == "value" or b[0] == "value":
+        out.append(f"{name}: value {a[-1]} -> {b[-1]}")
+      elif a[0] != b[0]:
+        out.append(f"{name}: shape ({', '.join(a[0])}) -> ({', '.join(b[0])})")
+      else:
+        out.append(f"{name}: dtype {a[1]} -> {b[1]}")
+  out += [f"{name} is gone" for name in old if name not in new]
+  return out
+
+
+def _note_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
+  """Counts a graph from dynamo; for a frame dynamo compiles again, records what changed."""
+  names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+  sig = _signature(names, example_inputs)
+  compile_id = torch._guards.CompileContext.current_compile_id()
+  frame = getattr(compile_id, "frame_id", None)
+  with _stats_lock:
+    _stats.graphs += 1
+    number = _stats.graphs
+    if frame is not None:
+      old = _frames.get(frame)
+      if old is not None and getattr(compile_id, "frame_compile_id", None):
+        what = "; ".join([*_dynamo_reason(), *_changes(old, sig)]) or "a guard failed"
+        _stats.recompiles.append(f"graph {number} (dynamo recompiled {gm_name(gm)}): {what}")
+        log.info("recompile: %s", _stats.recompiles[-1])
+      _frames[frame] = sig
+  log.info("graph %d: %s, %d inputs", number, gm_name(gm), len(example_inputs))
+  return number
+
+
+def _dynamo_reason() -> list[str]:
+  """The guard that failed, as dynamo gives it for this recompile (its metrics; none when
+  torch no longer keeps it there)."""
+  try:
+    metrics = torch._dynamo.utils.get_metrics_context()._metrics
+    reason = metrics.get("recompile_reason")
+  except Exception:  # noqa: BLE001 - a private place of torch's: only for the message
+    return []
+  if not isinstance(reason, str) or not reason:
+    return []
+  first = reason.strip().splitlines()[0].split("  #")[0].strip()  # the guard, not its source
+  return [f"guard {first}"]
+
+
+def gm_name(gm: torch.fx.GraphModule) -> str:
+  code = getattr(gm, "_bridge_code", None)
+  return code or "a graph"
+
+
+class _Graph:
+  """One aot_autograd graph as a `bridge.compile` program, called with aot's flat arguments."""
+
+  def __init__(self, gm: torch.fx.GraphModule, kind: str, number: int, settings: dict):
+    self.gm, self.kind, self.number, self.settings = gm, kind, number, settings
+    _for_the_jax_device(gm)
+    forward = gm.forward
+
+    def graph(*args: Any) -> Any:  # (the graph's own code, not `gm.__call__`, whose error
+      return forward(*args)  # handling prints the generated code and drops the traceback)
+
+    graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
+    self.compiled = compile_lib.compile(graph)
+    self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    self.traced: dict[str, Any] | None = None  # the input signature of the last trace
+
+  def __call__(self, *args: Any) -> Any:
+    compiled = self.compiled
+    before = compiled._traces
+    try:
+      if self.settings:
+        with config_lib.config(**self.settings):
+          out = compiled(*args)
+      else:
+        out = compiled(*args)
+    except Exception as e:
+      if compiled._traces != before or self.traced is None:
+        _locate(e, self.gm)
+      raise
+    traced = compiled._traces != before
+    with _stats_lock:
+      _stats.calls += 1
+      if traced:
+        _stats.programs += 1
+      else:
+        _stats.cache_hits += 1
+    if traced:
+      self._note_trace(args)
+    return out
+
+  def _note_trace(self, args: tuple) -> None:
+    sig = _signature(self.names, args)
+    where = f"graph {self.number} ({self.kind})"
+    if self.traced is not None:
+      what = "; ".join(_changes(self.traced, sig)) or "the module's state or settings"
+      with _stats_lock:
+        _stats.recompiles.append(f"{where}: {what}")
+      log.info("recompile: %s: %s", where, what)
+    else:
+      log.info("program: %s, %d inputs", where, len(args))
+    self.traced = sig
+
+
+def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
+  """Rewrites a graph aot_autograd traced on CPU tensors for its run on `jax`-device ones.
+
+  * `view` -> `reshape` (the graph is functional: nothing writes through a view, so the two
+    compute the same values). CPU kernels may return tensors of a permuted layout that a
+    later `view` relies on (the CPU flash attention's output, transposed and flattened);
+    the `jax` device's results are always contiguous, so that `view` would be refused.
+  * `_to_copy(x, device=<the inputs' device>)` loses its `device`: in the graph it moves
+    nothing (`mask.to(device=x.device)`), in the program it would leave the program.
+  """
+  devices = {
+    node.meta["val"].device
+    for node in gm.graph.find_nodes(op="placeholder")
+    if isinstance(node.meta.get("val"), torch.Tensor)
+  }
+  changed = False
+  for node in gm.graph.nodes:
+    if node.op != "call_function":
+      continue
+    if node.target is torch.ops.aten.view.default:
+      node.target = torch.ops.aten.reshape.default
+      changed = True
+    elif node.target is torch.ops.aten._to_copy.default and node.kwargs.get("device") in devices:
+      node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+      changed = True
+  if changed:
+    gm.recompile()
+
+
+def _locate(error: BaseException, gm: torch.fx.GraphModule) -> None:
+  """Adds to `error` the line of the user's code that made the graph node it came from (the
+  node's `stack_trace`, which dynamo and aot_autograd keep)."""
+  code = getattr(type(gm).forward, "__code__", None)
+  lineno = None
+  tb = error.__traceback__
+  while tb is not None:
+    if tb.tb_frame.f_code is code:
+      lineno = tb.tb_lineno
+    tb = tb.tb_next
+  lines = getattr(gm, "_lineno_map", None)  # (line - first line of `forward`) -> node index
+  if lineno is None or code is None or not lines:
+    return
+  index = lines.get(lineno - code.co_firstlineno)
+  nodes = list(gm.graph.nodes)
+  if index is None or index >= len(nodes):
+    return
+  node = nodes[index]
+  stack = node.meta.get("stack_trace") or ""
+  frames = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+  source = ""
+  for i in range(len(frames) - 1, -1, -1):
+    if frames[i].startswith("File "):
+      source = "  " + frames[i] + ("\n    " + frames[i + 1] if i + 1 < len(frames) else "")
+      break
+  target = getattr(node.target, "__name__", None) or str(node.target)
+  where = f"(in the graph compiled by torch.compile(backend={NAME!r}): the op {target}"
+  where += f", from:\n{source})" if source else ")"
+  if len(error.args) == 1 and isinstance(error.args[0], str) and where not in error.args[0]:
+    error.args = (f"{error.args[0]}\n{where}",)
+  else:
+    error.add_note(where)
+
+
+def _sdpa_math(
+  query: torch.Tensor,
+  key: torch.Tensor,
+  value: torch.Tensor,
+  attn_mask: torch.Tensor | None = None,
+  dropout_p: float = 0.0,
+  is_causal: bool = False,
+  scale: float | None = None,
+  enable_gqa: bool = False,
+) -> torch.Tensor:
+  return torch.ops.aten._scaled_dot_product_attention_math.default(
+    query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+  )[0]
+
+
+# Decompositions aot_autograd applies while it traces. `F.scaled_dot_product_attention` takes
+# its math form (matmuls, softmax, dropout: XLA fuses them, and their derivatives are the
+# ordinary ones): on CPU tensors torch would pick its flash-attention kernel, whose
+# decomposition returns the attention weights where the kernel returns the log-sum-exp, and
+# whose backward has no decomposition at all.
+_DECOMPOSITIONS = {torch.ops.aten.scaled_dot_product_attention.default: _sdpa_math}
+
+
+def _compiler(kind: str, number: int, settings: dict) -> Callable[..., Any]:
+  def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    return make_boxed_func(_Graph(gm, kind, number, settings))
+
+  return compile_graph
+
+
+def backend(
+  gm: torch.fx.GraphModule,
+  example_inputs: Sequence[Any],
+  *,
+  options: dict[str, Any] | None = None,
+  mode: str | None = None,
+) -> Callable[..., Any]:
+  """The `torch.compile` backend named "jax": `torch.compile(model, backend="jax")`.
+
+  Registered through torch's `torch_dynamo_backends` entry point, so `backend="jax"` works
+  without `import bridge`. Each graph dynamo captures goes through torch's `aot_autograd`
+  (training works: `loss.backward()`, `torch.optim`, BatchNorm's running statistics,
+  dropout, autocast); each forward, backward and inference graph becomes one cached
+  `jax.jit` program (`bridge.compile`), entered and left zero-copy. Inputs are CPU tensors
+  (CUDA tensors where JAX has the same GPU) or `jax`-device tensors; outputs come back on
+  the inputs' device. Ops with no lowering run through the per-op callback fallback inside
+  the program, so the graph stays whole.
+
+  Args:
+    gm: the graph dynamo captured.
+    example_inputs: its inputs as dynamo saw them.
+    options: `torch.compile(..., options={...})`: settings of `bridge.config` for the
+      compiled graphs (`OPTIONS`: "fallback", "decompose_missing_ops", "tiered_compile",
+      "check_indices", "debug_print_each_op"). Unknown names raise.
+    mode: `torch.compile`'s `mode`: only the default (inductor's modes do not apply).
+
+  Example:
+    >>> import torch
+    >>> f = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2, backend="jax")
+    >>> f(torch.zeros(2))
+    tensor([0., 0.])
+  """
+  settings = _settings(options, mode)
+  _check_inputs(example_inputs)
+  gm._bridge_code = _code_name(gm)  # type: ignore[assignment]
+  number = _note_graph(gm, example_inputs)
+  return aot_autograd(
+    decompositions=_DECOMPOSITIONS,
+    fw_compiler=_compiler("forward", number, settings),
+    bw_compiler=_compiler("backward", number, settings),
+    inference_compiler=_compiler("inference", number, settings),
+  )(gm, example_inputs)
+
+
+def _code_name(gm: torch.fx.GraphModule) -> str:
+  """The user's function the graph came from, from its nodes' stack traces."""
+  for node in gm.graph.nodes:
+    stack = node.meta.get("stack_trace")
+    if stack:
+      for line in reversed(stack.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("File "):
+          return line
+  return "a graph"

@@ -1,0 +1,390 @@
+"""`torch.compile(model, backend="jax")`: dynamo's graphs through aot_autograd as `jax.jit`
+programs, checked against eager torch (forward, gradients of every parameter, training)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import bridge
+from bridge._src.dynamo import backend
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+  """Each test compiles from scratch (dynamo's caches and recompile limits are per code)."""
+  torch._dynamo.reset()
+  bridge.compile_stats(reset=True)
+  yield
+  torch._dynamo.reset()
+
+
+def _params_close(compiled: torch.nn.Module, eager: torch.nn.Module, **tol) -> None:
+  for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+    if q.grad is None:  # (aot_autograd gives zeros where no gradient flows, as inductor)
+      assert p.grad is None or not p.grad.any(), name
+      continue
+    torch.testing.assert_close(p.grad, q.grad, msg=name, **tol)
+
+
+def _step_parity(
+  model: torch.nn.Module, *inputs, loss=lambda out: out.float().pow(2).mean(), **tol
+):
+  eager = copy.deepcopy(model)
+  compiled = torch.compile(model, backend="jax")
+  out = compiled(*inputs)
+  ref = eager(*inputs)
+  torch.testing.assert_close(out, ref, **tol)
+  loss(out).backward()
+  loss(ref).backward()
+  _params_close(model, eager, **tol)
+  return compiled, eager
+
+
+def test_resolves_by_name_in_a_fresh_interpreter_without_import_bridge():
+  code = textwrap.dedent(
+    """
+    import sys, torch
+    f = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2 + 1, backend="jax")
+    x = torch.linspace(-2, 2, 7)
+    torch.testing.assert_close(f(x), torch.nn.functional.gelu(x) * 2 + 1)
+    assert f(x).device.type == "cpu"
+    print("OK", "bridge" in sys.modules)
+    """
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split()[-2:] == ["OK", "True"]  # (the entry point loaded it)
+
+
+def test_mlp_forward_backward_parity():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(
+    torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.Tanh()
+  )
+  _step_parity(model, torch.randn(5, 8))
+  s = bridge.compile_stats()
+  assert (s.graphs, s.programs) == (1, 2)  # one forward program, one backward program
+
+
+def test_a_plain_function_and_its_gradient():
+  def f(x, y):
+    return (x.sin() * y).softmax(-1).sum(0)
+
+  g = torch.compile(f, backend="jax")
+  x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+  y = torch.randn(4, 5, dtype=torch.float64)
+  out = g(x, y)
+  assert out.dtype == torch.float64 and out.shape == (5,)
+  torch.testing.assert_close(out, f(x, y))
+  (gx,) = torch.autograd.grad(out.sum(), x)
+  (rx,) = torch.autograd.grad(f(x, y).sum(), x)
+  torch.testing.assert_close(gx, rx)
+
+
+def test_adamw_training_loop_matches_eager():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+  eager = copy.deepcopy(model)
+  compiled = torch.compile(model, backend="jax")
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+  ref_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+  x, y = torch.randn(32, 6), torch.randn(32, 1)
+  losses, ref_losses = [], []
+  for _ in range(20):
+    for m, o, out in ((compiled, opt, losses), (eager, ref_opt, ref_losses)):
+      o.zero_grad()
+      loss = torch.nn.functional.mse_loss(m(x), y)
+      loss.backward()
+      o.step()
+      out.append(loss.item())
+  torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+  assert losses[-1] < losses[0]
+  for p, q in zip(model.parameters(), eager.parameters()):
+    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+  s = bridge.compile_stats()
+  assert s.programs == 2 and s.cache_hits == 2 * 19  # traced once, then cached
+
+
+class ConvNet(torch.nn.Module):
+  def __init__(self, p=0.0):
+    super().__init__()
+    self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    self.bn = torch.nn.BatchNorm2d(8)
+    self.drop = torch.nn.Dropout(p)
+    self.fc = torch.nn.Linear(8 * 4 * 4, 5)
+
+  def forward(self, x):
+    h = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+    return self.fc(self.drop(h).flatten(1))
+
+
+def test_cnn_batchnorm_running_statistics_update_in_place():
+  torch.manual_seed(0)
+  model = ConvNet()
+  compiled, eager = _step_parity(model, torch.randn(4, 3, 8, 8))
+  for name in ("running_mean", "running_var", "num_batches_tracked"):
+    torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name), msg=name)
+  assert int(model.bn.num_batches_tracked) == 1
+  x = torch.randn(4, 3, 8, 8)
+  compiled(x)
+  eager(x)
+  torch.testing.assert_close(model.bn.running_mean, eager.bn.running_mean)
+  model.eval()
+  eager.eval()
+  with torch.no_grad():  # a forward-only program, with the running statistics
+    torch.testing.assert_close(compiled(x), eager(x))
+
+
+def test_dropout_draws_from_the_generator_seeded_by_torch_manual_seed():
+  torch.manual_seed(0)
+  model = ConvNet(p=0.5)
+  compiled = torch.compile(model, backend="jax")
+  x = torch.randn(4, 3, 8, 8)
+  torch.manual_seed(123)
+  a = compiled(x)
+  b = compiled(x)
+  torch.manual_seed(123)
+  a2 = compiled(x)
+  torch.testing.assert_close(a2, a)  # reproducible under torch.manual_seed
+  assert not torch.equal(a, b)  # a new mask on each call
+  # the backward uses the forward's mask: d(sum)/d(fc input) is fc's weight where kept, else 0
+  feats = {}
+  model.fc.register_forward_hook(lambda m, i, o: feats.setdefault("x", i[0]))
+  torch._dynamo.reset()
+  compiled = torch.compile(model, backend="jax")
+  compiled(x).sum().backward()
+  assert model.conv.weight.grad is not None and model.conv.weight.grad.abs().sum() > 0
+
+
+def test_transformer_encoder_layer_train_and_eval():
+  torch.manual_seed(0)
+  layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+  x = torch.randn(3, 7, 16)
+  compiled, eager = _step_parity(layer, x, rtol=1e-4, atol=1e-5)
+  layer.eval()
+  eager.eval()
+  with torch.inference_mode():
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
+def test_lstm():
+  torch.manual_seed(0)
+  _step_parity(
+    torch.nn.LSTM(4, 8, num_layers=2, batch_first=True),
+    torch.randn(2, 5, 4),
+    loss=lambda out: out[0].pow(2).mean(),
+  )
+
+
+def test_no_grad_compiles_a_forward_only_program():
+  model = torch.nn.Linear(4, 3)
+  compiled = torch.compile(model, backend="jax")
+  with torch.no_grad():
+    out = compiled(torch.ones(2, 4))
+  assert not out.requires_grad
+  assert bridge.compile_stats().programs == 1
+  torch.testing.assert_close(out, model(torch.ones(2, 4)))
+
+
+def test_autocast_region():
+  model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+  compiled = torch.compile(model, backend="jax")
+  x = torch.randn(3, 8)
+  with torch.autocast("cpu", dtype=torch.bfloat16):
+    out, ref = compiled(x), model(x)
+  assert out.dtype == ref.dtype == torch.bfloat16
+  torch.testing.assert_close(out, ref)
+
+
+def test_second_derivative_raises_torchs_error():
+  f = torch.compile(lambda x: (x.sin() ** 2).sum(), backend="jax")
+  x = torch.randn(3, requires_grad=True)
+  (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+  with pytest.raises(RuntimeError, match="does not currently support double backward"):
+    g.sum().backward()
+
+
+def test_graph_breaks_each_piece_runs_through_the_backend(capsys):
+  def f(x):
+    y = x.sin() * 2
+    print("between graphs")
+    if y.sum() > 0:  # data-dependent: dynamo breaks here
+      return y.cos() + y.item() if y.numel() == 1 else y.cos()
+    return -y
+
+  g = torch.compile(f, backend="jax")
+  for x in (torch.randn(5).abs(), -torch.randn(5).abs(), torch.tensor([0.5])):
+    torch.testing.assert_close(g(x), f(x))
+  assert "between graphs" in capsys.readouterr().out
+  assert bridge.compile_stats().graphs >= 3
+
+
+def test_new_shape_recompiles_and_the_stats_say_which_input_changed():
+  f = torch.compile(lambda x: x.softmax(-1) * 3, backend="jax")
+  for n in (2, 3, 7, 3):
+    x = torch.randn(n, 5)
+    torch.testing.assert_close(f(x), x.softmax(-1) * 3)
+  s = bridge.compile_stats()
+  assert s.calls == 4 and s.cache_hits >= 1
+  assert s.recompiles and any("shape" in r and "5" in r for r in s.recompiles), s.recompiles
+
+
+@pytest.mark.parametrize("dynamic", [True, "mark"])
+def test_dynamic_shapes(dynamic):
+  def f(x, w):
+    return (x @ w).relu().sum(1) / x.shape[0]
+
+  g = torch.compile(f, backend="jax", dynamic=True if dynamic is True else None)
+  w = torch.randn(6, 4)
+  for n in (2, 5, 9):
+    x = torch.randn(n, 6)
+    if dynamic == "mark":
+      torch._dynamo.mark_dynamic(x, 0)
+    torch.testing.assert_close(g(x, w), f(x, w))
+  assert bridge.compile_stats().graphs == 1  # one graph; a program per shape
+
+
+@torch.library.custom_op("bridge_backend_test::twice_sin", mutates_args=())
+def _twice_sin(x: torch.Tensor) -> torch.Tensor:
+  return 2 * x.sin()
+
+
+@_twice_sin.register_fake
+def _(x):
+  return torch.empty_like(x)
+
+
+def test_an_op_without_lowering_falls_back_inside_the_program():
+  g = torch.compile(lambda x: _twice_sin(x * 3) + 1, backend="jax")
+  x = torch.randn(4)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = g(x)
+    g(x)
+  torch.testing.assert_close(out, 2 * (x * 3).sin() + 1)
+  fallback = [w for w in caught if issubclass(w.category, bridge.FallbackWarning)]
+  assert len(fallback) == 1 and "bridge_backend_test::twice_sin" in str(fallback[0].message)
+  assert bridge.compile_stats().graphs == 1  # the graph stayed whole
+
+
+def test_an_op_that_neither_lowers_nor_falls_back_names_the_op_and_the_users_line():
+  def model(x):
+    y = x * 3
+    return _twice_sin(y) + 1  # the line the error names
+
+  g = torch.compile(model, backend="jax", options={"fallback": "error"})
+  with pytest.raises(bridge.OperatorNotFound) as info:
+    g(torch.randn(4))
+  message = str(info.value)
+  assert "bridge_backend_test.twice_sin" in message
+  assert "test_torch_compile_backend.py" in message and "return _twice_sin(y) + 1" in message
+
+
+def test_options_and_mode_are_checked():
+  with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+    torch.compile(lambda x: x + 1, backend="jax", options={"fallbak": "error"})(torch.ones(2))
+  inner = info.value.inner_exception
+  assert isinstance(inner, bridge.BridgeTypeError)
+  assert "no option 'fallbak'" in str(inner) and "fallback" in str(inner)
+  torch._dynamo.reset()
+  with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+    torch.compile(lambda x: x + 2, backend="jax", options={"fallback": "never"})(torch.ones(2))
+  assert isinstance(info.value.inner_exception, bridge.BridgeTypeError)
+  torch._dynamo.reset()
+  with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+    torch.compile(lambda x: x + 3, backend="jax", mode="max-autotune")(torch.ones(2))
+  assert "has no mode 'max-autotune'" in str(info.value.inner_exception)
+  torch._dynamo.reset()
+  f = torch.compile(lambda x: x * 4, backend="jax", options={"tiered_compile": False})
+  torch.testing.assert_close(f(torch.ones(2)), torch.full((2,), 4.0))
+
+
+def test_sparse_input_is_refused_or_run_by_torch():
+  def f(x):
+    return x * 2
+
+  x = torch.eye(3).to_sparse()
+  # dynamo refuses sparse tensors itself, before any backend; without fullgraph it runs
+  # the frame in eager torch
+  with pytest.raises(torch._dynamo.exc.Unsupported, match="sparse"):
+    torch.compile(f, backend="jax", fullgraph=True)(x)
+  torch._dynamo.reset()
+  torch.testing.assert_close(torch.compile(f, backend="jax")(x).to_dense(), 2 * torch.eye(3))
+  # a graph that reaches the backend with one (a caller other than dynamo) gets its error
+  gm = torch.fx.symbolic_trace(f)
+  with pytest.raises(bridge.BridgeTypeError, match="graph input 0 is a sparse tensor"):
+    backend(gm, [x])
+
+
+def test_jax_device_inputs_give_jax_device_outputs():
+  def f(x, y):
+    return (x @ y).relu() + 1
+
+  g = torch.compile(f, backend="jax")
+  x, y = torch.randn(3, 4), torch.randn(4, 5)
+  out = g(x.to("jax"), y.to("jax"))
+  assert out.device.type == "jax"
+  torch.testing.assert_close(out.cpu(), f(x, y))
+
+
+def test_other_backends_run_jax_device_ops_without_tracing_the_bridge():
+  # dynamo would otherwise trace the dispatcher's own frames as user code (and break them)
+  g = torch.compile(lambda x: (x + 1).sin(), backend="eager")
+  x = torch.randn(3)
+  torch.testing.assert_close(g(x.to("jax")).cpu(), (x + 1).sin())
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_gpt2_training_step():
+  config = transformers.GPT2Config(
+    n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
+    attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+  )  # fmt: skip
+  torch.manual_seed(0)
+  model = transformers.GPT2LMHeadModel(config)
+  eager = copy.deepcopy(model)
+  compiled = torch.compile(model, backend="jax")
+  ids = torch.randint(0, 100, (2, 8))
+  out = compiled(ids, labels=ids)
+  ref = eager(ids, labels=ids)
+  torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+  out.loss.backward()
+  ref.loss.backward()
+  _params_close(model, eager, rtol=1e-4, atol=1e-5)
+  s = bridge.compile_stats()
+  # dynamo breaks GPT-2's forward once (in transformers' code): two graphs, each a
+  # forward and a backward program
+  assert s.programs == 2 * s.graphs, s
+
+
+def test_bert_forward_backward_with_padding_mask():
+  config = transformers.BertConfig(
+    num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
+    vocab_size=100, max_position_embeddings=32, hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+  )  # fmt: skip
+  torch.manual_seed(0)
+  model = transformers.BertModel(config)
+  eager = copy.deepcopy(model)
+  compiled = torch.compile(model, backend="jax")
+  ids = torch.randint(0, 100, (2, 8))
+  mask = torch.ones(2, 8, dtype=torch.long)
+  mask[1, 5:] = 0
+  out = compiled(ids, attention_mask=mask).last_hidden_state
+  ref = eager(ids, attention_mask=mask).last_hidden_state
+  torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+  out.sum().backward()
+  ref.sum().backward()
+  _params_close(model, eager, rtol=1e-4, atol=1e-5)
+  assert bridge.compile_stats().graphs == 1  # whole: transformers' tracing checks trace
