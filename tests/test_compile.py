@@ -543,3 +543,18 @@ def test_repeated_calls_with_another_dtype_or_shape_take_another_program(device)
         assert out.dtype == dtype and out.shape == shape and out.device.type == device
         torch.testing.assert_close(out.cpu(), x.cpu() * 2)
   assert calls == [torch.float32] * 2 + [torch.float64] * 2 + [torch.int64] * 2
+
+
+def test_parameters_as_arguments_take_the_shortcut_and_stay_current():
+  # (torch.compile's graphs take a module's parameters as arguments)
+  f = bridge.compile(lambda w, x: x @ w.t())
+  w = torch.nn.Parameter(torch.randn(3, 4))
+  x = torch.randn(2, 4)
+  with torch.no_grad():
+    torch.testing.assert_close(f(w, x), x @ w.t())
+    assert "__call__" in type(f).__dict__  # recorded: the next calls take the shortcut
+    w.mul_(2)  # updated in place: the next call reads the new values
+    torch.testing.assert_close(f(w, x), x @ w.t())
+  out = f(w, x)  # grad mode, a parameter that requires grad: the general path, with a backward
+  out.sum().backward()
+  torch.testing.assert_close(w.grad, x.sum(0).expand(3, 4))

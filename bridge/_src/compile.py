@@ -433,7 +433,7 @@ def _fast_cpu_call(
   single = _single(program)
   refused = _refusal(compiled, len(sig))
   n_state = len(slots)
-  plain = torch.Tensor
+  plain = _PLAIN
   grad_on = torch.is_grad_enabled
   swap, restore = _x64_state.swap_local, _x64_state.set_local
   current_key, on_cpu = rng.current_key, transfer.default_device_is_cpu
@@ -474,7 +474,7 @@ def _fast_cpu_call(
       prev = swap(True)  # int64/float64 arguments stay 64-bit
       try:
         for a in args:
-          if type(a) is not plain or not a.is_cpu:
+          if type(a) not in plain or not a.is_cpu:
             return general(self, args, kwargs)
           if a.requires_grad:
             if grad:
@@ -497,7 +497,7 @@ def _fast_cpu_call(
       arrays.append(key if key is not None else current_key())
     for a, (shape, dtype) in zip(args, sig):
       if (
-        type(a) is not plain
+        type(a) not in plain
         or a.dtype is not dtype
         or a.shape != shape
         or not a.is_cpu
@@ -865,7 +865,7 @@ class Compiled:
     if (
       len(imported) == len(state)
       and all([h is not None and h[0] is t for h, t in zip(imported, state)])
-      and all([type(a) is torch.Tensor for a in args])
+      and all([type(a) in _PLAIN for a in args])
     ):
       sig = tuple([(a.shape, a.dtype) for a in args])
       self._record(
@@ -973,6 +973,9 @@ def _array(t: torch.Tensor) -> Any:
 
 
 _NO_DEVICE = object()  # no tensor seen yet
+# the CPU shortcut's argument types: plain tensors, and parameters (which torch.compile's
+# graphs take as arguments)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _device_error(name: str, first: Any, other: Any) -> TransferError:

@@ -237,9 +237,19 @@ class _Graph:
     self.gm, self.kind, self.number, self.settings = gm, kind, number, settings
     _for_the_jax_device(gm)
     forward = gm.forward
+    # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
+    # generated code and drops the traceback)
+    outputs = gm.graph.find_nodes(op="output")[0].args[0]
+    self.single = isinstance(outputs, (tuple, list)) and len(outputs) == 1
+    if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
 
-    def graph(*args: Any) -> Any:  # (the graph's own code, not `gm.__call__`, whose error
-      return forward(*args)  # handling prints the generated code and drops the traceback)
+      def graph(*args: Any) -> Any:
+        return forward(*args)[0]
+
+    else:
+
+      def graph(*args: Any) -> Any:
+        return forward(*args)
 
     graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
     self.compiled = compile_lib.compile(graph)
@@ -268,7 +278,7 @@ class _Graph:
         _stats.cache_hits += 1
     if traced:
       self._note_trace(args)
-    return out
+    return (out,) if self.single else out
 
   def _note_trace(self, args: tuple) -> None:
     sig = _signature(self.names, args)
