@@ -99,6 +99,26 @@ def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
   return layer, torch.randn(*TRANSFORMER_INPUT, generator=_gen(31))
 
 
+class Flat(torch.nn.Module):
+  """`module`'s (batch, seq, features) output as (batch * seq, features) logits, so that the
+  shared cross-entropy training step applies unchanged."""
+
+  def __init__(self, module: torch.nn.Module):
+    super().__init__()
+    self.module = module
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.module(x).flatten(0, 1)
+
+
+def transformer_train() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+  """`transformer()`'s layer in train mode (dropout 0: no fast path) and a label per token."""
+  layer, x = transformer()
+  batch, seq, features = x.shape
+  y = torch.randint(0, features, (batch * seq,), generator=_gen(32))
+  return Flat(layer.train()), x, y
+
+
 def _transformers():
   """Import transformers offline (nothing is downloaded: configs only, random weights)."""
   os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -258,6 +258,11 @@ def mlp_train_step(system: System, quick: bool) -> dict:
   return _train_step(system, quick, "mlp_train_step", models.mlp)
 
 
+def transformer_train_step(system: System, quick: bool) -> dict:
+  """One SGD step (forward, backward, update) of `transformer()`'s layer in train mode."""
+  return _train_step(system, quick, "transformer_train_step", models.transformer_train)
+
+
 def _first_call(system: System, quick: bool, workload: str) -> dict:
   """The first call (trace + compile + run) of a model, one fresh process each.
 
@@ -464,6 +469,7 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
       "mlp_train_step": mlp_train_step,
       "transformer_block": transformer_block,
       "transformer_block_composite": transformer_block_composite,
+      "transformer_train_step": transformer_train_step,
       "transformer_first_call": lambda system, q: _first_call(system, q, "transformer_first_call"),
       "transformer_first_call_composite": (
         lambda system, q: _first_call(system, q, "transformer_first_call_composite")

@@ -18,10 +18,11 @@ ALL = (
   "jax2torch",
   "wrap_torch2jax",
   "pure_callback",
+  "torch_compile_jax",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
-BRIDGE = frozenset({"bridge", "bridge_jax"})
+BRIDGE = frozenset({"bridge", "bridge_jax", "torch_compile_jax"})
 
 # Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
 PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"})
@@ -30,6 +31,7 @@ PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"
 PACKAGES = {
   "bridge": ("bridge",),
   "bridge_jax": ("bridge",),
+  "torch_compile_jax": ("bridge",),
   "torchax": ("torchax",),
   "torch_jax_interop": ("torch-jax-interop", "chex"),
   "jax2torch": ("jax2torch",),

@@ -1,12 +1,15 @@
-"""torch.compile (inductor, CPU): torch's own compiler, on the forward workloads only."""
+"""torch.compile (inductor, CPU): torch's own compiler, on the module workloads."""
 
 import torch
 
 from ..common import System
+from .torch_compile_jax import _Calls
+from .torch_eager import _train_step as _eager_train_step
 
 NOT_HERE = (
-  "torch_compile runs only the forward workloads (compiled_linear, transformer_block*, "
-  "gpt2_forward_*, bert_forward_*, cuda_transformer_block, cuda_gpt2_forward_s256)"
+  "torch_compile runs only the module workloads (compiled_linear, transformer_*, the mlp and "
+  "gpt2 train steps, gpt2_forward_*, bert_forward_*, the first calls, cuda_transformer_block, "
+  "cuda_gpt2_forward_s256)"
 )
 
 
@@ -15,14 +18,20 @@ def _forward(module, x):
   return (lambda: compiled(x)), (lambda out: out)
 
 
+def _train_step(module, x, y):
+  compiled = torch.compile(module)
+  return _eager_train_step(_Calls(module, compiled), x, y)
+
+
 def make() -> System:
   return System(
     name="torch_compile",
     forward=_forward,
+    train_step=_train_step,
     notes=[
       "torch_compile: torch.compile(module) with the default (inductor) backend, "
       "CPU tensors (CUDA tensors in the cuda_* rows); compiled on the first (untimed) "
-      "call under torch.no_grad()."
+      "call under torch.no_grad(); train steps as torch_eager's with the compiled module."
     ],
     unsupported={
       **{
@@ -40,11 +49,6 @@ def make() -> System:
           "call_torch_vmap",
         )
       },
-      **dict.fromkeys(("mlp_train_step", "gpt2_train_step_s64", "cuda_mlp_train_step"), NOT_HERE),
-      **dict.fromkeys(
-        ("transformer_first_call", "transformer_first_call_composite", "gpt2_first_call_s64"),
-        "not measured: issues 4 and 7 compare the first calls of bridge.compile "
-        "and torchax.compile",
-      ),
+      "cuda_mlp_train_step": NOT_HERE,
     },
   )
