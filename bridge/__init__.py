@@ -53,7 +53,7 @@ from bridge._src.views import torch_view as torch_view
 __version__ = "0.1.0"
 
 _device.register()
-_dynamo.skip_own_frames()
+_dynamo.teach_dynamo()
 
 __all__ = [
   "BridgeError",

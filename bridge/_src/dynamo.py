@@ -29,6 +29,7 @@ import torch._dynamo.trace_rules
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from bridge._src import compat
 from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src.errors import BridgeTypeError
@@ -99,14 +100,21 @@ def compile_stats(reset: bool = False) -> CompileStats:
   return out
 
 
-def skip_own_frames() -> None:
-  """Dynamo does not trace the bridge's own code: an op on a `jax`-device tensor inside a
-  function torch.compile traces (any backend) reaches `bridge.Tensor.__torch_dispatch__`
-  from C, and dynamo would otherwise compile the dispatcher's frames as user code (which
-  breaks their calls into JAX's C++), and JAX's with them. Their frames run as they are, like
-  numpy's."""
+def teach_dynamo() -> None:
+  """Two things dynamo must know about the bridge, whatever the backend (run at import).
+
+  * It does not trace the bridge's own code, nor JAX's: an op on a `jax`-device tensor inside
+    a function torch.compile traces reaches `bridge.Tensor.__torch_dispatch__` from C, and
+    dynamo would otherwise compile the dispatcher's frames as user code (which breaks their
+    calls into JAX's C++). Their frames run as they are, like numpy's.
+  * Libraries the bridge teaches to see its tracing (`compat`: transformers' tracing check)
+    are taught as soon as they are loaded, before dynamo reads them: taught later (by the
+    bridge's first trace), they would change a function dynamo's guards hold, and the frame
+    would be compiled again on its second call.
+  """
   for name in ("bridge", "bridge_ops", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
     torch._dynamo.trace_rules.add(name)
+  compat.teach_on_import()
 
 
 def _settings(options: Any, mode: Any) -> dict[str, Any]:
