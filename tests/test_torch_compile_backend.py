@@ -253,6 +253,30 @@ def test_dynamic_shapes(dynamic):
   assert bridge.compile_stats().graphs == 1  # one graph; a program per shape
 
 
+def test_a_changing_python_float_is_an_input_not_a_fallback():
+  # dynamo passes it as a 0-dim float64 tensor, converted by `prims.convert_element_type`
+  def f(x, *, scale=2.0):
+    return x * scale + 1
+
+  g = torch.compile(f, backend="jax")
+  x = torch.ones(3)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", bridge.FallbackWarning)
+    for s in (1.0, 2.5, 3.5, 4.5):
+      torch.testing.assert_close(g(x, scale=s), f(x, scale=s))
+  s = bridge.compile_stats()
+  assert (s.graphs, s.programs, s.cache_hits) == (2, 2, 2)  # (dynamo specializes the first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.bool, torch.bfloat16])
+def test_prims_convert_element_type_on_the_jax_device(dtype):
+  x = torch.tensor([1.5, -2.7, 0.0])
+  out = torch.ops.prims.convert_element_type.default(x.to("jax"), dtype)
+  ref = torch.ops.prims.convert_element_type.default(x, dtype)
+  assert out.dtype == ref.dtype and out.device.type == "jax"
+  assert torch.equal(out.cpu(), ref)
+
+
 @torch.library.custom_op("bridge_backend_test::twice_sin", mutates_args=())
 def _twice_sin(x: torch.Tensor) -> torch.Tensor:
   return 2 * x.sin()

@@ -268,6 +268,7 @@ def _native_batch_norm(plan_of: Callable[[Any], Callable]) -> Callable:
 NEW_VALUES = frozenset(
   {
     aten._to_copy.default,
+    torch.ops.prims.convert_element_type.default,
     aten.lift_fresh_copy.default,
     aten.view.dtype,
     aten.as_strided_scatter.default,
@@ -277,6 +278,10 @@ NEW_VALUES = frozenset(
 
 _SPECIAL: dict[Any, Callable] = {
   aten._to_copy.default: _to_copy,
+  # (torch.compile's graphs convert a Python number passed as a 0-dim tensor with it)
+  torch.ops.prims.convert_element_type.default: lambda a, k: _to_copy(
+    (a[0],), {"dtype": a[1] if len(a) > 1 else k["dtype"]}
+  ),
   aten.copy_.default: _copy_,
   aten._local_scalar_dense.default: _local_scalar_dense,
   aten.lift_fresh.default: lambda a, k: a[0],
