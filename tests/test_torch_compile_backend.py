@@ -114,6 +114,48 @@ def test_adamw_training_loop_matches_eager():
   assert s.programs == 2 and s.cache_hits == 2 * 19  # traced once, then cached
 
 
+def test_optimizer_step_compiled_too():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+  eager = copy.deepcopy(model)
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+  ref_opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+  compiled = torch.compile(model, backend="jax")
+
+  @torch.compile(backend="jax")
+  def step():
+    opt.step()
+
+  x, y = torch.randn(8, 6), torch.randn(8, 2)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", bridge.FallbackWarning)  # (fma, copy: lowered)
+    for _ in range(5):
+      opt.zero_grad()
+      torch.nn.functional.mse_loss(compiled(x), y).backward()
+      step()
+      ref_opt.zero_grad()
+      torch.nn.functional.mse_loss(eager(x), y).backward()
+      ref_opt.step()
+  for p, q in zip(model.parameters(), eager.parameters()):
+    torch.testing.assert_close(p, q)
+  # the model's forward and backward, and the step: three programs for a whole training step
+  s = bridge.compile_stats()
+  assert s.programs == 3 and not s.recompiles, s
+
+
+@pytest.mark.parametrize("op", ["fma", "copy"])
+def test_the_ops_of_a_compiled_optimizer_step_on_the_jax_device(op):
+  a, b, c = torch.randn(5), torch.randn(5), torch.randn(5)
+  if op == "fma":
+    out, ref = torch.ops.prims.fma(*(t.to("jax") for t in (a, b, c))), torch.ops.prims.fma(a, b, c)
+  else:
+    dst = torch.randn(3, 5, dtype=torch.float64)
+    out = torch.ops.aten.copy.default(dst.to("jax"), a.to("jax"))
+    ref = torch.ops.aten.copy.default(dst, a)
+  assert out.dtype == ref.dtype and out.shape == ref.shape
+  torch.testing.assert_close(out.cpu(), ref)
+
+
 class ConvNet(torch.nn.Module):
   def __init__(self, p=0.0):
     super().__init__()

@@ -37,6 +37,7 @@ from bridge_ops._lowering import (
   torch_sign,
   with_derivative,
 )
+from bridge_ops._special import prims
 from bridge_ops._elementwise import (
   _as,
   _check_divisor,
@@ -345,3 +346,10 @@ def where(condition, self, other):
 def masked_fill(self, mask, value):
   # The value is cast to self's dtype (a float into an int tensor truncates, like torch).
   return jnp.where(_truth(mask), _as(value, self.dtype), self)
+
+
+@lowering(prims.fma.default)
+def fma(a, b, c):
+  """`a * b + c` (torch's `lerp` decomposition, in a compiled optimizer step); XLA contracts it
+  to one fused multiply-add where the CPU has one, as torch's kernel."""
+  return a * b + c

@@ -133,6 +133,13 @@ def fill_Tensor(self, value):
   return _filled(self.shape, value, self.dtype)
 
 
+@lowering(aten.copy.default)
+def copy(self, src, non_blocking=False):
+  """The functional `copy_` (an optimizer step compiled by torch.compile writes through it):
+  `src`'s values, broadcast to `self`'s shape, in `self`'s dtype."""
+  return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+
+
 @lowering(aten.zero.default)
 def zero(self):
   return jnp.zeros(self.shape, self.dtype)
