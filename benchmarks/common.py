@@ -19,6 +19,7 @@ MODULE_WORKLOADS = (
   "mlp_train_step",
   "transformer_block",
   "transformer_block_composite",
+  "transformer_train_step",
   "transformer_first_call",
   "transformer_first_call_composite",
 )

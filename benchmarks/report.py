@@ -38,7 +38,11 @@ GROUPS = {
   ),
   "MLP training step: 784-256-256-10, batch 64, cross-entropy, SGD": ("mlp_train_step",),
   "Transformer block: TransformerEncoderLayer(128, 4 heads, ff 256), (4, 32, 128), eval, "
-  "torch.no_grad()": tuple(w for w in MODULE_WORKLOADS if w.startswith("transformer")),
+  "torch.no_grad()": tuple(
+    w for w in MODULE_WORKLOADS if w.startswith("transformer") and "train" not in w
+  ),
+  "Transformer block training step: the same layer in train mode (dropout 0), cross-entropy on "
+  "its (128, 128) outputs, SGD": ("transformer_train_step",),
   "Hugging Face GPT2LMHeadModel (768 wide, 12 heads, 2 layers, vocab 8192), batch 1, eval, "
   "torch.no_grad(), logits": ("gpt2_forward_s64", "gpt2_forward_s256", "gpt2_first_call_s64"),
   "Hugging Face BertModel (hidden 512, 8 heads, 4 layers, intermediate 2048), batch 1, eval, "
@@ -150,6 +154,23 @@ GOALS = (
   *((w, "bridge", "wrap_torch2jax", 1.0) for w in CALLBACK_WORKLOADS),
   # Data parallel: the sharded step at most 1.05x the same program run by plain JAX.
   ("dp8_train_step", "bridge", "plain_jax", 1.05),
+  # torch.compile(backend="jax") (issue 26): steady state at least as fast as inductor on the
+  # transformer rows and within 1.1x of bridge.compile; first calls at most half of inductor's.
+  *(
+    (w, "torch_compile_jax", other, goal)
+    for w in (
+      "transformer_block",
+      "transformer_block_composite",
+      "transformer_train_step",
+      "gpt2_forward_s64",
+      "gpt2_train_step_s64",
+    )
+    for other, goal in (("torch_compile", 1.0), ("bridge", 1.1))
+  ),
+  *(
+    (w, "torch_compile_jax", "torch_compile", 0.5)
+    for w in ("transformer_first_call", "gpt2_first_call_s64")
+  ),
 )
 
 

@@ -230,6 +230,9 @@ def _train_step(
   run, read = _need(system, "train_step", workload)(*place(module, x, y))
   out = run()
   _check_train_step(module, read(out), reference, tolerance)
+  settle = getattr(run, "settle", None)  # wait for optimized programs (torch_compile_jax)
+  if settle is not None:
+    settle()
   return time_calls(blocking(run, out), QUICK if quick else FULL)
 
 

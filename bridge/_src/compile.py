@@ -456,6 +456,20 @@ def _fast_cpu_call(
     else None
   )
   from_dlpack = torch._C._from_dlpack
+  parameter = torch.nn.Parameter
+  # A parameter passed as an argument (torch.compile's graphs take them so) keeps its JAX
+  # array while it is the same tensor, unchanged (version counter and data pointer), as a
+  # module's own parameters do (`Compiled._state_arrays`); another argument is imported anew.
+  held: dict[int, tuple[Any, tuple, Any]] = {}
+
+  def parameter_array(t: Any) -> Any:
+    hit = held.get(id(t))
+    version = (t._version, t.data_ptr())
+    if hit is not None and hit[0] is t and hit[1] == version:
+      return hit[2]
+    a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: "a parameter argument")
+    held[id(t)] = (t, version, a)
+    return a
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     if refused(self, args, kwargs, "cpu") or not on_cpu():
@@ -479,6 +493,9 @@ def _fast_cpu_call(
           if a.requires_grad:
             if grad:
               return general(self, args, kwargs)
+            if type(a) is parameter:
+              arrays.append(parameter_array(a))
+              continue
             a = a.detach()
           if not a.is_contiguous():  # the executable takes row-major arrays only
             a = a.contiguous()
@@ -507,7 +524,7 @@ def _fast_cpu_call(
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
     try:
       for a in args:
-        arrays.append(_array(a))
+        arrays.append(parameter_array(a) if type(a) is parameter else _array(a))
       if lean is not None:  # (then the output is single)
         try:
           outs = (lean_call(*arrays),)

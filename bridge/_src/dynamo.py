@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -212,10 +213,10 @@ def _note_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
       old = _frames.get(frame)
       if old is not None and getattr(compile_id, "frame_compile_id", None):
         what = "; ".join([*_dynamo_reason(), *_changes(old, sig)]) or "a guard failed"
-        _stats.recompiles.append(f"graph {number} (dynamo recompiled {gm_name(gm)}): {what}")
+        _stats.recompiles.append(f"graph {number} (dynamo recompiled {_code_name(gm)}): {what}")
         log.info("recompile: %s", _stats.recompiles[-1])
       _frames[frame] = sig
-  log.info("graph %d: %s, %d inputs", number, gm_name(gm), len(example_inputs))
+  log.info("graph %d: %s, %d inputs", number, _code_name(gm), len(example_inputs))
   return number
 
 
@@ -233,9 +234,14 @@ def _dynamo_reason() -> list[str]:
   return [f"guard {first}"]
 
 
-def gm_name(gm: torch.fx.GraphModule) -> str:
-  code = getattr(gm, "_bridge_code", None)
-  return code or "a graph"
+_graphs: "weakref.WeakSet[_Graph]" = weakref.WeakSet()
+
+
+def wait_optimized() -> None:
+  """Blocks until every program the backend compiled so far runs with XLA's full optimization
+  (a large CPU program first runs quickly compiled: `Compiled.wait_optimized`)."""
+  for graph in list(_graphs):
+    graph.compiled.wait_optimized()
 
 
 class _Graph:
@@ -243,6 +249,7 @@ class _Graph:
 
   def __init__(self, gm: torch.fx.GraphModule, kind: str, number: int, settings: dict):
     self.gm, self.kind, self.number, self.settings = gm, kind, number, settings
+    _graphs.add(self)
     _for_the_jax_device(gm)
     forward = gm.forward
     # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
@@ -428,7 +435,6 @@ def backend(
   """
   settings = _settings(options, mode)
   _check_inputs(example_inputs)
-  gm._bridge_code = _code_name(gm)  # type: ignore[assignment]
   number = _note_graph(gm, example_inputs)
   return aot_autograd(
     decompositions=_DECOMPOSITIONS,
