@@ -31,14 +31,15 @@ def _degree(n):
   )
 
 
-def _recurrence(x, n, p, q, step, first_k, needed, *, stop_at_nan=True):
-  """torch's loop `for (k = first_k; k <= n && !isnan(q); k++) {r = step(k, p, q); p = q; q = r;}`
-  run for all elements up to the largest n, freezing each where its own loop stops.
-  Returns q (torch's r after the loop; equal to q once the loop ran at least once).
+def _recurrence(x, n, first, step, needed, *, stop_at_nan=True):
+  """The polynomial of degree n >= 0 from P_0 = 1, P_1 = `first` and torch's loop
+  `for (k = 2; k <= n && !isnan(q); k++) {r = step(k, p, q); p = q; q = r;}`, run for all
+  elements up to the largest n, freezing each where its own loop stops.
 
   `needed` marks the elements whose result is the loop's: torch answers the others (a closed
   form, a boundary value) without looping, so they must not keep the loop going: a degree of
   1e10 at x = 0.5 would run it 1e10 times."""
+  one = jnp.ones_like(x)
 
   def active(k, q):
     act = (k <= n) & needed
@@ -54,17 +55,44 @@ def _recurrence(x, n, p, q, step, first_k, needed, *, stop_at_nan=True):
     r = step(k.astype(x.dtype), p, q)
     return k + 1, jnp.where(act, q, p), jnp.where(act, r, q)
 
-  k0 = jnp.asarray(first_k, jnp.int64)
-  return while_loop(cond, body, (k0, p, q))[2]
+  k0 = jnp.asarray(2, jnp.int64)
+  rec = while_loop(cond, body, (k0, one, first))[2]  # (torch's r; q once the loop has run)
+  return jnp.where(n == 0, one, jnp.where(n == 1, first, rec))
 
 
-def _poly_args(x, n):
+def _polynomial(kernel, x, n, *, shifted=False, **kwargs):
+  """`kernel(x, n, **kwargs)` at torch's promoted x and integer degree n, 0 for n < 0."""
   x, n = _float(x, n)
-  return x, n, _degree(n)
+  n = _degree(n)
+  if shifted:
+    # torch's shifted kernels run the plain recurrences at 2x - 1 (with other trig thresholds).
+    x = x + x - 1.0
+  return jnp.where(n < 0, jnp.zeros_like(x), kernel(x, n, **kwargs))
+
+
+def _overloads(packet):
+  """A polynomial's functional overloads: tensor x and n, a Scalar x, a Scalar n."""
+  return packet.default, packet.x_scalar, packet.n_scalar
 
 
 def _parity_sign(n):
   return jnp.where(n % 2 == 0, 1.0, -1.0)
+
+
+def _at_ends(x, n, value):
+  """`value` at x == 1, (-1)^n `value` at x == -1 (the plain Chebyshev T/U and Legendre)."""
+  return jnp.where((x > 0) | (n % 2 == 0), value, -value)
+
+
+def _chebyshev(x, n, first, threshold, trig, at_one):
+  """torch's Chebyshev kernels: at |x| == 1 `at_one`; for |x| < 1 above the degree
+  `threshold` the trigonometric form `trig(n, acos(x))`; elsewhere the recurrence
+  r = 2x q - p from P_1 = `first`."""
+  rec = _recurrence(x, n, first, lambda k, p, q: (x + x) * q - p, _by_recurrence(x, n, threshold))
+  inside = jnp.abs(x) < 1.0
+  acos = jnp.arccos(_where_safe(inside, x, 0.0))
+  out = jnp.where((n > threshold) & inside, trig(n.astype(x.dtype), acos), rec)
+  return jnp.where(jnp.abs(x) == 1.0, at_one, out)
 
 
 def _by_recurrence(x, n, threshold):
@@ -74,244 +102,145 @@ def _by_recurrence(x, n, threshold):
 
 
 def _chebyshev_t(x, n, threshold):
-  one = jnp.ones_like(x)
-  rec = _recurrence(
-    x, n, one, x, lambda k, p, q: (x + x) * q - p, 2, _by_recurrence(x, n, threshold)
-  )
-  out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
-  inside = jnp.abs(x) < 1.0
-  out = jnp.where(
-    (n > threshold) & inside,
-    jnp.cos(n.astype(x.dtype) * jnp.arccos(_where_safe(inside, x, 0.0))),
-    out,
-  )
-  out = jnp.where(jnp.abs(x) == 1.0, jnp.where((x > 0) | (n % 2 == 0), 1.0, -1.0), out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+  return _chebyshev(x, n, x, threshold, lambda nf, acos: jnp.cos(nf * acos), _at_ends(x, n, 1.0))
 
 
 def _chebyshev_u(x, n, threshold):
-  one = jnp.ones_like(x)
-  rec = _recurrence(
-    x, n, one, x + x, lambda k, p, q: (x + x) * q - p, 2, _by_recurrence(x, n, threshold)
-  )
-  out = jnp.where(n == 0, one, jnp.where(n == 1, x + x, rec))
-  inside = jnp.abs(x) < 1.0
   nf = n.astype(x.dtype)
-  acos = jnp.arccos(_where_safe(inside, x, 0.0))
-  sin_acos = jnp.sin(acos)
-  trig = jnp.where(
-    sin_acos != 0,
-    jnp.sin((nf + 1) * acos) / sin_acos,
-    (nf + 1) * jnp.cos((nf + 1) * acos) / _where_safe(inside, x, 1.0),
-  )
-  out = jnp.where((n > threshold) & inside, trig, out)
-  out = jnp.where(jnp.abs(x) == 1.0, jnp.where((x > 0) | (n % 2 == 0), nf + 1, -(nf + 1)), out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+
+  def trig(nf, acos):
+    sin_acos = jnp.sin(acos)
+    return jnp.where(
+      sin_acos != 0,
+      jnp.sin((nf + 1) * acos) / sin_acos,
+      (nf + 1) * jnp.cos((nf + 1) * acos) / _where_safe(jnp.abs(x) < 1.0, x, 1.0),
+    )
+
+  return _chebyshev(x, n, x + x, threshold, trig, _at_ends(x, n, nf + 1))
 
 
-def _chebyshev_vw(x, n, kind, threshold, shifted):
-  one = jnp.ones_like(x)
-  first = x + x - 1.0 if kind == "v" else x + x + 1.0
-  rec = _recurrence(
-    x, n, one, first, lambda k, p, q: (x + x) * q - p, 2, _by_recurrence(x, n, threshold)
-  )
-  out = jnp.where(n == 0, one, jnp.where(n == 1, first, rec))
+def _chebyshev_vw(x, n, kind, threshold, shifted_kernel=False):
   nf = n.astype(x.dtype)
   odd_sign = _parity_sign(n).astype(x.dtype)
   if kind == "v":
-    at_one = jnp.where(x > 0, one, odd_sign * (nf + nf + 1))
+    first = x + x - 1.0
+    at_one = jnp.where(x > 0, jnp.ones_like(x), odd_sign * (nf + nf + 1))
+
+    def trig(nf, acos):
+      return jnp.where(
+        jnp.sin(acos / 2.0) != 1.0,
+        jnp.cos((nf + 0.5) * acos) / jnp.cos(acos / 2.0),
+        odd_sign * (nf + nf + 1),
+      )
+
   else:
+    first = x + x + 1.0
     at_one = jnp.where(x > 0, nf + nf + 1, odd_sign)
-  inside = jnp.abs(x) < 1.0
-  acos = jnp.arccos(_where_safe(inside, x, 0.0))
-  if kind == "v":
-    trig = jnp.where(
-      jnp.sin(acos / 2.0) != 1.0,
-      jnp.cos((nf + 0.5) * acos) / jnp.cos(acos / 2.0),
-      odd_sign * (nf + nf + 1),
-    )
-  else:
-    # (where cos(acos(x) / 2) rounds to 1 the plain kernel gives 2n + 1, the shifted one +-1)
-    trig = jnp.where(
-      jnp.cos(acos / 2.0) != 1.0,
-      jnp.sin((nf + 0.5) * acos) / jnp.sin(acos / 2.0),
-      odd_sign if shifted else at_one,
-    )
-  out = jnp.where((n > threshold) & inside, trig, out)
-  out = jnp.where(jnp.abs(x) == 1.0, at_one, out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+
+    def trig(nf, acos):
+      # (where cos(acos(x) / 2) rounds to 1 the plain kernel gives 2n + 1, the shifted one +-1)
+      return jnp.where(
+        jnp.cos(acos / 2.0) != 1.0,
+        jnp.sin((nf + 0.5) * acos) / jnp.sin(acos / 2.0),
+        odd_sign if shifted_kernel else at_one,
+      )
+
+  return _chebyshev(x, n, first, threshold, trig, at_one)
 
 
-def _plain(x, n):
-  x, _, n = _poly_args(x, n)
-  return x, n
-
-
-def _shifted(x, n):
-  # torch's shifted kernels run the plain recurrences at 2x - 1 (with other trig thresholds).
-  x, _, n = _poly_args(x, n)
-  return x + x - 1.0, n
-
-
-@lowering(
-  aten.special_chebyshev_polynomial_t.default,
-  aten.special_chebyshev_polynomial_t.x_scalar,
-  aten.special_chebyshev_polynomial_t.n_scalar,
-)
+@lowering(*_overloads(aten.special_chebyshev_polynomial_t))
 def special_chebyshev_polynomial_t(x, n):
-  return _chebyshev_t(*_plain(x, n), threshold=6)
+  return _polynomial(_chebyshev_t, x, n, threshold=6)
 
 
-@lowering(
-  aten.special_chebyshev_polynomial_u.default,
-  aten.special_chebyshev_polynomial_u.x_scalar,
-  aten.special_chebyshev_polynomial_u.n_scalar,
-)
+@lowering(*_overloads(aten.special_chebyshev_polynomial_u))
 def special_chebyshev_polynomial_u(x, n):
-  return _chebyshev_u(*_plain(x, n), threshold=8)
+  return _polynomial(_chebyshev_u, x, n, threshold=8)
 
 
-@lowering(
-  aten.special_chebyshev_polynomial_v.default,
-  aten.special_chebyshev_polynomial_v.x_scalar,
-  aten.special_chebyshev_polynomial_v.n_scalar,
-)
+@lowering(*_overloads(aten.special_chebyshev_polynomial_v))
 def special_chebyshev_polynomial_v(x, n):
-  return _chebyshev_vw(*_plain(x, n), "v", threshold=8, shifted=False)
+  return _polynomial(_chebyshev_vw, x, n, kind="v", threshold=8)
 
 
-@lowering(
-  aten.special_chebyshev_polynomial_w.default,
-  aten.special_chebyshev_polynomial_w.x_scalar,
-  aten.special_chebyshev_polynomial_w.n_scalar,
-)
+@lowering(*_overloads(aten.special_chebyshev_polynomial_w))
 def special_chebyshev_polynomial_w(x, n):
-  return _chebyshev_vw(*_plain(x, n), "w", threshold=8, shifted=False)
+  return _polynomial(_chebyshev_vw, x, n, kind="w", threshold=8)
 
 
-@lowering(
-  aten.special_shifted_chebyshev_polynomial_t.default,
-  aten.special_shifted_chebyshev_polynomial_t.x_scalar,
-  aten.special_shifted_chebyshev_polynomial_t.n_scalar,
-)
+@lowering(*_overloads(aten.special_shifted_chebyshev_polynomial_t))
 def special_shifted_chebyshev_polynomial_t(x, n):
-  return _chebyshev_t(*_shifted(x, n), threshold=6)
+  return _polynomial(_chebyshev_t, x, n, shifted=True, threshold=6)
 
 
-@lowering(
-  aten.special_shifted_chebyshev_polynomial_u.default,
-  aten.special_shifted_chebyshev_polynomial_u.x_scalar,
-  aten.special_shifted_chebyshev_polynomial_u.n_scalar,
-)
+@lowering(*_overloads(aten.special_shifted_chebyshev_polynomial_u))
 def special_shifted_chebyshev_polynomial_u(x, n):
-  return _chebyshev_u(*_shifted(x, n), threshold=6)
+  return _polynomial(_chebyshev_u, x, n, shifted=True, threshold=6)
 
 
-@lowering(
-  aten.special_shifted_chebyshev_polynomial_v.default,
-  aten.special_shifted_chebyshev_polynomial_v.x_scalar,
-  aten.special_shifted_chebyshev_polynomial_v.n_scalar,
-)
+@lowering(*_overloads(aten.special_shifted_chebyshev_polynomial_v))
 def special_shifted_chebyshev_polynomial_v(x, n):
-  return _chebyshev_vw(*_shifted(x, n), "v", threshold=6, shifted=True)
+  return _polynomial(_chebyshev_vw, x, n, shifted=True, kind="v", threshold=6, shifted_kernel=True)
 
 
-@lowering(
-  aten.special_shifted_chebyshev_polynomial_w.default,
-  aten.special_shifted_chebyshev_polynomial_w.x_scalar,
-  aten.special_shifted_chebyshev_polynomial_w.n_scalar,
-)
+@lowering(*_overloads(aten.special_shifted_chebyshev_polynomial_w))
 def special_shifted_chebyshev_polynomial_w(x, n):
-  return _chebyshev_vw(*_shifted(x, n), "w", threshold=4, shifted=True)
+  return _polynomial(_chebyshev_vw, x, n, shifted=True, kind="w", threshold=4, shifted_kernel=True)
 
 
-def _hermite_limit(dtype):
-  return 128 if dtype == jnp.float32 else 512
+def _hermite(x, n, first, step):
+  """torch's Hermite kernels: nan above the degree limit (and no loop there), else the
+  recurrence from P_1 = `first`."""
+  limit = 128 if x.dtype == jnp.float32 else 512
+  rec = _recurrence(x, n, first, step, n <= limit, stop_at_nan=False)
+  return jnp.where(n > limit, _nan(x), rec)
 
 
-@lowering(
-  aten.special_hermite_polynomial_h.default,
-  aten.special_hermite_polynomial_h.x_scalar,
-  aten.special_hermite_polynomial_h.n_scalar,
-)
-def special_hermite_polynomial_h(x, n):
-  # torch: k runs 2, 4, ..., 2n - 2 with r = 2x q - k p; nan above the degree limit.
-  x, _, n = _poly_args(x, n)
-  one = jnp.ones_like(x)
-  rec = _recurrence(
-    x,
-    n,
-    one,
-    x + x,
-    lambda k, p, q: (x + x) * q - (k + k - 2.0) * p,
-    2,
-    n <= _hermite_limit(x.dtype),
-    stop_at_nan=False,
-  )
-  out = jnp.where(n == 0, one, jnp.where(n == 1, x + x, rec))
-  out = jnp.where(n > _hermite_limit(x.dtype), _nan(x), out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+def _hermite_h(x, n):
+  # torch: k runs 2, 4, ..., 2n - 2 with r = 2x q - k p.
+  return _hermite(x, n, x + x, lambda k, p, q: (x + x) * q - (k + k - 2.0) * p)
 
 
-@lowering(
-  aten.special_hermite_polynomial_he.default,
-  aten.special_hermite_polynomial_he.x_scalar,
-  aten.special_hermite_polynomial_he.n_scalar,
-)
-def special_hermite_polynomial_he(x, n):
+def _hermite_he(x, n):
   # torch: k runs 1 .. n - 1 with r = x q - k p.
-  x, _, n = _poly_args(x, n)
-  one = jnp.ones_like(x)
-  rec = _recurrence(
-    x,
-    n,
-    one,
-    x,
-    lambda k, p, q: x * q - (k - 1.0) * p,
-    2,
-    n <= _hermite_limit(x.dtype),
-    stop_at_nan=False,
-  )
-  out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
-  out = jnp.where(n > _hermite_limit(x.dtype), _nan(x), out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+  return _hermite(x, n, x, lambda k, p, q: x * q - (k - 1.0) * p)
 
 
-@lowering(
-  aten.special_laguerre_polynomial_l.default,
-  aten.special_laguerre_polynomial_l.x_scalar,
-  aten.special_laguerre_polynomial_l.n_scalar,
-)
-def special_laguerre_polynomial_l(x, n):
+@lowering(*_overloads(aten.special_hermite_polynomial_h))
+def special_hermite_polynomial_h(x, n):
+  return _polynomial(_hermite_h, x, n)
+
+
+@lowering(*_overloads(aten.special_hermite_polynomial_he))
+def special_hermite_polynomial_he(x, n):
+  return _polynomial(_hermite_he, x, n)
+
+
+def _laguerre(x, n):
   # torch: k runs 1 .. n - 1 with r = ((2k + 1 - x) q - k p) / (k + 1); 1 at x == 0.
-  x, _, n = _poly_args(x, n)
-  one = jnp.ones_like(x)
-
   def step(k, p, q):
     k = k - 1.0
     return (((k + k) + (1.0 - x)) * q - k * p) / (k + 1.0)
 
-  rec = _recurrence(x, n, one, 1.0 - x, step, 2, x != 0.0)
-  out = jnp.where(n == 0, one, jnp.where(n == 1, 1.0 - x, rec))
-  out = jnp.where(jnp.abs(x) == 0.0, one, out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+  rec = _recurrence(x, n, 1.0 - x, step, x != 0.0)
+  return jnp.where(jnp.abs(x) == 0.0, jnp.ones_like(x), rec)
 
 
-@lowering(
-  aten.special_legendre_polynomial_p.default,
-  aten.special_legendre_polynomial_p.x_scalar,
-  aten.special_legendre_polynomial_p.n_scalar,
-)
-def special_legendre_polynomial_p(x, n):
+@lowering(*_overloads(aten.special_laguerre_polynomial_l))
+def special_laguerre_polynomial_l(x, n):
+  return _polynomial(_laguerre, x, n)
+
+
+def _legendre(x, n):
   # torch: k runs 1 .. n - 1 with r = ((2k + 1) x q - k p) / (k + 1).
-  x, _, n = _poly_args(x, n)
-  one = jnp.ones_like(x)
-
   def step(k, p, q):
     k = k - 1.0
     return ((k + k + 1.0) * x * q - k * p) / (k + 1.0)
 
-  rec = _recurrence(x, n, one, x, step, 2, jnp.abs(x) != 1.0)
-  out = jnp.where(n == 0, one, jnp.where(n == 1, x, rec))
-  out = jnp.where(jnp.abs(x) == 1.0, jnp.where((x > 0) | (n % 2 == 0), 1.0, -1.0), out)
-  return jnp.where(n < 0, jnp.zeros_like(x), out)
+  rec = _recurrence(x, n, x, step, jnp.abs(x) != 1.0)
+  return jnp.where(jnp.abs(x) == 1.0, _at_ends(x, n, 1.0), rec)
+
+
+@lowering(*_overloads(aten.special_legendre_polynomial_p))
+def special_legendre_polynomial_p(x, n):
+  return _polynomial(_legendre, x, n)
