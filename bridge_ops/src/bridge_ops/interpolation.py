@@ -253,10 +253,10 @@ def _vec_size(input, output_size, scale_factors):
   return [int(n * f) for n, f in zip(input.shape[2:], factors)], factors
 
 
-def _backward(forward, grad_output, input_size):
-  """The gradient of a resampling (linear in its input) for `grad_output`."""
+def _backward(resample, grad_output, input_size, *args, **kwargs):
+  """The gradient for `grad_output` of `resample(x, *args, **kwargs)` (linear in x)."""
   zeros = jnp.zeros(tuple(input_size), opmath(grad_output.dtype))
-  _, vjp = jax.vjp(forward, zeros)
+  _, vjp = jax.vjp(lambda x: resample(x, *args, **kwargs), zeros)
   return vjp(grad_output.astype(opmath(grad_output.dtype)))[0].astype(grad_output.dtype)
 
 
@@ -316,14 +316,12 @@ def _upsample_nearest_exact_vec(input, output_size, scale_factors):
 
 @_static(aten.upsample_nearest1d_backward.default)
 def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales], False), grad_output, input_size)
+  return _backward(_nearest, grad_output, input_size, output_size, [scales], False)
 
 
 @_static(aten.upsample_nearest2d_backward.default)
 def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
-  return _backward(
-    lambda x: _nearest(x, output_size, [scales_h, scales_w], False), grad_output, input_size
-  )
+  return _backward(_nearest, grad_output, input_size, output_size, [scales_h, scales_w], False)
 
 
 @_static(aten.upsample_nearest3d_backward.default)
@@ -331,24 +329,20 @@ def upsample_nearest3d_backward(
   grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
 ):
   return _backward(
-    lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], False),
-    grad_output,
-    input_size,
+    _nearest, grad_output, input_size, output_size, [scales_d, scales_h, scales_w], False
   )
 
 
 @_static(aten._upsample_nearest_exact1d_backward.default)
 def _upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
-  return _backward(lambda x: _nearest(x, output_size, [scales], True), grad_output, input_size)
+  return _backward(_nearest, grad_output, input_size, output_size, [scales], True)
 
 
 @_static(aten._upsample_nearest_exact2d_backward.default)
 def _upsample_nearest_exact2d_backward(
   grad_output, output_size, input_size, scales_h=None, scales_w=None
 ):
-  return _backward(
-    lambda x: _nearest(x, output_size, [scales_h, scales_w], True), grad_output, input_size
-  )
+  return _backward(_nearest, grad_output, input_size, output_size, [scales_h, scales_w], True)
 
 
 @_static(aten._upsample_nearest_exact3d_backward.default)
@@ -356,9 +350,7 @@ def _upsample_nearest_exact3d_backward(
   grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
 ):
   return _backward(
-    lambda x: _nearest(x, output_size, [scales_d, scales_h, scales_w], True),
-    grad_output,
-    input_size,
+    _nearest, grad_output, input_size, output_size, [scales_d, scales_h, scales_w], True
   )
 
 
@@ -391,9 +383,7 @@ def upsample_linear_vec(input, output_size, align_corners, scale_factors):
 
 @_static(aten.upsample_linear1d_backward.default)
 def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
-  return _backward(
-    lambda x: _linear(x, output_size, align_corners, [scales]), grad_output, input_size
-  )
+  return _backward(_linear, grad_output, input_size, output_size, align_corners, [scales])
 
 
 @_static(aten.upsample_bilinear2d_backward.default)
@@ -401,7 +391,7 @@ def upsample_bilinear2d_backward(
   grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
 ):
   return _backward(
-    lambda x: _linear(x, output_size, align_corners, [scales_h, scales_w]), grad_output, input_size
+    _linear, grad_output, input_size, output_size, align_corners, [scales_h, scales_w]
   )
 
 
@@ -410,9 +400,7 @@ def upsample_trilinear3d_backward(
   grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
 ):
   scales = [scales_d, scales_h, scales_w]
-  return _backward(
-    lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size
-  )
+  return _backward(_linear, grad_output, input_size, output_size, align_corners, scales)
 
 
 # --- bicubic
@@ -435,7 +423,7 @@ def upsample_bicubic2d_backward(
   grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
 ):
   return _backward(
-    lambda x: _cubic(x, output_size, align_corners, [scales_h, scales_w]), grad_output, input_size
+    _cubic, grad_output, input_size, output_size, align_corners, [scales_h, scales_w]
   )
 
 
@@ -472,9 +460,7 @@ def _upsample_bilinear2d_aa_backward(
 ):
   scales = [scales_h, scales_w]
   return _backward(
-    lambda x: _aa(x, output_size, align_corners, scales, False, skip_kept=False),
-    grad_output,
-    input_size,
+    _aa, grad_output, input_size, output_size, align_corners, scales, False, skip_kept=False
   )
 
 
@@ -484,7 +470,5 @@ def _upsample_bicubic2d_aa_backward(
 ):
   scales = [scales_h, scales_w]
   return _backward(
-    lambda x: _aa(x, output_size, align_corners, scales, True, skip_kept=False),
-    grad_output,
-    input_size,
+    _aa, grad_output, input_size, output_size, align_corners, scales, True, skip_kept=False
   )
