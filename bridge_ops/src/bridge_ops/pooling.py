@@ -173,8 +173,9 @@ def avg_pool3d(
   )
 
 
-def _vjp(f, x, grad):
-  _, vjp = jax.vjp(f, x)
+def _vjp(f, x, grad, *args):
+  """The gradient for `grad` of `f(x, *args)` at `x`."""
+  _, vjp = jax.vjp(lambda x: f(x, *args), x)
   return vjp(grad.astype(x.dtype))[0]
 
 
@@ -182,26 +183,16 @@ def _vjp(f, x, grad):
 def avg_pool2d_backward(
   grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
 ):
-  return _vjp(
-    lambda x: _avg_pool(
-      x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-    ),
-    self,
-    grad_output,
-  )
+  options = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+  return _vjp(_avg_pool, self, grad_output, 2, *options)
 
 
 @lowering(aten.avg_pool3d_backward.default)
 def avg_pool3d_backward(
   grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
 ):
-  return _vjp(
-    lambda x: _avg_pool(
-      x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-    ),
-    self,
-    grad_output,
-  )
+  options = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+  return _vjp(_avg_pool, self, grad_output, 3, *options)
 
 
 # ------------------------------------------------------------------------------ adaptive
@@ -254,13 +245,13 @@ def _adaptive_avg_pool3d(self, output_size):
 @lowering(aten._adaptive_avg_pool2d_backward.default)
 def _adaptive_avg_pool2d_backward(grad_output, self):
   size = grad_output.shape[-2:]
-  return _vjp(lambda x: _adaptive_avg(x, size), self, grad_output)
+  return _vjp(_adaptive_avg, self, grad_output, size)
 
 
 @lowering(aten._adaptive_avg_pool3d_backward.default)
 def _adaptive_avg_pool3d_backward(grad_output, self):
   size = grad_output.shape[-3:]
-  return _vjp(lambda x: _adaptive_avg(x, size), self, grad_output)
+  return _vjp(_adaptive_avg, self, grad_output, size)
 
 
 def _adaptive_windows(spatial, output_size):
