@@ -335,61 +335,36 @@ def _pad_backward(grad_output, self, padding, mode):
   return vjp(grad_output)[0]
 
 
-@lowering(aten.reflection_pad1d.default)
-def reflection_pad1d(self, padding):
+# One lowering for the 1-D, 2-D and 3-D ops: `padding`'s length gives the dims.
+
+
+@lowering(
+  aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default
+)
+def reflection_pad(self, padding):
   return _pad(self, padding, "reflect")
 
 
-@lowering(aten.reflection_pad2d.default)
-def reflection_pad2d(self, padding):
-  return _pad(self, padding, "reflect")
-
-
-@lowering(aten.reflection_pad3d.default)
-def reflection_pad3d(self, padding):
-  return _pad(self, padding, "reflect")
-
-
-@lowering(aten.replication_pad1d.default)
-def replication_pad1d(self, padding):
+@lowering(
+  aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default
+)
+def replication_pad(self, padding):
   return _pad(self, padding, "replicate")
 
 
-@lowering(aten.replication_pad2d.default)
-def replication_pad2d(self, padding):
-  return _pad(self, padding, "replicate")
-
-
-@lowering(aten.replication_pad3d.default)
-def replication_pad3d(self, padding):
-  return _pad(self, padding, "replicate")
-
-
-@lowering(aten.reflection_pad1d_backward.default)
-def reflection_pad1d_backward(grad_output, self, padding):
+@lowering(
+  aten.reflection_pad1d_backward.default,
+  aten.reflection_pad2d_backward.default,
+  aten.reflection_pad3d_backward.default,
+)
+def reflection_pad_backward(grad_output, self, padding):
   return _pad_backward(grad_output, self, padding, "reflect")
 
 
-@lowering(aten.reflection_pad2d_backward.default)
-def reflection_pad2d_backward(grad_output, self, padding):
-  return _pad_backward(grad_output, self, padding, "reflect")
-
-
-@lowering(aten.reflection_pad3d_backward.default)
-def reflection_pad3d_backward(grad_output, self, padding):
-  return _pad_backward(grad_output, self, padding, "reflect")
-
-
-@lowering(aten.replication_pad1d_backward.default)
-def replication_pad1d_backward(grad_output, self, padding):
-  return _pad_backward(grad_output, self, padding, "replicate")
-
-
-@lowering(aten.replication_pad2d_backward.default)
-def replication_pad2d_backward(grad_output, self, padding):
-  return _pad_backward(grad_output, self, padding, "replicate")
-
-
-@lowering(aten.replication_pad3d_backward.default)
-def replication_pad3d_backward(grad_output, self, padding):
+@lowering(
+  aten.replication_pad1d_backward.default,
+  aten.replication_pad2d_backward.default,
+  aten.replication_pad3d_backward.default,
+)
+def replication_pad_backward(grad_output, self, padding):
   return _pad_backward(grad_output, self, padding, "replicate")
