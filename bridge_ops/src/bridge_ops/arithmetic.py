@@ -58,28 +58,28 @@ __all__: list[str] = []
 # ----------------------------------------------------------------------------- arithmetic
 
 
+def _times_alpha(x, alpha):
+  """`x * alpha`, in `x`'s dtype; `x` itself for the default alpha of 1 (no multiply by a
+  constant 1 in the program)."""
+  return x if _is_one(alpha) else x * _as(alpha, x.dtype)
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar)
 @_promote("self", "other")
 def add(self, other, alpha=1):
-  if _is_one(alpha):  # `x + y`: no multiply by a constant 1 in the program
-    return self + other
-  return self + other * _as(alpha, other.dtype)
+  return self + _times_alpha(other, alpha)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 @_promote("self", "other")
 def sub(self, other, alpha=1):
-  if _is_one(alpha):
-    return self - other
-  return self - other * _as(alpha, other.dtype)
+  return self - _times_alpha(other, alpha)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 @_promote("self", "other")
 def rsub(self, other, alpha=1):
-  if _is_one(alpha):
-    return other - self
-  return other - self * _as(alpha, self.dtype)
+  return other - _times_alpha(self, alpha)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
