@@ -35,11 +35,17 @@ from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _real, _squ
 # ----------------------------------------------------------------------------- sum, mean, prod
 
 
+def _sum_or_prod(reduce, self, dim, keepdim, dtype):
+  """`reduce` (`jnp.sum` or `jnp.prod`) over `dim` in torch's result dtype, accumulated in its
+  opmath dtype (float32 for the half types)."""
+  out = _sum_dtype(self, dtype)
+  r = reduce(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
+  return r.astype(out)
+
+
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def sum_dim_IntList(self, dim=None, keepdim=False, *, dtype=None):
-  out = _sum_dtype(self, dtype)
-  r = jnp.sum(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
-  return r.astype(out)
+  return _sum_or_prod(jnp.sum, self, dim, keepdim, dtype)
 
 
 @lowering(aten.trace.default)
@@ -64,9 +70,7 @@ def mean_dim(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowering(aten.prod.default, aten.prod.dim_int)
 def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
-  out = _sum_dtype(self, dtype)
-  r = jnp.prod(self.astype(out), axis=_axes(self, dim), keepdims=keepdim, dtype=opmath(out))
-  return r.astype(out)
+  return _sum_or_prod(jnp.prod, self, dim, keepdim, dtype)
 
 
 # ----------------------------------------------------------------------------- max, min, arg*
