@@ -87,12 +87,19 @@ TIMEOUT_S = 300
 def sample(python: str, system: str, workload: str, env: dict[str, str]) -> dict:
   """Run one first-call process; its result: {"first_call_us", ...} or {"skip": reason}.
 
-  JAX's persistent compilation cache is off in it, so no cache of any library is warm.
+  JAX's persistent compilation cache is off in it, and so are inductor's on-disk caches (its
+  FX graph and AOT autograd caches, on by default, would otherwise serve torch.compile's
+  first call from an earlier process's compile), so no cache of any library is warm.
   """
   import subprocess
   from pathlib import Path
 
-  env = dict(env, JAX_ENABLE_COMPILATION_CACHE="false")
+  env = dict(
+    env,
+    JAX_ENABLE_COMPILATION_CACHE="false",
+    TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+    TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+  )
   try:
     proc = subprocess.run(
       [python, "-m", "benchmarks.first_call", system, workload],
