@@ -8,6 +8,8 @@ by `tests/gpu/run_on_gpu.sh`.
 
 from __future__ import annotations
 
+import copy
+
 import os
 import subprocess
 import sys
@@ -363,11 +365,20 @@ def test_torch_compile_backend_jax_with_cuda_tensors():
 
   if "jax" not in list_backends():
     pytest.skip("torch.compile(backend='jax') is not registered yet")
-  model = torch.nn.Linear(8, 4).to(CUDA)
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+  model = model.to(CUDA)
+  eager = copy.deepcopy(model)
   x = torch.randn(3, 8, device=CUDA)
-  out = torch.compile(model, backend="jax")(x)
+  compiled = torch.compile(model, backend="jax")
+  out = compiled(x)
   assert out.device.type == "cuda"
-  torch.testing.assert_close(out, model(x), **TOL)
+  torch.testing.assert_close(out, eager(x), **TOL)
+  out.pow(2).sum().backward()  # the backward graph, on the GPU too
+  eager(x).pow(2).sum().backward()
+  for p, q in zip(model.parameters(), eager.parameters()):
+    assert p.grad.device.type == "cuda"
+    torch.testing.assert_close(p.grad, q.grad, **TOL)
 
 
 # --- memory -----------------------------------------------------------------------------------------
