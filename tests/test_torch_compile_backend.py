@@ -342,6 +342,27 @@ def test_an_op_without_lowering_falls_back_inside_the_program():
   assert bridge.compile_stats().graphs == 1  # the graph stayed whole
 
 
+@torch.library.custom_op("bridge_backend_test::checked_log", mutates_args=())
+def _checked_log(x: torch.Tensor) -> torch.Tensor:
+  if (x <= 0).any():
+    raise ValueError("checked_log: every value must be positive")
+  return x.log()
+
+
+@_checked_log.register_fake
+def _(x):
+  return torch.empty_like(x)
+
+
+def test_an_exception_of_a_fallback_op_is_raised_as_torch_raised_it():
+  g = torch.compile(lambda x: _checked_log(x + 1) * 2, backend="jax")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    torch.testing.assert_close(g(torch.ones(3)), torch.full((3,), 2 * torch.log(torch.tensor(2.0))))
+    with pytest.raises(ValueError, match="every value must be positive"):
+      g(-torch.ones(3) * 2)
+
+
 def test_an_op_that_neither_lowers_nor_falls_back_names_the_op_and_the_users_line():
   def model(x):
     y = x * 3
@@ -353,6 +374,20 @@ def test_an_op_that_neither_lowers_nor_falls_back_names_the_op_and_the_users_lin
   message = str(info.value)
   assert "bridge_backend_test.twice_sin" in message
   assert "test_torch_compile_backend.py" in message and "return _twice_sin(y) + 1" in message
+
+
+def test_check_indices_option_raises_torchs_index_error():
+  def f(x, i):
+    return x[i] * 2
+
+  x = torch.randn(5)
+  unchecked = torch.compile(f, backend="jax")
+  torch.testing.assert_close(unchecked(x, torch.tensor([3])), f(x, torch.tensor([3])))
+  torch._dynamo.reset()
+  checked = torch.compile(f, backend="jax", options={"check_indices": True})
+  torch.testing.assert_close(checked(x, torch.tensor([3])), f(x, torch.tensor([3])))
+  with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 5"):
+    checked(x, torch.tensor([7]))
 
 
 def test_options_and_mode_are_checked():

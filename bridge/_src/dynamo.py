@@ -33,6 +33,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from bridge._src import compat
 from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
+from bridge._src import ffi
 from bridge._src.errors import BridgeTypeError
 
 log = logging.getLogger("bridge.backend")
@@ -281,6 +282,7 @@ class _Graph:
       else:
         out = compiled(*args)
     except Exception as e:
+      ffi.reraise(e)  # a host call's own exception (a value check, a fallback op), as raised
       if compiled._traces != before or self.traced is None:
         _locate(e, self.gm)
       raise
