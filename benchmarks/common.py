@@ -62,6 +62,20 @@ GPU_WORKLOADS = tuple(
   "cuda_transformer_block",
   "cuda_gpt2_forward_s256",
 )
+# The capabilities of a system that are not about a torch module (the call, transfer, eager
+# and torch-from-JAX rows): the module-only systems mark them all unsupported.
+NON_MODULE_CAPABILITIES = (
+  "call",
+  "fwd_bwd",
+  "to_jax",
+  "to_torch",
+  "eager",
+  "torch_from_jax",
+  "torch_from_jax_grad",
+  "call_torch_jit",
+  "call_torch_grad",
+  "call_torch_vmap",
+)
 # One first call per fresh process (benchmarks/first_call.py), not a timing loop.
 FIRST_CALL_WORKLOADS = (
   "transformer_first_call",

@@ -447,15 +447,19 @@ def test_other_backends_run_jax_device_ops_without_tracing_the_bridge():
 transformers = pytest.importorskip("transformers")
 
 
+def _three(build):
+  """A model built under seed 0, an eager copy, and the model compiled by the backend."""
+  torch.manual_seed(0)
+  model = build()
+  return model, copy.deepcopy(model), torch.compile(model, backend="jax")
+
+
 def test_gpt2_training_step():
   config = transformers.GPT2Config(
     n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
   )  # fmt: skip
-  torch.manual_seed(0)
-  model = transformers.GPT2LMHeadModel(config)
-  eager = copy.deepcopy(model)
-  compiled = torch.compile(model, backend="jax")
+  model, eager, compiled = _three(lambda: transformers.GPT2LMHeadModel(config))
   ids = torch.randint(0, 100, (2, 8))
   out = compiled(ids, labels=ids)
   ref = eager(ids, labels=ids)
@@ -514,10 +518,7 @@ def test_bert_forward_backward_with_padding_mask():
     vocab_size=100, max_position_embeddings=32, hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
   )  # fmt: skip
-  torch.manual_seed(0)
-  model = transformers.BertModel(config)
-  eager = copy.deepcopy(model)
-  compiled = torch.compile(model, backend="jax")
+  model, eager, compiled = _three(lambda: transformers.BertModel(config))
   ids = torch.randint(0, 100, (2, 8))
   mask = torch.ones(2, 8, dtype=torch.long)
   mask[1, 5:] = 0

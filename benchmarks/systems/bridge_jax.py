@@ -6,7 +6,7 @@ already runs on the jax device).
 
 import jax
 
-from ..common import System
+from ..common import NON_MODULE_CAPABILITIES, System
 
 NOT_HERE = "bridge_jax runs only the module workloads (see bridge)"
 
@@ -43,21 +43,7 @@ def make() -> System:
       "waited for (read with bridge._src.tensor.value) inside the timed call."
     ],
     unsupported={
-      **{
-        attr: NOT_HERE
-        for attr in (
-          "call",
-          "fwd_bwd",
-          "to_jax",
-          "to_torch",
-          "eager",
-          "torch_from_jax",
-          "torch_from_jax_grad",
-          "call_torch_jit",
-          "call_torch_grad",
-          "call_torch_vmap",
-        )
-      },
+      **dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
       **dict.fromkeys(
         ("mlp_train_step", "gpt2_train_step_s64"),
         "same as bridge: bridge.extract_jax returns JAX arrays wherever the module lives",

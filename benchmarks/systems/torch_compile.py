@@ -2,7 +2,7 @@
 
 import torch
 
-from ..common import System
+from ..common import NON_MODULE_CAPABILITIES, System
 from .torch_compile_jax import _Calls
 from .torch_eager import _train_step as _eager_train_step
 
@@ -34,21 +34,7 @@ def make() -> System:
       "call under torch.no_grad(); train steps as torch_eager's with the compiled module."
     ],
     unsupported={
-      **{
-        attr: NOT_HERE
-        for attr in (
-          "call",
-          "fwd_bwd",
-          "to_jax",
-          "to_torch",
-          "eager",
-          "torch_from_jax",
-          "torch_from_jax_grad",
-          "call_torch_jit",
-          "call_torch_grad",
-          "call_torch_vmap",
-        )
-      },
+      **dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
       "cuda_mlp_train_step": NOT_HERE,
     },
   )

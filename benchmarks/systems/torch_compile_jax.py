@@ -3,6 +3,7 @@
 import torch
 
 from .. import models
+from ..common import NON_MODULE_CAPABILITIES, System
 from .torch_eager import _train_step as _eager_train_step
 
 NOT_HERE = (
@@ -52,9 +53,7 @@ class _Calls(torch.nn.Module):
     return self.module.state_dict(*args, **kwargs)
 
 
-def make():
-  from ..common import System
-
+def make() -> System:
   return System(
     name="torch_compile_jax",
     forward=_forward,
@@ -65,19 +64,5 @@ def make():
       "tensors in and out; forward rows under torch.no_grad() (the inference graph), "
       "train steps as torch_eager's with the compiled module (SGD lr=%g)." % models.LR
     ],
-    unsupported={
-      attr: NOT_HERE
-      for attr in (
-        "call",
-        "fwd_bwd",
-        "to_jax",
-        "to_torch",
-        "eager",
-        "torch_from_jax",
-        "torch_from_jax_grad",
-        "call_torch_jit",
-        "call_torch_grad",
-        "call_torch_vmap",
-      )
-    },
+    unsupported=dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
   )
