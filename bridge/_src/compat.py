@@ -24,7 +24,6 @@ import threading
 from typing import Any, Callable, Sequence
 
 import jax
-import torch
 
 from bridge._src import tensor as tensor_lib
 
@@ -41,9 +40,25 @@ def _recognising_bridge_tensors(original: Callable[[Any], bool]) -> Callable[[An
 
   is_jax_jitting.__wrapped__ = original  # type: ignore[attr-defined]
   is_jax_jitting.__doc__ = original.__doc__
-  # torch.compile traces it as the library's own (the bridge's files are skipped by dynamo,
-  # `dynamo.teach_dynamo`): skipped, it would break the graph of every model that asks
-  return torch._dynamo.dont_skip_tracing(is_jax_jitting)
+  # (torch.compile's dynamo traces it as the library's own: this module is the one file of
+  # the bridge it does not skip, `dynamo.teach_dynamo`; skipped, it would break the graph of
+  # every model that asks)
+  return is_jax_jitting
+
+
+# Modules to act on as soon as they are loaded: name -> what to run on the module.
+_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {}
+
+
+def after_import(name: str, act: Callable[[Any], None]) -> None:
+  """Run `act(module)` now if module `name` is loaded, else as soon as it is (once)."""
+  module = sys.modules.get(name)
+  if module is not None:
+    act(module)
+    return
+  _AFTER_IMPORT[name] = act
+  if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterImport())
 
 
 def tell_libraries() -> None:
@@ -64,38 +79,38 @@ def _teach(module: Any) -> None:
       _patched.add(_NAME)
 
 
-class _TeachingLoader(importlib.abc.Loader):
-  """The module's own loader, then `_teach` on the loaded module."""
+class _ActingLoader(importlib.abc.Loader):
+  """The module's own loader, then the action registered for it."""
 
-  def __init__(self, inner: Any):
-    self.inner = inner
+  def __init__(self, inner: Any, act: Callable[[Any], None]):
+    self.inner, self.act = inner, act
 
   def create_module(self, spec: Any) -> Any:
     return self.inner.create_module(spec)
 
   def exec_module(self, module: Any) -> None:
     self.inner.exec_module(module)
-    _teach(module)
+    self.act(module)
 
   def __getattr__(self, name: str) -> Any:  # `get_source`, `is_package`... as the inner one
     return getattr(self.inner, name)
 
 
-class _TeachOnImport(importlib.abc.MetaPathFinder):
-  """Finds transformers' `import_utils` as Python would, with `_TeachingLoader` around its
+class _AfterImport(importlib.abc.MetaPathFinder):
+  """Finds a module of `_AFTER_IMPORT` as Python would, with `_ActingLoader` around its
   loader; any other module is left to the other finders."""
 
   def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
-    if fullname != _NAME or _NAME in _patched:
+    act = _AFTER_IMPORT.pop(fullname, None)
+    if act is None:
       return None
     spec = importlib.machinery.PathFinder.find_spec(fullname, path)
     if spec is not None and spec.loader is not None:
-      spec.loader = _TeachingLoader(spec.loader)
+      spec.loader = _ActingLoader(spec.loader, act)
     return spec
 
 
 def teach_on_import() -> None:
   """Teach transformers now if it is loaded, else as soon as it is (run at `import bridge`)."""
-  tell_libraries()
-  if _NAME not in _patched and not any(isinstance(f, _TeachOnImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _TeachOnImport())
+  if _NAME not in _patched:
+    after_import(_NAME, _teach)

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pathlib
 import threading
 import weakref
 from typing import Any, Callable, Sequence
 
 import torch
-import torch._dynamo.trace_rules
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 
 from bridge._src import compat
 from bridge._src import compile as compile_lib
@@ -103,20 +101,38 @@ def compile_stats(reset: bool = False) -> CompileStats:
 
 
 def teach_dynamo() -> None:
-  """Two things dynamo must know about the bridge, whatever the backend (run at import).
+  """Two things dynamo must know about the bridge, whatever the backend (run at import; it
+  imports nothing of dynamo's, which `import torch` leaves unloaded: about 1.3 s).
 
   * It does not trace the bridge's own code, nor JAX's: an op on a `jax`-device tensor inside
     a function torch.compile traces reaches `bridge.Tensor.__torch_dispatch__` from C, and
     dynamo would otherwise compile the dispatcher's frames as user code (which breaks their
-    calls into JAX's C++). Their frames run as they are, like numpy's.
+    calls into JAX's C++). Their frames run as they are, like numpy's. Told when dynamo's
+    rules load (`compat.after_import`).
   * Libraries the bridge teaches to see its tracing (`compat`: transformers' tracing check)
     are taught as soon as they are loaded, before dynamo reads them: taught later (by the
     bridge's first trace), they would change a function dynamo's guards hold, and the frame
     would be compiled again on its second call.
   """
-  for name in ("bridge", "bridge_ops", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
-    torch._dynamo.trace_rules.add(name)
+  compat.after_import("torch._dynamo.trace_rules", _skip_own_frames)
   compat.teach_on_import()
+
+
+def _skip_own_frames(trace_rules: Any) -> None:
+  """Every file of the bridge but `compat` (whose function transformers calls is traced as
+  transformers' own), the plugin's, and JAX's."""
+  src = pathlib.Path(__file__).resolve().parent
+  names = ["bridge", "bridge_ops", "jax", "jaxlib", "ml_dtypes", "opt_einsum"]
+  skipped = [
+    f"bridge._src.{p.stem}"
+    for p in sorted(src.glob("*.py"))
+    if p.stem not in ("compat", "__init__")
+  ]
+  for name in [*skipped, "bridge._src.dispatch", "bridge._autoload", *names[1:]]:
+    trace_rules.add(name)
+  # (the packages' own `__init__`s: `add` takes a package's directory, which holds `compat`)
+  trace_rules.SKIP_DIRS += [str(src.parent / "__init__.py"), str(src / "__init__.py")]
+  trace_rules._recompile_re()
 
 
 def _settings(options: Any, mode: Any) -> dict[str, Any]:
@@ -319,7 +335,11 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     the `jax` device's results are always contiguous, so that `view` would be refused.
   * `_to_copy(x, device=<the inputs' device>)` loses its `device`: in the graph it moves
     nothing (`mask.to(device=x.device)`), in the program it would leave the program.
+  * inductor's `prims.fma(a, b, c)` -> `a * b + c`: dynamo writes `addcmul_` and `lerp_`
+    (an optimizer step) with it, importing it as it traces, so it may not exist yet when the
+    plugin registers its lowerings.
   """
+  fma = getattr(torch.ops.prims, "fma", None)
   devices = {
     node.meta["val"].device
     for node in gm.graph.find_nodes(op="placeholder")
@@ -334,6 +354,12 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
       changed = True
     elif node.target is torch.ops.aten._to_copy.default and node.kwargs.get("device") in devices:
       node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+      changed = True
+    elif fma is not None and node.target is fma.default and not node.kwargs:
+      a, b, c = node.args
+      with gm.graph.inserting_before(node):
+        product = gm.graph.call_function(torch.ops.aten.mul.Tensor, (a, b))
+      node.target, node.args = torch.ops.aten.add.Tensor, (product, c)
       changed = True
   if changed:
     gm.recompile()
@@ -397,6 +423,9 @@ _DECOMPOSITIONS = {torch.ops.aten.scaled_dot_product_attention.default: _sdpa_ma
 
 
 def _compiler(kind: str, number: int, settings: dict) -> Callable[..., Any]:
+  # (lazy: torch's functorch/dynamo modules are loaded by torch.compile, not by `import bridge`)
+  from torch._functorch.aot_autograd import make_boxed_func
+
   def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     return make_boxed_func(_Graph(gm, kind, number, settings))
 
@@ -435,6 +464,8 @@ def backend(
     >>> f(torch.zeros(2))
     tensor([0., 0.])
   """
+  from torch._dynamo.backends.common import aot_autograd  # (lazy: see `_compiler`)
+
   settings = _settings(options, mode)
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
