@@ -227,6 +227,27 @@ def test_transformer_encoder_layer_train_and_eval():
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_with_a_boolean_mask(causal):
+  # F.scaled_dot_product_attention takes its math form in the backend's graphs; a boolean
+  # mask (True: attend) must become an additive one, with a fully masked row giving zeros
+  q, k, v = torch.randn(3, 2, 2, 5, 8, requires_grad=True).unbind(0)
+  mask = torch.tril(torch.ones(5, 5, dtype=torch.bool)).expand(2, 1, 5, 5).clone()
+  mask[0, 0, 3] = False
+  mask[1, 0, 2, 0] = False
+
+  def f(q, k, v, mask):
+    if causal:
+      return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, scale=0.3)
+
+  out = torch.compile(f, backend="jax")(q, k, v, mask)
+  ref = f(q, k, v, mask)
+  torch.testing.assert_close(out, ref)
+  grads = torch.autograd.grad(out.sum(), (q, k, v))
+  torch.testing.assert_close(grads, torch.autograd.grad(ref.sum(), (q, k, v)))
+
+
 def test_lstm():
   torch.manual_seed(0)
   _step_parity(

@@ -409,6 +409,12 @@ def _sdpa_math(
   scale: float | None = None,
   enable_gqa: bool = False,
 ) -> torch.Tensor:
+  if attn_mask is not None and attn_mask.dtype == torch.bool:
+    # `F.scaled_dot_product_attention` turns a boolean mask (True: attend) into an additive
+    # one before its kernels; the math kernel itself would add the booleans as 0 and 1
+    attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+      attn_mask.logical_not(), float("-inf")
+    )
   return torch.ops.aten._scaled_dot_product_attention_math.default(
     query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
   )[0]
