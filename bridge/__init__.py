@@ -34,6 +34,9 @@ from bridge._src.call_torch import call_torch as call_torch
 from bridge._src.compile import Compiled as Compiled
 from bridge._src.compile import compile as compile
 from bridge._src.device import register_jax_device as register_jax_device
+from bridge._src.export import Exported as Exported
+from bridge._src.export import export as export
+from bridge._src.export import load as load
 from bridge._src.dynamo import CompileStats as CompileStats
 from bridge._src.dynamo import compile_stats as compile_stats
 from bridge._src.call_torch import fallback_ops as fallback_ops
@@ -63,6 +66,7 @@ __all__ = [
   "CudaAutogradWarning",
   "DeviceLoader",
   "DeviceMismatchError",
+  "Exported",
   "FallbackWarning",
   "LeakedTracerError",
   "OperatorNotFound",
@@ -80,10 +84,12 @@ __all__ = [
   "compile_stats",
   "config",
   "constrain",
+  "export",
   "extract_jax",
   "fallback_ops",
   "get_config",
   "jax_view",
+  "load",
   "register_jax_device",
   "register_lowering",
   "rng_key",

@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
   ("front doors", frozenset({"vjp", "call_jax", "call_torch", "modules", "compile", "views"})),
   (
     "device backend and tools",
-    frozenset({"autocast", "device", "sharding", "loader", "demo", "dynamo"}),
+    frozenset({"autocast", "device", "sharding", "loader", "demo", "dynamo", "export"}),
   ),
 )
 

@@ -324,9 +324,10 @@ def weak(x: Any) -> bool:
 
 
 def _as_torch_arg(x: Any) -> Any:
-  """A stand-in torch value with the same promotion behaviour as `x`."""
+  """A stand-in torch value with the same promotion behaviour as `x` (its dtype and rank: the
+  sizes play no part, and may be symbolic in `bridge.export`)."""
   if _is_array(x) and not (weak(x) and np.ndim(x) == 0):
-    return torch.empty(np.shape(x), dtype=torch_dtype(x.dtype), device="meta")
+    return torch.empty((1,) * np.ndim(x), dtype=torch_dtype(x.dtype), device="meta")
   dtype = np.dtype(getattr(x, "dtype", type(x)))
   if dtype.kind == "b":
     return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -154,6 +155,8 @@ def _is_integral(dtype) -> bool:
 
 def _arange(start, end, step, dtype):
   """torch's arange (static Python bounds): the length and values follow its CPU kernel."""
+  if any(jax.export.is_symbolic_dim(v) for v in (start, end, step)):
+    return _symbolic_arange(start, end, step, dtype)
   if dtype is None:
     ints = all(isinstance(v, int) for v in (start, end, step))  # bools count as ints
     out = jnp.int64 if ints else default_float()
@@ -175,6 +178,21 @@ def _arange(start, end, step, dtype):
   # torch accumulates in double on CPU: start + step * i, then rounds to the dtype.
   values = jnp.float64(start) + jnp.float64(step) * jnp.arange(n, dtype=jnp.float64)
   return values.astype(out)
+
+
+def _symbolic_arange(start, end, step, dtype):
+  """arange with a symbolic bound (a JAX symbolic dimension, in `bridge.export`): integer
+  bounds and step, as torch.export's sizes are."""
+  if not all(isinstance(v, int) or jax.export.is_symbolic_dim(v) for v in (start, step)):
+    raise TypeError(
+      f"arange with a symbolic bound needs integer start and step, got {start}, {step}"
+    )
+  if not isinstance(step, int) or step == 0:
+    raise TypeError(f"arange with a symbolic bound needs a constant nonzero step, got {step}")
+  n = (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // -step
+  out = jnp.int64 if dtype is None else jax_dtype(dtype)
+  i = jax.lax.broadcasted_iota(jnp.int64, (n,), 0)
+  return (start + step * i).astype(out)
 
 
 @lowering(aten.arange.default, static_argnames=("end",))

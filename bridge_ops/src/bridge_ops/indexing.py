@@ -113,7 +113,9 @@ def _check_advanced(self, indices):
     return
   shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
   values = jnp.stack([jnp.broadcast_to(a, shape) for a in arrays], axis=-1)
-  sizes = np.array([n for _, n in dims])
+  sizes = [n for _, n in dims]
+  # (jnp for a symbolic size: a dimension of `bridge.export`)
+  sizes = np.array(sizes) if all(isinstance(n, int) for n in sizes) else jnp.array(sizes)
   bad = (values >= sizes) | (values < -sizes)
 
   def message(value, position):
@@ -412,9 +414,18 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
 def _scatter_index(self, dim, index):
   """The full index tuple of torch gather/scatter: `index` along `dim`, positions elsewhere."""
   d = _dim(dim, self.ndim)
-  grids = list(jnp.indices(index.shape, sparse=True)) if index.ndim else []
+  grids = _sparse_indices(index.shape)
   grids[d] = index
   return tuple(grids)
+
+
+def _sparse_indices(shape):
+  """`jnp.indices(shape, sparse=True)` that also takes symbolic sizes (`bridge.export`)."""
+  dtype = jax.dtypes.canonicalize_dtype(jnp.int64)
+  return [
+    jax.lax.broadcasted_iota(dtype, tuple(n if j == i else 1 for j, n in enumerate(shape)), i)
+    for i in range(len(shape))
+  ]
 
 
 def _src_part(src, index):

@@ -1,0 +1,890 @@
+"""`bridge.export`: a torch model as a portable JAX artifact (`jax.export`), and `bridge.load`.
+
+The torch function is captured by `torch.export` (so `torch.export.Dim` dynamic dimensions
+keep their symbols, and Python control flow is resolved once, with torch's own checks),
+decomposed to core ATen except the ops the lowering registry covers itself, and its graph
+is then interpreted over JAX arrays, op by op through the same lowerings the `jax` device
+uses. The bridge's own tracing (`bridge.Tensor`) cannot do this: a torch tensor's sizes
+are integers, and JAX's symbolic dimensions are not.
+
+The module's parameters, buffers and lifted constants are inputs of the JAX program, not
+constants in it; tied weights (one tensor under two names) are one input. `Exported.save`
+writes one directory:
+
+- ``program.jaxexport``: `jax.export`'s versioned serialization of the program, which takes
+  the weights (in the manifest's ``weights`` order) and then the flat user inputs;
+- ``weights.safetensors``: the weights;
+- ``manifest.json``: inputs, outputs, symbolic dimensions, weights, versions, checksums.
+
+`load` checks all of it before anything runs. A process without torch can run the
+artifact with `jax.export.deserialize` and `safetensors` (README, "Export").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import operator
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+import torch
+
+from bridge._src import dtypes, transfer
+from bridge._src.dispatch import checks, resolve
+from bridge._src.dynamo import _sdpa_math
+from bridge._src.errors import BridgeError, BridgeTypeError, OperatorNotFound, TracedValueError
+from bridge._src.registry import REGISTRY
+
+API = "bridge.export"
+FORMAT = 1  # the artifact layout's own version (manifest "format")
+PROGRAM_FILE, WEIGHTS_FILE, MANIFEST_FILE = (
+  "program.jaxexport",
+  "weights.safetensors",
+  "manifest.json",
+)
+_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+# graph nodes that check what torch.export already proved, or only annotate
+_NO_OPS = frozenset(
+  name
+  for name in (
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "_assert_async",
+    "sym_constrain_range",
+    "sym_constrain_range_for_size",
+  )
+  if hasattr(torch.ops.aten, name)
+)
+
+_SYM_FUNCTIONS: dict[Any, Callable[..., Any]] = {
+  operator.add: operator.add,
+  operator.sub: operator.sub,
+  operator.mul: operator.mul,
+  operator.floordiv: operator.floordiv,
+  operator.mod: operator.mod,
+  operator.neg: operator.neg,
+  operator.getitem: operator.getitem,
+  torch.sym_max: max,
+  torch.sym_min: min,
+}
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export(
+  module_or_fn: torch.nn.Module | Callable[..., Any],
+  *example_args: Any,
+  dynamic_shapes: Any = None,
+  platforms: Sequence[str] | None = None,
+  vjp_order: int = 0,
+  **example_kwargs: Any,
+) -> "Exported":
+  """A torch module or function as a portable JAX program with its weights.
+
+  Args:
+    module_or_fn: a `torch.nn.Module` (its parameters and buffers become the artifact's
+      weights) or a function of tensors.
+    *example_args, **example_kwargs: example tensors, as the function is called.
+    dynamic_shapes: `torch.export`'s form, e.g. ``{"x": {0: torch.export.Dim("batch")}}``:
+      each named dimension becomes a JAX symbolic dimension of the same name.
+    platforms: where the artifact may run (`jax.export` names: "cpu", "cuda", "tpu");
+      default: the current platform.
+    vjp_order: how many orders of derivatives the saved artifact carries (1: `jax.grad`
+      through the loaded program works, for fine-tuning).
+
+  Returns:
+    A `bridge.Exported`: callable with torch tensors or JAX arrays, `.apply(weights, ...)`
+    as a pure JAX function, `.save(path)` for `bridge.load`.
+  """
+  if not isinstance(vjp_order, int) or isinstance(vjp_order, bool) or vjp_order < 0:
+    raise BridgeTypeError(f"`{API}`: vjp_order must be an int >= 0, got {vjp_order!r}.")
+  platforms = _platforms(platforms)
+  module = (
+    module_or_fn if isinstance(module_or_fn, torch.nn.Module) else _function_module(module_or_fn)
+  )
+  _check_example(example_args, example_kwargs)
+  ep = _torch_export(module, example_args, example_kwargs, dynamic_shapes)
+  ep = ep.run_decompositions(_decomposition_table())
+  return _Builder(ep, module, example_args, example_kwargs, dynamic_shapes).build(
+    platforms, vjp_order
+  )
+
+
+def _function_module(fn: Callable[..., Any]) -> torch.nn.Module:
+  """A plain function as a module without state (torch.export takes modules), whose
+  `forward` has the function's signature (so `dynamic_shapes` names its arguments)."""
+  if not callable(fn):
+    raise BridgeTypeError(
+      f"`{API}`: expected a torch.nn.Module or a function, got {type(fn).__name__}."
+    )
+  sig = inspect.signature(fn)
+
+  def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+  me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  forward.__signature__ = sig.replace(parameters=[me, *sig.parameters.values()])  # type: ignore[attr-defined]
+  name = getattr(fn, "__name__", "function")
+  return type(f"Exported_{name}", (torch.nn.Module,), {"forward": forward})()
+
+
+def _platforms(platforms: Sequence[str] | None) -> tuple[str, ...]:
+  if platforms is None:
+    return (jax.default_backend(),)
+  if isinstance(platforms, str):
+    platforms = (platforms,)
+  out = tuple(platforms)
+  bad = [p for p in out if p not in _PLATFORMS]
+  if bad or not out:
+    raise BridgeTypeError(
+      f"`{API}`: unknown platform(s) {bad or out!r}; use some of {list(_PLATFORMS)}."
+    )
+  return out
+
+
+def _check_example(args: tuple, kwargs: dict) -> None:
+  leaves = [(f"example_args[{i}]", a) for i, a in enumerate(args)]
+  leaves += [(f"example_kwargs[{k!r}]", v) for k, v in kwargs.items()]
+  for where, value in leaves:
+    if not isinstance(value, torch.Tensor):
+      raise BridgeTypeError(
+        f"`{API}`: {where} is a {type(value).__name__}; the artifact's inputs are tensors. "
+        "Bind other arguments first (functools.partial, or a small wrapper module)."
+      )
+    if value.layout != torch.strided or value.is_nested:
+      raise BridgeTypeError(f"`{API}`: {where} is a {value.layout} tensor; only dense tensors.")
+
+
+def _torch_export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
+  try:
+    return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+  except Exception as e:
+    name = type(e).__name__
+    text = str(e)
+    if "DataDependent" in name or "data-dependent" in text or "data dependent" in text:
+      line = _user_line(text)
+      raise TracedValueError(
+        f"`{API}`: the function's control flow depends on a tensor's value"
+        + (f" ({line})" if line else "")
+        + ", which one exported program cannot hold. Compute both branches and select "
+        "with torch.where, or export each case separately.\ntorch.export said: "
+        + text.strip().splitlines()[0]
+      ) from e
+    raise
+
+
+def _user_line(text: str) -> str:
+  """The last user-code frame (not torch's or transformers') in torch.export's message."""
+  frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+  frames = [f for f in frames if "site-packages" not in f[0] and "/torch/" not in f[0]]
+  return f"{frames[-1][0]}, line {frames[-1][1]}" if frames else ""
+
+
+def _decomposition_table() -> dict:
+  """torch.export's core-ATen decompositions, less the ops the lowerings cover themselves;
+  attention takes its math form (matmuls and softmax, as the torch.compile backend)."""
+  REGISTRY.require_plugins()
+  table = torch.export.default_decompositions()
+  for op in list(table):
+    if isinstance(op, torch._ops.OpOverload) and REGISTRY.lookup(op) is not None:
+      del table[op]
+  table[torch.ops.aten.scaled_dot_product_attention.default] = _sdpa_math
+  return table
+
+
+# ----------------------------------------------------------------------------- interpreting
+
+
+def _run_graph(gm: torch.fx.GraphModule, inputs: list) -> list:
+  """The graph's outputs, each op run by its lowering on JAX arrays (traced or symbolic)."""
+  env: dict[torch.fx.Node, Any] = {}
+  it = iter(inputs)
+
+  def value(a: Any) -> Any:
+    return torch.fx.node.map_arg(a, lambda n: env[n])
+
+  out: list = []
+  for node in gm.graph.nodes:
+    if node.op == "placeholder":
+      env[node] = next(it)
+    elif node.op == "call_function":
+      args, kwargs = value(node.args), value(node.kwargs)
+      try:
+        env[node] = _call(node, args, kwargs)
+      except BridgeError:
+        raise
+      except Exception as e:
+        raise BridgeError(
+          f"`{API}`: {node.target} failed while building the JAX program: "
+          f"{type(e).__name__}: {e}{_where(node)}"
+        ) from e
+    elif node.op == "output":
+      out = list(value(node.args[0]))
+    else:
+      raise BridgeError(f"`{API}`: unexpected graph node {node.op} ({node.target}).")
+  return out
+
+
+def _where(node: torch.fx.Node) -> str:
+  stack = node.meta.get("stack_trace")
+  if not stack:
+    return ""
+  lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+  files = [i for i, line in enumerate(lines) if line.startswith("File ")]
+  if not files:
+    return ""
+  i = files[-1]
+  return "\n  at " + " ".join(lines[i : i + 2])
+
+
+def _call(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+  target = node.target
+  if target in _SYM_FUNCTIONS:
+    return _SYM_FUNCTIONS[target](*args, **kwargs)
+  if not isinstance(target, torch._ops.OpOverload):
+    raise BridgeError(f"`{API}`: cannot run {target} in a JAX program{_where(node)}.")
+  name = target._schema.name.split("::")[-1]
+  if name in _NO_OPS:
+    return None
+  if target is torch.ops.aten.sym_size.int:
+    return args[0].shape[args[1]]
+  if target is torch.ops.aten.sym_numel.default:
+    return int(np.prod(args[0].shape)) if not _symbolic(args[0].shape) else _prod(args[0].shape)
+  special = _SPECIAL.get(name)
+  if special is not None:
+    return _conform(special(*args, **kwargs), node.meta.get("val"))
+  lowering = REGISTRY.lookup(target) or _copy_twin(target)
+  if lowering is None:
+    return _decomposed(node, target, args, kwargs)
+  if lowering.random:
+    raise BridgeError(
+      f"`{API}`: {target} draws random numbers; an exported program has no generator. Export "
+      f"the module in eval mode (dropout off){_where(node)}."
+    )
+  out = lowering.fn(*args, **kwargs)
+  return _conform(out, node.meta.get("val"))
+
+
+def _copy_twin(op: Any) -> Any:
+  """A view op's lowering: its `_copy` twin's (the graph is functional, so a view's value is
+  all that matters)."""
+  name = op._schema.name.split("::")[-1]
+  twin = getattr(getattr(torch.ops.aten, name + "_copy", None), op._overloadname, None)
+  return REGISTRY.lookup(twin) if twin is not None else None
+
+
+def _to_copy(x: Any, *, dtype: Any = None, **_: Any) -> Any:
+  return x if dtype is None else jnp.asarray(x).astype(dtypes.TORCH_TO_JAX[dtype])
+
+
+def _empty(size: Any, *, dtype: Any = None, **_: Any) -> Any:
+  return jnp.zeros(tuple(size), dtypes.TORCH_TO_JAX[dtype or torch.get_default_dtype()])
+
+
+def _identity(x: Any, *_: Any, **__: Any) -> Any:
+  return x
+
+
+def _item(*_: Any, **__: Any) -> Any:
+  raise TracedValueError(
+    f"`{API}`: the function reads a tensor's value as a Python number (`.item()`, `int(t)`), "
+    "which one exported program cannot hold."
+  )
+
+
+# ops the core handles itself (casts, aliases, host reads), as functions of arrays
+_SPECIAL: dict[str, Callable[..., Any]] = {
+  "_to_copy": _to_copy,
+  "detach": _identity,
+  "alias": _identity,
+  "lift_fresh_copy": _identity,
+  "lift_fresh": _identity,
+  "empty": lambda size, **kw: _empty(size, **kw),
+  "empty_strided": lambda size, stride, **kw: _empty(size, **kw),
+  "_local_scalar_dense": _item,
+}
+
+
+def _decomposed(node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> Any:
+  decomp = resolve.decomposition(target)
+  if decomp is None:
+    raise OperatorNotFound(
+      f"`{API}`: {target} has no JAX lowering, and the callback fallback (torch running on the "
+      "host) cannot be part of a portable artifact. Register a lowering "
+      f"(`bridge.register_lowering({target})`) or avoid the op{_where(node)}."
+    )
+  if any(_symbolic(getattr(a, "shape", ())) for a in jax.tree_util.tree_leaves((args, kwargs))):
+    raise BridgeError(
+      f"`{API}`: {target} has no JAX lowering of its own, and torch's decomposition of it needs "
+      f"concrete sizes; export that dimension as static{_where(node)}."
+    )
+  return _conform(
+    resolve._decomposition_as_lowering(target, decomp)(*args, **kwargs), node.meta.get("val")
+  )
+
+
+def _symbolic(shape: Any) -> bool:
+  return any(not isinstance(d, (int, np.integer)) for d in shape)
+
+
+def _prod(shape: Any) -> Any:
+  out: Any = 1
+  for d in shape:
+    out = out * d
+  return out
+
+
+def _conform(out: Any, expected: Any) -> Any:
+  """Cast a lowering's result to the dtype torch.export recorded for the node."""
+  if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)):
+    return type(out)(_conform(o, e) for o, e in zip(out, expected))
+  if isinstance(expected, torch.Tensor) and hasattr(out, "dtype"):
+    want = dtypes.TORCH_TO_JAX.get(expected.dtype)
+    if want is not None and np.dtype(out.dtype) != want:
+      return jnp.asarray(out).astype(want)
+  return out
+
+
+# ----------------------------------------------------------------------------- building
+
+
+@dataclasses.dataclass
+class _Weight:
+  name: str
+  kind: str  # "parameter", "buffer" (persistent), "constant" (non-persistent buffer, lifted)
+  value: np.ndarray
+
+
+class _Builder:
+  """An ExportedProgram (decomposed) -> `Exported`."""
+
+  def __init__(self, ep: Any, module: torch.nn.Module, args: tuple, kwargs: dict, dyn: Any):
+    self.ep, self.module, self.args, self.kwargs, self.dyn = ep, module, args, kwargs, dyn
+
+  def build(self, platforms: tuple[str, ...], vjp_order: int) -> "Exported":
+    ep = self.ep
+    sig = ep.graph_signature
+    mutated = list(sig.buffers_to_mutate) + list(getattr(sig, "user_inputs_to_mutate", {}))
+    if mutated:
+      raise BridgeError(
+        f"`{API}`: the function updates {sorted(mutated)} in place (a BatchNorm in training "
+        "mode, for example); an exported program is pure. Export the module in eval mode."
+      )
+    weights, aliases, sources = self._weights()
+    placeholders = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
+    user = [n for n in placeholders if n.name in set(sig.user_inputs)]
+    names = self._symbol_names(user)
+    inputs = [_input_manifest(n, names) for n in user]
+    symbols = _symbols(ep, names)
+    scope = jax.export.SymbolicScope(_constraints(symbols))
+    shapes = [
+      jax.ShapeDtypeStruct(_jax_shape(i["shape"], scope), np.dtype(i["dtype"])) for i in inputs
+    ]
+    order = [w.name for w in weights]
+    index = {name: i for i, name in enumerate(order)}
+    gm = ep.graph_module
+
+    def program(*flat: Any) -> tuple:
+      ws, xs = flat[: len(order)], flat[len(order) :]
+      feed = [ws[index[s]] for s in sources] + list(xs)
+      return tuple(_run_graph(gm, feed))
+
+    w_shapes = [jax.ShapeDtypeStruct(w.value.shape, w.value.dtype) for w in weights]
+    checks.install_checks()
+    with jax.enable_x64(True):
+      try:
+        exported = jax.export.export(jax.jit(program), platforms=platforms)(*w_shapes, *shapes)
+      except BridgeError:
+        raise
+    outputs = _tree_json(ep.call_spec.out_spec)
+    in_spec = ep.call_spec.in_spec
+    positional = in_spec.children()[0].num_children if in_spec is not None else len(user)
+    keywords = list(in_spec.children()[1].context) if in_spec is not None else []
+    manifest = {
+      "format": FORMAT,
+      "versions": _versions(),
+      "platforms": list(platforms),
+      "vjp_order": vjp_order,
+      "inputs": inputs,
+      "positional": positional,
+      "keywords": keywords,
+      "outputs": outputs,
+      "output_names": _leaf_names(outputs),
+      "symbols": symbols,
+      "weights": [
+        {"name": w.name, "kind": w.kind, "dtype": str(w.value.dtype), "shape": list(w.value.shape)}
+        for w in weights
+      ],
+      "aliases": aliases,
+    }
+    with jax.enable_x64(True):  # (int64 buffers stay int64)
+      arrays = {w.name: jnp.asarray(w.value) for w in weights}
+    return Exported(exported, arrays, manifest)
+
+  def _weights(self) -> tuple[list[_Weight], dict[str, str], list[str]]:
+    """The weights (unique tensors), aliases (tied name -> its first name), and for each
+    non-user placeholder the weight that feeds it."""
+    ep = self.ep
+    kinds = torch.export.graph_signature.InputKind
+    weights: list[_Weight] = []
+    aliases: dict[str, str] = {}
+    sources: list[str] = []
+    seen: dict[tuple, str] = {}
+    for spec in ep.graph_signature.input_specs:
+      if spec.kind == kinds.USER_INPUT:
+        continue
+      if spec.kind == kinds.PARAMETER:
+        kind, t = "parameter", ep.state_dict[spec.target]
+      elif spec.kind == kinds.BUFFER:
+        if spec.persistent:
+          kind, t = "buffer", ep.state_dict[spec.target]
+        else:
+          kind, t = "constant", ep.constants[spec.target]
+      elif spec.kind == kinds.CONSTANT_TENSOR:
+        kind, t = "constant", ep.constants[spec.target]
+      else:
+        raise BridgeError(
+          f"`{API}`: the function holds a {spec.kind.name} ({spec.target}); only tensors can be exported."
+        )
+      t = t.detach()
+      key = (
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+      )
+      first = seen.get(key)
+      if first is not None and t.numel():
+        aliases[spec.target] = first
+        sources.append(first)
+        continue
+      seen[key] = spec.target
+      weights.append(_Weight(spec.target, kind, _numpy(t)))
+      sources.append(spec.target)
+    return weights, aliases, sources
+
+  def _symbol_names(self, user: list) -> dict[str, str]:
+    """torch's symbol (s0, ...) -> the user's `Dim` name, where the dynamic shapes name one."""
+    specs = _flat_dynamic_shapes(self.module, self.args, self.kwargs, self.dyn)
+    names: dict[str, str] = {}
+    for node, spec in zip(user, specs):
+      shape = node.meta["val"].shape
+      axes = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+      for axis, dim in axes:
+        name = getattr(dim, "__name__", None)
+        if name is None or not isinstance(shape[axis], torch.SymInt):
+          continue
+        expr = shape[axis].node.expr
+        if getattr(expr, "is_Symbol", False) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+          names[str(expr)] = name
+    return names
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+  t = t.cpu().contiguous()
+  if t.dtype == torch.bfloat16:
+    return t.view(torch.int16).numpy().view(dtypes.TORCH_TO_JAX[torch.bfloat16]).copy()
+  return t.numpy().copy()
+
+
+def _flat_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict, dyn: Any) -> list:
+  """Each user input's per-axis spec (dict or sequence of Dims), in the graph's input order."""
+  n = len(args) + len(kwargs)
+  if dyn is None:
+    return [None] * n
+  if isinstance(dyn, dict):
+    try:
+      bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except TypeError:
+      return [None] * n
+    by_name = {}
+    for name, value in bound.arguments.items():
+      param = bound.signature.parameters[name]
+      if param.kind == param.VAR_POSITIONAL:
+        specs = dyn.get(name) or [None] * len(value)
+        for v, s in zip(value, specs):
+          by_name[id(v)] = s
+      elif param.kind == param.VAR_KEYWORD:
+        for k, v in value.items():
+          by_name[id(v)] = (dyn.get(name) or {}).get(k, dyn.get(k))
+      else:
+        by_name[id(value)] = dyn.get(name)
+    return [by_name.get(id(a)) for a in (*args, *kwargs.values())]
+  specs = list(dyn)
+  return (specs + [None] * n)[:n]
+
+
+def _input_manifest(node: torch.fx.Node, names: dict[str, str]) -> dict:
+  val = node.meta["val"]
+  return {
+    "name": node.name,
+    "dtype": str(np.dtype(dtypes.TORCH_TO_JAX[val.dtype])),
+    "shape": [_dim(d, names) for d in val.shape],
+  }
+
+
+def _dim(d: Any, names: dict[str, str]) -> int | str:
+  if isinstance(d, int):
+    return d
+  expr = d.node.expr
+  text = str(expr)
+  for sym in sorted(expr.free_symbols, key=lambda s: -len(str(s))):
+    text = re.sub(rf"\b{re.escape(str(sym))}\b", names.get(str(sym), str(sym)), text)
+  return text
+
+
+def _symbols(ep: Any, names: dict[str, str]) -> dict[str, dict]:
+  """Each symbolic dimension's name -> its range ({"min": int, "max": int or None})."""
+  out = {}
+  for sym, vr in ep.range_constraints.items():
+    name = names.get(str(sym), str(sym))
+    low = max(_bound(vr.lower) or 1, 1)
+    high = _bound(vr.upper)
+    out[name] = {"min": low, "max": high}
+  return out
+
+
+def _bound(v: Any) -> int | None:
+  """A range bound as an int; None for torch's infinities."""
+  if str(v) in ("oo", "-oo", "int_oo", "-int_oo"):
+    return None
+  try:
+    return int(v)
+  except Exception:  # noqa: BLE001 - another spelling of infinity
+    return None
+
+
+def _constraints(symbols: dict[str, dict]) -> list[str]:
+  out = []
+  for name, r in symbols.items():
+    if r["min"] > 1:
+      out.append(f"{name} >= {r['min']}")
+    if r["max"] is not None:
+      out.append(f"{name} <= {r['max']}")
+  return out
+
+
+def _jax_shape(shape: list, scope: Any) -> tuple:
+  if not any(isinstance(d, str) for d in shape):
+    return tuple(shape)
+  spec = ", ".join(str(d) for d in shape)
+  return tuple(jax.export.symbolic_shape(spec, scope=scope))
+
+
+def _tree_json(spec: Any) -> dict:
+  """A torch pytree spec of the outputs as JSON: tensors, sequences and named fields (dicts,
+  Hugging Face `ModelOutput`s and named tuples become dicts of arrays)."""
+  if spec is None or spec.is_leaf():
+    return {"kind": "array"}
+  children = [_tree_json(c) for c in spec.children()]
+  t = spec.type
+  if t in (tuple, list) or (t is not None and issubclass(t, tuple) and not hasattr(t, "_fields")):
+    return {"kind": "list", "items": children}
+  if t is type(None):
+    return {"kind": "none"}
+  context = spec.context
+  if hasattr(t, "_fields"):  # a named tuple
+    keys = list(t._fields)
+  elif isinstance(context, (list, tuple)):
+    keys = [str(k) for k in context]
+  else:
+    raise BridgeTypeError(
+      f"`{API}`: the function returns a {t.__name__}; outputs must be tensors, tuples, lists, "
+      "dicts or named tuples of them."
+    )
+  return {"kind": "dict", "keys": keys, "items": children}
+
+
+def _leaf_names(tree: dict, prefix: str = "output") -> list[str]:
+  if tree["kind"] == "array":
+    return [prefix]
+  if tree["kind"] == "none":
+    return []
+  if tree["kind"] == "list":
+    return [n for i, c in enumerate(tree["items"]) for n in _leaf_names(c, f"{prefix}.{i}")]
+  if prefix == "output":
+    return [n for k, c in zip(tree["keys"], tree["items"]) for n in _leaf_names(c, k)]
+  return [n for k, c in zip(tree["keys"], tree["items"]) for n in _leaf_names(c, f"{prefix}.{k}")]
+
+
+def _unflatten(tree: dict, leaves: Any) -> Any:
+  if tree["kind"] == "array":
+    return next(leaves)
+  if tree["kind"] == "none":
+    return None
+  items = [_unflatten(c, leaves) for c in tree["items"]]
+  if tree["kind"] == "list":
+    return tuple(items)
+  return dict(zip(tree["keys"], items))
+
+
+def _versions() -> dict[str, str]:
+  try:
+    bridge_version = importlib.metadata.version("bridge")
+  except importlib.metadata.PackageNotFoundError:  # (run from a source tree)
+    bridge_version = "unknown"
+  return {
+    "bridge": bridge_version,
+    "torch": torch.__version__,
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+  }
+
+
+# ----------------------------------------------------------------------------- the artifact
+
+
+class Exported:
+  """A torch model exported as a JAX program with its weights (`bridge.export`/`bridge.load`).
+
+  - ``exported(*args, **kwargs)``: torch tensors in, torch tensors out; JAX arrays (or NumPy)
+    in, JAX arrays out. Outputs keep the function's structure; named fields (dicts, Hugging
+    Face outputs) become dicts.
+  - ``exported.apply(weights, *args, **kwargs)``: the same as a pure JAX function of the
+    weights (a dict name -> array, as `exported.weights`): `jax.jit`-able, and
+    `jax.grad`-able (a loaded artifact: when exported with ``vjp_order >= 1``).
+  - ``exported.state_dict(weights)``: weights as torch tensors under every name the module
+    has for them (tied ones too), for `module.load_state_dict`.
+  - ``exported.save(path)``; ``exported.program``: the `jax.export.Exported`.
+  """
+
+  def __init__(self, program: Any, weights: dict[str, jax.Array], manifest: dict):
+    self.program = program
+    self.weights = weights
+    self.manifest = manifest
+    self._order = [w["name"] for w in manifest["weights"]]
+
+  def __repr__(self) -> str:
+    ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.manifest["inputs"])
+    return f"bridge.Exported({ins}; {len(self._order)} weights; {self.manifest['platforms']})"
+
+  # -- calling
+
+  def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
+    m = self.manifest
+    positional, keywords = m["positional"], m["keywords"]
+    if len(args) > positional + len(keywords):
+      raise BridgeTypeError(
+        f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
+      )
+    flat = list(args[:positional])
+    if len(flat) < positional:
+      raise BridgeTypeError(
+        f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
+      )
+    extra = dict(zip(keywords, args[positional:]))
+    for k, v in kwargs.items():
+      if k not in keywords:
+        raise BridgeTypeError(
+          f"`{API}`: unexpected keyword input {k!r}; the exported function's keyword inputs "
+          f"are {keywords}."
+        )
+      extra[k] = v
+    missing = [k for k in keywords if k not in extra]
+    if missing:
+      raise BridgeTypeError(f"`{API}`: missing keyword input(s) {missing}.")
+    flat += [extra[k] for k in keywords]
+    self._check_shapes(flat)
+    return flat
+
+  def _check_shapes(self, flat: list) -> None:
+    """Each input's dtype and shape against the manifest, naming the dimension that breaks."""
+    m = self.manifest
+    bound: dict[str, tuple[int, str]] = {}
+    for x, spec in zip(flat, m["inputs"]):
+      shape = tuple(getattr(x, "shape", ()))
+      name = spec["name"]
+      if len(shape) != len(spec["shape"]):
+        raise BridgeTypeError(
+          f"`{API}`: input {name!r} has shape {shape}; the program takes {len(spec['shape'])} "
+          f"dimensions {tuple(spec['shape'])}."
+        )
+      for axis, (got, want) in enumerate(zip(shape, spec["shape"])):
+        where = f"input {name!r} dimension {axis}"
+        if isinstance(want, int):
+          if got != want:
+            raise BridgeTypeError(
+              f"`{API}`: {where} is {got}; it was exported as static {want} (name it in "
+              "`dynamic_shapes` to vary it)."
+            )
+          continue
+        r = m["symbols"].get(want)
+        if r is None:
+          continue  # an expression of symbols: jax.export checks it
+        if got < r["min"] or (r["max"] is not None and got > r["max"]):
+          hi = "" if r["max"] is None else f"..{r['max']}"
+          raise BridgeTypeError(
+            f"`{API}`: {where} ({want!r}) is {got}, outside the exported range "
+            f"{r['min']}{hi or '..'}."
+          )
+        other = bound.setdefault(want, (got, where))
+        if other[0] != got:
+          raise BridgeTypeError(
+            f"`{API}`: {where} ({want!r}) is {got}, but {other[1]} gave {want!r} = {other[0]}."
+          )
+      dtype = getattr(x, "dtype", None)
+      if dtype is not None and not isinstance(dtype, torch.dtype):
+        if np.dtype(dtype) != np.dtype(spec["dtype"]) and not _widens(
+          np.dtype(dtype), np.dtype(spec["dtype"])
+        ):
+          raise BridgeTypeError(
+            f"`{API}`: input {name!r} has dtype {np.dtype(dtype)}; the program takes {spec['dtype']}."
+          )
+
+  def apply(self, weights: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    """The program as a pure JAX function of `weights` (name -> array) and the inputs."""
+    missing = [n for n in self._order if n not in weights]
+    if missing:
+      raise BridgeTypeError(
+        f"`{API}`: weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}."
+      )
+    flat = self._flat_inputs(args, kwargs)
+    with jax.enable_x64(True):
+      xs = [
+        jnp.asarray(x, dtype=np.dtype(s["dtype"])) for x, s in zip(flat, self.manifest["inputs"])
+      ]
+      ws = [weights[n] for n in self._order]
+      outs = self.program.call(*ws, *xs)
+    return _unflatten(self.manifest["outputs"], iter(outs))
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    leaves = [*args, *kwargs.values()]
+    from_torch = any(isinstance(x, torch.Tensor) for x in leaves)
+    if from_torch:
+      device = next(x.device for x in leaves if isinstance(x, torch.Tensor))
+      with jax.enable_x64(True):  # torch's dtypes exactly (int64 ids stay int64)
+        args = tuple(_to_jax(x) for x in args)
+        kwargs = {k: _to_jax(v) for k, v in kwargs.items()}
+        out = self.apply(self.weights, *args, **kwargs)
+        return jax.tree_util.tree_map(
+          lambda a: transfer.array_to_torch(a, copy=None, api=API, where=lambda: "an output").to(
+            device
+          ),
+          out,
+        )
+    return self.apply(self.weights, *args, **kwargs)
+
+  # -- torch
+
+  def state_dict(self, weights: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The parameters and persistent buffers as CPU tensors under the module's names (tied
+    names too): ``module.load_state_dict(exported.state_dict(trained))``."""
+    weights = self.weights if weights is None else weights
+    kinds = {w["name"]: w["kind"] for w in self.manifest["weights"]}
+    out = {}
+    for name, kind in kinds.items():
+      if kind != "constant":
+        out[name] = transfer.array_to_torch(
+          jnp.asarray(weights[name]), copy=True, api=API, where=lambda: f"weight {name!r}"
+        )
+    for alias, first in self.manifest["aliases"].items():
+      if first in out:
+        out[alias] = out[first]
+    return out
+
+  # -- files
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes the artifact directory (program, weights, manifest); see `bridge.load`."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    program = self.program.serialize(vjp_order=self.manifest["vjp_order"])
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    save_file({n: np.asarray(self.weights[n]) for n in self._order}, weights_path)
+    with open(os.path.join(path, PROGRAM_FILE), "wb") as f:
+      f.write(program)
+    manifest = dict(self.manifest)
+    manifest["sha256"] = {
+      PROGRAM_FILE: hashlib.sha256(bytes(program)).hexdigest(),
+      WEIGHTS_FILE: _sha256(weights_path),
+    }
+    with open(os.path.join(path, MANIFEST_FILE), "w") as f:
+      json.dump(manifest, f, indent=1)
+
+
+def _widens(got: np.dtype, want: np.dtype) -> bool:
+  """An input JAX holds narrower without 64-bit types (int32 for int64, float32 for float64)."""
+  return got.kind == want.kind and got.itemsize < want.itemsize
+
+
+def _to_jax(x: Any) -> Any:
+  if isinstance(x, torch.Tensor):
+    return transfer.tensor_to_jax(x.detach(), api=API, where=lambda: "an input")
+  return x
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def load(path: str | os.PathLike) -> Exported:
+  """An artifact `Exported.save` wrote, checked (format, versions, checksums) before use."""
+  from safetensors.numpy import load_file
+
+  manifest_path = os.path.join(path, MANIFEST_FILE)
+  try:
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+  except FileNotFoundError:
+    raise BridgeError(
+      f"`bridge.load`: {manifest_path} does not exist; is {path} an artifact `bridge.export(...).save` wrote?"
+    ) from None
+  except json.JSONDecodeError as e:
+    raise BridgeError(
+      f"`bridge.load`: {manifest_path} is not valid JSON ({e}); the artifact is damaged."
+    ) from None
+  fmt = manifest.get("format") if isinstance(manifest, dict) else None
+  if fmt != FORMAT:
+    raise BridgeError(
+      f"`bridge.load`: {path} has artifact format {fmt!r}; this bridge "
+      f"({_versions()['bridge']}) reads format {FORMAT}. Export it again with this bridge, "
+      f"or load it with the bridge that wrote it ({manifest.get('versions', {}).get('bridge')})."
+    )
+  for name in (PROGRAM_FILE, WEIGHTS_FILE):
+    file = os.path.join(path, name)
+    want = manifest.get("sha256", {}).get(name)
+    if not os.path.exists(file):
+      raise BridgeError(f"`bridge.load`: {file} is missing.")
+    if _sha256(file) != want:
+      raise BridgeError(
+        f"`bridge.load`: {file} does not match the checksum in its manifest: the file is "
+        "truncated or was changed after `save`. Export the artifact again."
+      )
+  with open(os.path.join(path, PROGRAM_FILE), "rb") as f:
+    data = f.read()
+  try:
+    program = jax.export.deserialize(bytearray(data))
+  except Exception as e:
+    wrote = manifest.get("versions", {}).get("jax")
+    raise BridgeError(
+      f"`bridge.load`: JAX {jax.__version__} cannot read the program that JAX {wrote} wrote "
+      f"({type(e).__name__}: {e})."
+    ) from e
+  arrays = load_file(os.path.join(path, WEIGHTS_FILE))
+  weights = {}
+  x64 = jax.enable_x64(True)  # (int64 buffers stay int64)
+  x64.__enter__()
+  for w in manifest["weights"]:
+    a = arrays.get(w["name"])
+    if a is None or list(a.shape) != w["shape"] or str(a.dtype) != w["dtype"]:
+      raise BridgeError(f"`bridge.load`: weight {w['name']!r} does not match the manifest.")
+    weights[w["name"]] = jnp.asarray(a)
+  x64.__exit__(None, None, None)
+  return Exported(program, weights, manifest)

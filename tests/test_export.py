@@ -1,0 +1,369 @@
+"""`bridge.export` / `bridge.load`: torch models as portable JAX artifacts, checked against
+the torch module (outputs, gradients, dynamic dimensions, files, a process without torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import bridge
+
+Dim = torch.export.Dim
+
+
+def _mlp() -> torch.nn.Module:
+  torch.manual_seed(0)
+  return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def test_a_module_with_a_dynamic_batch_runs_from_torch_and_from_jax():
+  model = _mlp()
+  exported = bridge.export(model, torch.randn(4, 6), dynamic_shapes=({0: Dim("batch")},))
+  assert isinstance(exported, bridge.Exported)
+  assert exported.manifest["inputs"] == [
+    {"name": "input", "dtype": "float32", "shape": ["batch", 6]}
+  ]
+  for batch in (1, 7, 33):
+    x = torch.randn(batch, 6)
+    out = exported(x)  # torch in, torch out
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    torch.testing.assert_close(out, model(x))
+    got = exported(jnp.asarray(x.numpy()))  # JAX in, JAX out
+    assert isinstance(got, jax.Array)
+    np.testing.assert_allclose(np.asarray(got), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_weights_are_inputs_not_constants_of_the_program():
+  model = _mlp()
+  exported = bridge.export(model, torch.randn(2, 6))
+  names = [w["name"] for w in exported.manifest["weights"]]
+  assert names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+  assert len(exported.program.in_avals) == 4 + 1
+  # other weights, same program: the result follows them
+  zeros = {n: jnp.zeros_like(a) for n, a in exported.weights.items()}
+  out = exported.apply(zeros, np.ones((2, 6), np.float32))
+  np.testing.assert_array_equal(np.asarray(out), np.zeros((2, 3), np.float32))
+
+
+def test_a_plain_function_with_keyword_inputs_and_structured_outputs():
+  def f(x, *, scale):
+    return {"sum": (x * scale).sum(-1), "parts": (x.relu(), x.int())}
+
+  x, scale = torch.randn(3, 4), torch.rand(4)
+  exported = bridge.export(f, x, scale=scale)
+  assert exported.manifest["output_names"] == ["sum", "parts.0", "parts.1"]
+  out = exported(x, scale=scale)
+  ref = f(x, scale=scale)
+  torch.testing.assert_close(out["sum"], ref["sum"])
+  torch.testing.assert_close(out["parts"][0], ref["parts"][0])
+  assert out["parts"][1].dtype == torch.int32
+  torch.testing.assert_close(out["parts"][1], ref["parts"][1])
+
+
+def test_save_and_load_round_trip(tmp_path):
+  model = _mlp()
+  exported = bridge.export(model, torch.randn(2, 6), dynamic_shapes=({0: Dim("batch", max=100)},))
+  exported.save(tmp_path / "mlp")
+  assert sorted(os.listdir(tmp_path / "mlp")) == [
+    "manifest.json",
+    "program.jaxexport",
+    "weights.safetensors",
+  ]
+  manifest = json.loads((tmp_path / "mlp" / "manifest.json").read_text())
+  assert manifest["format"] == 1
+  assert manifest["symbols"] == {"batch": {"min": 1, "max": 100}}
+  assert set(manifest["versions"]) == {"bridge", "torch", "jax", "jaxlib"}
+  loaded = bridge.load(tmp_path / "mlp")
+  x = torch.randn(5, 6)
+  torch.testing.assert_close(loaded(x), model(x))
+  y = jax.jit(loaded.apply)(loaded.weights, jnp.asarray(x.numpy()))
+  np.testing.assert_allclose(np.asarray(y), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_broken_constraint_names_the_dimension():
+  exported = bridge.export(
+    _mlp(), torch.randn(2, 6), dynamic_shapes=({0: Dim("batch", min=2, max=8)},)
+  )
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"dimension 0 \('batch'\) is 9, outside .*2\.\.8"
+  ):
+    exported(torch.randn(9, 6))
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"dimension 1 is 5; it was exported as static 6"
+  ):
+    exported(torch.randn(4, 5))
+
+
+def test_two_inputs_sharing_a_dimension_must_agree():
+  def f(a, b):
+    return a + b
+
+  batch = Dim("batch")
+  exported = bridge.export(
+    f, torch.randn(3, 2), torch.randn(3, 2), dynamic_shapes=({0: batch}, {0: batch})
+  )
+  torch.testing.assert_close(exported(torch.ones(5, 2), torch.ones(5, 2)), torch.full((5, 2), 2.0))
+  with pytest.raises(bridge.BridgeTypeError, match=r"'batch'\) is 4, but input 'a' dimension 0"):
+    exported(torch.ones(5, 2), torch.ones(4, 2))
+
+
+def test_fine_tuning_in_jax_matches_torch_autograd_and_loads_back(tmp_path):
+  optax = pytest.importorskip("optax")
+  model = _mlp()
+  x, y = torch.randn(8, 6), torch.randn(8, 3)
+  bridge.export(model, x, vjp_order=1).save(tmp_path / "m")
+  loaded = bridge.load(tmp_path / "m")
+
+  def loss(weights, x, y):
+    return jnp.mean((loaded.apply(weights, x) - y) ** 2)
+
+  xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+  grads = jax.grad(loss)(loaded.weights, xj, yj)
+  torch.nn.functional.mse_loss(model(x), y).backward()
+  for name, p in model.named_parameters():
+    np.testing.assert_allclose(np.asarray(grads[name]), p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+  opt = optax.adam(1e-2)
+  weights, state = dict(loaded.weights), opt.init(dict(loaded.weights))
+  step = jax.jit(lambda w, s: _adam_step(opt, loss, w, s, xj, yj))
+  first = float(loss(weights, xj, yj))
+  for _ in range(30):
+    weights, state = step(weights, state)
+  assert float(loss(weights, xj, yj)) < first * 0.8
+  model.load_state_dict(loaded.state_dict(weights))
+  np.testing.assert_allclose(
+    model(x).detach().numpy(), np.asarray(loaded.apply(weights, xj)), rtol=1e-5, atol=1e-6
+  )
+
+
+def _adam_step(opt, loss, w, s, x, y):
+  import optax
+
+  g = jax.grad(loss)(w, x, y)
+  updates, s = opt.update(g, s, w)
+  return optax.apply_updates(w, updates), s
+
+
+def test_second_order_derivatives_with_vjp_order_2(tmp_path):
+  def f(x):
+    return (x**3).sum()
+
+  bridge.export(f, torch.randn(3), vjp_order=2).save(tmp_path / "f")
+  loaded = bridge.load(tmp_path / "f")
+  x = jnp.asarray([1.0, 2.0, -1.0], jnp.float32)
+  hess_diag = jax.grad(lambda v: jax.grad(lambda u: loaded.apply({}, u))(v).sum())(x)
+  np.testing.assert_allclose(np.asarray(hess_diag), 6 * np.asarray(x))
+
+
+def test_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
+  model = _mlp()
+  x = torch.randn(3, 6)
+  bridge.export(model, x, dynamic_shapes=({0: Dim("batch")},)).save(tmp_path / "m")
+  np.save(tmp_path / "x.npy", x.numpy())
+  # the README's snippet, verbatim after the path
+  snippet = _readme_snippet()
+  for line in ("path = exported_path", "inputs = [np.ones((3, 8), np.float32)]"):
+    assert line in snippet, line
+  snippet = snippet.replace("path = exported_path", f"path = {str(tmp_path / 'm')!r}")
+  snippet = snippet.replace(
+    "inputs = [np.ones((3, 8), np.float32)]", f"inputs = [np.load({str(tmp_path / 'x.npy')!r})]"
+  )
+  script = (
+    "import sys\n"
+    "sys.modules['torch'] = None  # `import torch` raises ImportError\n"
+    "import jax\n"
+    + snippet
+    + textwrap.dedent(
+      f"""
+      assert not [m for m in sys.modules if m.startswith("torch") and sys.modules[m] is not None]
+      np.save({str(tmp_path / "out.npy")!r}, np.asarray(outputs[0]))
+      """
+    )
+  )
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  np.testing.assert_allclose(
+    np.load(tmp_path / "out.npy"), model(x).detach().numpy(), rtol=1e-5, atol=1e-6
+  )
+
+
+def _readme_snippet() -> str:
+  readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+  start = readme.index("<!-- export-without-torch -->")
+  block = readme[start:].split("```python\n", 1)[1].split("```", 1)[0]
+  return block
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def _transformers():
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  transformers = pytest.importorskip("transformers")
+  transformers.logging.set_verbosity_error()
+  return transformers
+
+
+def test_gpt2_with_dynamic_batch_and_sequence(tmp_path):
+  transformers = _transformers()
+  config = transformers.GPT2Config(
+    n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
+    attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False,
+  )  # fmt: skip
+  torch.manual_seed(0)
+  model = transformers.GPT2LMHeadModel(config).eval()
+  ids = torch.randint(0, 100, (2, 8))
+  exported = bridge.export(
+    model, ids, dynamic_shapes={"input_ids": {0: Dim("batch", max=16), 1: Dim("seq", max=32)}}
+  )
+  assert exported.manifest["output_names"] == ["logits"]
+  assert exported.manifest["aliases"] == {"lm_head.weight": "transformer.wte.weight"}
+  exported.save(tmp_path / "gpt2")
+  loaded = bridge.load(tmp_path / "gpt2")
+  for batch, seq in ((1, 5), (7, 32), (3, 1)):
+    x = torch.randint(0, 100, (batch, seq))
+    out = loaded(x)
+    assert set(out) == {"logits"}
+    torch.testing.assert_close(out["logits"], model(x).logits, rtol=1e-4, atol=1e-5)
+  with pytest.raises(bridge.BridgeTypeError, match=r"\('seq'\) is 33"):
+    loaded(torch.randint(0, 100, (1, 33)))
+  # the tied embedding is one weight: its gradient sums both uses, as torch's does
+  x = torch.randint(0, 100, (2, 6))
+  with jax.enable_x64(True):
+    g = jax.grad(lambda w: exported.apply(w, x.numpy())["logits"].sum())(exported.weights)
+  model(x).logits.sum().backward()
+  np.testing.assert_allclose(
+    np.asarray(g["transformer.wte.weight"]),
+    model.transformer.wte.weight.grad.numpy(),
+    rtol=1e-4,
+    atol=1e-4,
+  )
+
+
+def test_bert_with_an_attention_mask():
+  transformers = _transformers()
+  config = transformers.BertConfig(
+    vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+    intermediate_size=64, max_position_embeddings=64,
+    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+  )  # fmt: skip
+  torch.manual_seed(0)
+  model = transformers.BertModel(config, add_pooling_layer=False).eval()
+  ids = torch.randint(0, 100, (2, 8))
+  mask = torch.ones(2, 8, dtype=torch.long)
+  batch, seq = Dim("batch", max=8), Dim("seq", max=64)
+  exported = bridge.export(
+    model,
+    input_ids=ids,
+    attention_mask=mask,
+    dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+  )
+  x = torch.randint(0, 100, (3, 11))
+  m = torch.ones(3, 11, dtype=torch.long)
+  m[1, 6:] = 0
+  out = exported(input_ids=x, attention_mask=m)
+  ref = model(input_ids=x, attention_mask=m).last_hidden_state
+  torch.testing.assert_close(out["last_hidden_state"], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_cnn_with_batchnorm_in_eval_mode():
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3, padding=1),
+    torch.nn.BatchNorm2d(8),
+    torch.nn.ReLU(),
+    torch.nn.MaxPool2d(2),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8 * 4 * 4, 5),
+  )
+  model.train()
+  model(torch.randn(16, 3, 8, 8))  # running statistics away from their defaults
+  model.eval()
+  exported = bridge.export(model, torch.randn(2, 3, 8, 8), dynamic_shapes=({0: Dim("batch")},))
+  kinds = {w["name"]: w["kind"] for w in exported.manifest["weights"]}
+  assert kinds["1.running_mean"] == "buffer" and kinds["1.num_batches_tracked"] == "buffer"
+  assert exported.weights["1.num_batches_tracked"].dtype == jnp.int64
+  x = torch.randn(5, 3, 8, 8)
+  torch.testing.assert_close(exported(x), model(x), rtol=1e-4, atol=1e-5)
+  sd = exported.state_dict()
+  assert set(sd) == set(model.state_dict())
+
+
+def test_batchnorm_in_training_mode_is_refused():
+  model = torch.nn.BatchNorm1d(4).train()
+  with pytest.raises(bridge.BridgeError, match="eval mode"):
+    bridge.export(model, torch.randn(3, 4))
+
+
+def test_lstm():
+  torch.manual_seed(0)
+  model = torch.nn.LSTM(5, 7, num_layers=2, batch_first=True).eval()
+  x = torch.randn(3, 4, 5)
+  exported = bridge.export(model, x)
+  out, (h, c) = exported(x)
+  ref, (rh, rc) = model(x)
+  torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+  torch.testing.assert_close(h, rh, rtol=1e-4, atol=1e-5)
+  torch.testing.assert_close(c, rc, rtol=1e-4, atol=1e-5)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_data_dependent_control_flow_names_the_users_line():
+  def f(x):
+    if x.sum() > 0:  # the line named
+      return x * 2
+    return x
+
+  with pytest.raises(bridge.TracedValueError, match=r"test_export.py, line \d+"):
+    bridge.export(f, torch.randn(3))
+
+
+def test_an_op_without_a_lowering_is_named():
+  lib = torch.library.Library("bridge_export_test", "DEF")
+  lib.define("twice(Tensor x) -> Tensor")
+  lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+  lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+
+  def f(x):
+    return torch.ops.bridge_export_test.twice(x) + 1
+
+  with pytest.raises(
+    bridge.OperatorNotFound, match="bridge_export_test.twice.default has no JAX lowering"
+  ):
+    bridge.export(f, torch.randn(3))
+
+
+def test_non_tensor_inputs_are_refused_with_the_argument_named():
+  with pytest.raises(bridge.BridgeTypeError, match=r"example_args\[1\] is a float"):
+    bridge.export(lambda x, s: x * s, torch.randn(2), 2.0)
+
+
+def test_a_manifest_of_another_format_names_both_versions(tmp_path):
+  bridge.export(_mlp(), torch.randn(2, 6)).save(tmp_path / "m")
+  path = tmp_path / "m" / "manifest.json"
+  manifest = json.loads(path.read_text())
+  manifest["format"] = 99
+  path.write_text(json.dumps(manifest))
+  with pytest.raises(bridge.BridgeError, match="format 99; this bridge .* reads format 1"):
+    bridge.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("name", ["program.jaxexport", "weights.safetensors"])
+def test_a_truncated_or_edited_file_is_refused(tmp_path, name):
+  bridge.export(_mlp(), torch.randn(2, 6)).save(tmp_path / "m")
+  path = tmp_path / "m" / name
+  data = path.read_bytes()
+  path.write_bytes(data[: len(data) // 2])
+  with pytest.raises(bridge.BridgeError, match="truncated or was changed"):
+    bridge.load(tmp_path / "m")
