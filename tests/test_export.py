@@ -367,3 +367,31 @@ def test_a_truncated_or_edited_file_is_refused(tmp_path, name):
   path.write_bytes(data[: len(data) // 2])
   with pytest.raises(bridge.BridgeError, match="truncated or was changed"):
     bridge.load(tmp_path / "m")
+
+
+def test_several_platforms_in_one_artifact(tmp_path):
+  model = _mlp()
+  exported = bridge.export(model, torch.randn(2, 6), platforms=("cpu", "cuda", "tpu"))
+  assert exported.program.platforms == ("cpu", "cuda", "tpu")
+  exported.save(tmp_path / "m")
+  x = torch.randn(2, 6)
+  torch.testing.assert_close(bridge.load(tmp_path / "m")(x), model(x))
+  with pytest.raises(bridge.BridgeTypeError, match="unknown platform"):
+    bridge.export(model, x, platforms=("gpu",))
+
+
+def test_a_program_this_jax_cannot_read_names_both_versions(tmp_path, monkeypatch):
+  bridge.export(_mlp(), torch.randn(2, 6)).save(tmp_path / "m")
+  path = tmp_path / "m" / "manifest.json"
+  manifest = json.loads(path.read_text())
+  manifest["versions"]["jax"] = "0.99.0"
+  path.write_text(json.dumps(manifest))
+
+  def refuse(data):
+    raise ValueError("unsupported serialization version 99")
+
+  monkeypatch.setattr(jax.export, "deserialize", refuse)
+  with pytest.raises(
+    bridge.BridgeError, match=rf"JAX {jax.__version__} cannot read .* JAX 0\.99\.0"
+  ):
+    bridge.load(tmp_path / "m")

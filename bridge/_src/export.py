@@ -665,6 +665,7 @@ class Exported:
     self.weights = weights
     self.manifest = manifest
     self._order = [w["name"] for w in manifest["weights"]]
+    self._call = jax.jit(program.call)  # (compiled once per input shape, not per call)
 
   def __repr__(self) -> str:
     ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.manifest["inputs"])
@@ -756,7 +757,7 @@ class Exported:
         jnp.asarray(x, dtype=np.dtype(s["dtype"])) for x, s in zip(flat, self.manifest["inputs"])
       ]
       ws = [weights[n] for n in self._order]
-      outs = self.program.call(*ws, *xs)
+      outs = self._call(*ws, *xs)
     return _unflatten(self.manifest["outputs"], iter(outs))
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
