@@ -346,10 +346,24 @@ def _prod(shape: Any) -> Any:
 
 
 def _conform(out: Any, expected: Any) -> Any:
-  """Cast a lowering's result to the dtype torch.export recorded for the node."""
+  """Cast a lowering's result to the dtype torch.export recorded for the node; refuse a
+  shape that differs from torch's where both are known (a lowering's bug: never a wrong
+  result)."""
   if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)):
     return type(out)(_conform(o, e) for o, e in zip(out, expected))
   if isinstance(expected, torch.Tensor) and hasattr(out, "dtype"):
+    shape = tuple(out.shape)
+    if all(isinstance(n, int) for n in expected.shape) and expected.numel() == 0:
+      # an empty result torch gives where the lowering fills one (batch norm's saved
+      # statistics in eval mode): torch's, which has no values to differ in
+      return jnp.zeros(tuple(expected.shape), dtypes.TORCH_TO_JAX[expected.dtype])
+    if len(shape) != expected.dim() or any(
+      isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(shape, expected.shape)
+    ):
+      raise BridgeError(
+        f"`{API}`: a lowering returned shape {shape} where torch gives "
+        f"{tuple(expected.shape)}. This is a bug in the lowering; please report it."
+      )
     want = dtypes.TORCH_TO_JAX.get(expected.dtype)
     if want is not None and np.dtype(out.dtype) != want:
       return jnp.asarray(out).astype(want)
@@ -658,6 +672,9 @@ class Exported:
   - ``exported.state_dict(weights)``: weights as torch tensors under every name the module
     has for them (tied ones too), for `module.load_state_dict`.
   - ``exported.save(path)``; ``exported.program``: the `jax.export.Exported`.
+
+  `jax.vmap` does not apply (JAX has no batching rule for an exported program): export with a
+  dynamic batch dimension instead.
   """
 
   def __init__(self, program: Any, weights: dict[str, jax.Array], manifest: dict):
