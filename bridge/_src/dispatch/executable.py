@@ -16,7 +16,7 @@ from bridge._src import config as config_lib
 from bridge._src import rng
 from bridge._src import tree as tree_lib
 from bridge._src.dispatch.checks import check_state, concrete
-from bridge._src.dispatch.meta import conform, meta_outputs
+from bridge._src.dispatch.meta import conform, meta_outputs, torch_error
 from bridge._src.errors import BridgeError
 from bridge._src.transfer import ArrayImpl
 
@@ -151,6 +151,14 @@ class Executable:
         self.draws = box.used
       else:
         out = self.fn(*args, **kwargs)
+    except (TypeError, ValueError, IndexError):
+      # JAX's complaint about a shape or dtype (`dot_general requires contracting
+      # dimensions...`): where torch refuses the same arguments, its own exception instead
+      # (torch turns a TypeError from `a + b` into "unsupported operand type(s)")
+      error = torch_error(self.func, args, kwargs)
+      if error is None:
+        raise
+      raise error from None
     finally:
       check_state.op = op
       if jit_off:

@@ -20,6 +20,7 @@ from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src.dispatch import fallback
 from bridge._src.dispatch.functional import FunctionalPlan
+from bridge._src.dispatch.meta import mutation_error
 from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decomposition
 from bridge._src.dispatch.schema import aten, is_view, mutated_args, x64
 from bridge._src.errors import BridgeTypeError
@@ -86,6 +87,16 @@ class MutatingPlan:
       if lowering is not None:
         self.direct = FunctionalPlan(func)
     self.twin_plan = plan_of(self.twin) if self.twin is not None else None
+    # torch's own refusals (a result it cannot cast into the written tensor, a broadcast that
+    # would grow it), checked once per argument signature; not for Tensor[] arguments
+    # (`_foreach_*_`), whose signatures would cost more than their ops
+    self.verdicts: dict | None = (
+      {}
+      if not any(
+        isinstance(a.type, torch.ListType) for a in func._schema.arguments if a.name in self.mutated
+      )
+      else None
+    )
 
   def _targets(self, args: tuple, kwargs: dict) -> list:
     targets = []
@@ -95,6 +106,10 @@ class MutatingPlan:
     return targets
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
+    if self.verdicts is not None:
+      error = mutation_error(self.func, args, kwargs, self.verdicts)
+      if error is not None:
+        raise type(error)(*error.args)  # (a fresh one: the kept one's traceback stays short)
     targets = self._targets(args, kwargs)
     if self.twin_plan is not None:
       if self.inplace or self.twin._schema.name.endswith("_functional"):
@@ -126,6 +141,9 @@ class MutatingPlan:
       results = outs[: len(outs) - len(targets)]
     else:
       new_values, results = outs[: len(targets)], None
+    if self.inplace:
+      for target, new in zip(targets, new_values):
+        _check_cast(new, target)
     # torch resizes out= tensors (and `resize_` its input); other results broadcast into place
     resize = self.is_out or self.func._schema.name in _RESIZING
     for target, new in zip(targets, new_values):
@@ -174,6 +192,27 @@ def restride_twin(func: Any) -> Any:
     if is_view(twin) and [a.name for a in twin._schema.arguments] == names:
       return twin
   return None
+
+
+# torch's names of scalar types, as its messages spell them
+_SCALAR_NAMES = {
+  torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
+  torch.bfloat16: "BFloat16", torch.complex128: "ComplexDouble", torch.complex64: "ComplexFloat",
+  torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+  torch.uint8: "Byte", torch.bool: "Bool",
+}  # fmt: skip
+
+
+def _check_cast(new: Any, target: Any) -> None:
+  """torch's rule for an in-place op: its result must cast to the tensor written
+  (`x.mul_(complex)` on a float `x` raises; it would drop the imaginary part)."""
+  if not isinstance(new, torch.Tensor) or not isinstance(target, torch.Tensor):
+    return
+  if not torch.can_cast(new.dtype, target.dtype):
+    raise RuntimeError(
+      f"result type {_SCALAR_NAMES.get(new.dtype, new.dtype)} can't be cast to the desired "
+      f"output type {_SCALAR_NAMES.get(target.dtype, target.dtype)}"
+    )
 
 
 def store(target: Any, new: Any, resize: bool = False) -> None:

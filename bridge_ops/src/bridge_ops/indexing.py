@@ -244,6 +244,8 @@ def _along(self, dim, index):
 
 @lowering(aten.index_select.default)
 def index_select(self, dim, index):
+  if index.ndim > 1:
+    raise IndexError("index_select(): Index is supposed to be a vector")
   # [0, size); torch's CPU kernel words it by its path: its own loop along dim 1
   if self.ndim > 1 and _dim(dim, self.ndim) == 1:
     _check_along(
@@ -359,6 +361,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
   row's gradient is divided by how often it is looked up in `indices`. JAX's transforms of
   the gather (`jax.grad`, `jax.jvp`, the VJP behind a compiled module's backward) follow
   torch through `_embedding`'s JVP rule."""
+  if weight.ndim != 2:
+    raise RuntimeError("'weight' must be 2-D")
   check_index(indices, weight.shape[0], IndexError, "index out of range in self")
   if ((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq) or not jnp.issubdtype(
     weight.dtype, jnp.inexact
@@ -371,7 +375,13 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 def _rows(weight, indices):
   """`weight[indices]`: an index out of range is clamped into range, as every JAX read (its
-  check raised in eager mode; `jnp.take`'s default NaN fill costs a mask and a select)."""
+  check raised in eager mode; `jnp.take`'s default NaN fill costs a mask and a select).
+  The indices are clipped in their own dtype and then narrowed where the rows fit int32:
+  `jnp.take`'s own clamp mixes int32 bounds with int64 indices under `jax.grad` when
+  64-bit types are switched on for the op only."""
+  n = weight.shape[0]
+  if isinstance(n, int) and n < 2**31 and np.dtype(indices.dtype).itemsize > 4:
+    indices = jnp.clip(indices, 0, max(n - 1, 0)).astype(jnp.int32)
   return jnp.take(weight, indices, axis=0, mode="clip")
 
 
