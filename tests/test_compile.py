@@ -244,6 +244,38 @@ def test_dynamic_python_numbers():
   assert model.traces == 1
 
 
+@pytest.mark.parametrize(
+  "kw", [{"dynamic_argnums": (1,)}, {"dynamic_argnames": ("scale",)}, {"dynamic_argnames": "scale"}]
+)
+def test_dynamic_arguments_whichever_way_they_are_passed(kw):
+  # as jax.jit: a position also covers the argument passed by name, a name its position
+  model = Scaled()
+  compiled = bridge.compile(model, **kw)
+  x = torch.randn(2, 3)
+  with torch.no_grad():
+    for scale in (1.0, 2.0, 3.5):
+      torch.testing.assert_close(compiled(x, scale), model.fc(x) * scale)
+      torch.testing.assert_close(compiled(x, scale=scale + 1), model.fc(x) * (scale + 1))
+  assert model.traces == 2  # one per call structure (positional, keyword), none per value
+
+
+def test_unknown_dynamic_arguments_raise():
+  def f(x, alpha=1.0):
+    return x * alpha
+
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"'alpah', which is not an argument of .*f\(x, alpha=1.0\)"
+  ):
+    bridge.compile(f, dynamic_argnames=["alpah"])
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"dynamic_argnums has 2, but .*f\(x, alpha=1.0\) takes 2"
+  ):
+    bridge.compile(f, dynamic_argnums=[2])
+  with pytest.raises(bridge.BridgeTypeError, match="positions"):
+    bridge.compile(f, dynamic_argnums=[-1])
+  bridge.compile(lambda *args, **kwargs: args, dynamic_argnums=[5], dynamic_argnames=["any"])
+
+
 def test_compiled_function_and_bound_method():
   torch.manual_seed(0)
   f = bridge.compile(lambda x, y: torch.sigmoid(x) @ y)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import inspect
 import os
 import threading
 import warnings
@@ -575,8 +576,9 @@ class Compiled:
     self.module = module_of(target)
     self.call = target
     self.name = getattr(target, "__qualname__", None) or type(target).__name__
-    self.dynamic_argnums = frozenset(dynamic_argnums)
-    self.dynamic_argnames = frozenset(dynamic_argnames)
+    self.dynamic_argnums, self.dynamic_argnames = _dynamic_arguments(
+      target, dynamic_argnums, dynamic_argnames
+    )
     self._programs: dict[tuple, _Program] = {}
     self._imported: list[tuple[torch.Tensor, tuple, Any] | None] = []  # see _state_arrays
     self._slots: list[tuple[dict, str]] | None = None
@@ -978,6 +980,59 @@ class Compiled:
         else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key")
       )
     return list(outs), updates, new_key
+
+
+def _dynamic_arguments(
+  target: Callable[..., Any], argnums: Iterable[int], argnames: Iterable[str]
+) -> tuple[frozenset[int], frozenset[str]]:
+  """`dynamic_argnums`/`dynamic_argnames` completed through the signature, as `jax.jit`
+  completes its static ones: each number's name and each name's position, so an argument
+  is dynamic whichever way it is passed. An unknown name or an out-of-range number raises."""
+  nums: set[Any] = {argnums} if isinstance(argnums, int) else set(argnums)
+  names: set[Any] = {argnames} if isinstance(argnames, str) else set(argnames)
+  for num in nums:
+    if not isinstance(num, int) or isinstance(num, bool) or num < 0:
+      raise BridgeTypeError(
+        f"`{API}`: dynamic_argnums takes argument positions (ints >= 0), got {num!r}."
+      )
+  for name in names:
+    if not isinstance(name, str):
+      raise BridgeTypeError(f"`{API}`: dynamic_argnames takes argument names, got {name!r}.")
+  fn = target.forward if isinstance(target, torch.nn.Module) else target
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):  # no signature to check against (a builtin)
+    return frozenset(nums), frozenset(names)
+  kinds = inspect.Parameter
+  params = list(sig.parameters.values())
+  positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+  var_positional = any(p.kind == kinds.VAR_POSITIONAL for p in params)
+  var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in params)
+  where = f"{getattr(fn, '__qualname__', type(target).__name__)}{sig}"
+  for n in sorted(nums):
+    if n < len(positional):
+      if positional[n].kind == kinds.POSITIONAL_OR_KEYWORD:
+        names.add(positional[n].name)
+    elif not var_positional:
+      raise BridgeTypeError(
+        f"`{API}`: dynamic_argnums has {n}, but {where} takes {len(positional)} positional "
+        "argument(s)."
+      )
+  for name in sorted(names):
+    p = sig.parameters.get(name)
+    if p is None:
+      if not var_keyword:
+        raise BridgeTypeError(
+          f"`{API}`: dynamic_argnames has {name!r}, which is not an argument of {where}."
+        )
+    elif p.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+      raise BridgeTypeError(
+        f"`{API}`: dynamic_argnames has {name!r}, the *{name} of {where}; name the "
+        "arguments themselves (or give their positions in dynamic_argnums)."
+      )
+    elif p.kind == kinds.POSITIONAL_OR_KEYWORD:
+      nums.add(positional.index(p))
+  return frozenset(nums), frozenset(names)
 
 
 def _array(t: torch.Tensor) -> Any:
