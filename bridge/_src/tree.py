@@ -8,8 +8,11 @@ fast path (no dataclass anywhere) is one C++ `tree_flatten` call.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
+import functools
+import threading
 from typing import Any, Callable, Iterable, Iterator
 
 import jax
@@ -154,3 +157,73 @@ class ByIdentity:
 
   def __eq__(self, other: Any) -> bool:
     return isinstance(other, ByIdentity) and other.v is self.v
+
+
+# ----------------------------------------------------------------------------- JAX pytrees
+
+_registered: set[type] = set()
+_register_lock = threading.Lock()
+
+
+def _mapping_node(cls: Any) -> None:
+  """A dict subclass with attribute fields (Hugging Face's `ModelOutput`) as a JAX node: its
+  keys in order, rebuilt without running `__init__` (which inspects its first value)."""
+
+  def flatten(obj: Any) -> tuple[list, tuple]:
+    keys = tuple(obj.keys())
+    return [obj[k] for k in keys], keys
+
+  fields = hasattr(cls, "__dataclass_fields__")  # (ModelOutput's keys are attributes too)
+  base: Any = collections.OrderedDict if issubclass(cls, collections.OrderedDict) else dict
+
+  def unflatten(keys: tuple, children: Iterable[Any]) -> Any:
+    obj = cls.__new__(cls)
+    base.__init__(obj)
+    for k, v in zip(keys, children):
+      base.__setitem__(obj, k, v)
+      if fields:
+        object.__setattr__(obj, k, v)
+    return obj
+
+  _tu.register_pytree_node(cls, flatten, unflatten)
+
+
+def register_output_types(tree: Any) -> None:
+  """Make the containers in `tree` that JAX does not know JAX pytree nodes, so the outputs of
+  torch code (a Hugging Face `ModelOutput`, a dataclass of tensors) can leave `jax.jit` and
+  pass through `jax.grad(has_aux=True)` and `jax.tree_util`, keeping key and attribute
+  access. Registered once per class, for the whole process (JAX's registry is global)."""
+  stack = [tree]
+  while stack:
+    x = stack.pop()
+    cls = type(x)
+    if isinstance(x, (list, tuple)) and cls in (list, tuple):
+      stack.extend(x)
+      continue
+    if cls in (dict, collections.OrderedDict):
+      stack.extend(x.values())
+      continue
+    if isinstance(x, dict):  # a dict subclass (ModelOutput)
+      _register(cls, functools.partial(_mapping_node, cls))
+      stack.extend(x.values())
+    elif is_dataclass_instance(x):
+      names = [f.name for f in dataclasses.fields(x)]
+      _register(
+        cls, functools.partial(_tu.register_dataclass, cls, data_fields=names, meta_fields=[])
+      )
+      stack.extend(getattr(x, n) for n in names)
+    elif isinstance(x, tuple) and hasattr(cls, "_fields"):  # a named tuple: JAX knows them
+      stack.extend(x)
+
+
+def _register(cls: type, how: Callable[[], Any]) -> None:
+  if cls in _registered:
+    return
+  with _register_lock:
+    if cls in _registered:
+      return
+    try:
+      how()
+    except ValueError:  # registered already (by the user, or another library)
+      pass
+    _registered.add(cls)
