@@ -145,3 +145,32 @@ def test_the_users_line_is_in_the_traceback():
   assert any(
     entry.name == "f" and "torch.mm(a, b)" in str(entry.statement) for entry in info.traceback
   )
+
+
+def test_callback_mode_shape_inference_is_quiet():
+  # torch's FakeTensor logs a meta kernel's failure (about 20 lines) before raising it; the
+  # bridge's fake run drops that log: the exception reaches the user once
+  import logging
+
+  import jax.numpy as jnp
+
+  records = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record)
+
+  def f(a, b):
+    return torch.mm(a, b)
+
+  logger = logging.getLogger("torch._subclasses.fake_tensor")  # (torch's loggers do not
+  handler = Keep()  # propagate to the root, so caplog would see nothing either way)
+  logger.addHandler(handler)
+  try:
+    with pytest.raises(RuntimeError, match="must have same reduction dim"):
+      jax.jit(lambda a, b: bridge.call_torch(f, a, b, mode="callback"))(
+        jnp.ones((2, 3)), jnp.ones((4, 2))
+      )
+  finally:
+    logger.removeHandler(handler)
+  assert not [r for r in records if "failed while attempting to run meta" in r.getMessage()]

@@ -23,6 +23,8 @@ with no lowering, custom ops, third-party extensions.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -127,6 +129,21 @@ class _FakeResult:
     self.writes_state = writes_state  # it updates its module's buffers
 
 
+_quiet = threading.local()  # .on: this thread is in a fake run (`_fake_run`)
+
+
+class _QuietFakeRuns(logging.Filter):
+  """Drops torch's FakeTensor log of a meta kernel's failure ("failed while attempting to run
+  meta for aten.mm.default" and its traceback, about 20 lines) during the bridge's own fake
+  runs: the exception itself reaches the user, with the bridge's note."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not getattr(_quiet, "on", False)
+
+
+_quiet_filter = _QuietFakeRuns()
+
+
 def _fake_run(
   call: Callable[[list], Any],
   in_specs: Sequence[tuple],
@@ -154,6 +171,10 @@ def _fake_run(
     device = ffi.torch_device()  # where the real run's tensors will be
     fakes = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in in_specs]
     versions = [t._version for t in fakes]
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    if _quiet_filter not in fake_log.filters:
+      fake_log.addFilter(_quiet_filter)
+    _quiet.on = True
     try:
       with recorder:
         out = call(fakes)
@@ -188,6 +209,8 @@ def _fake_run(
     except Exception as e:
       _note_fake_run(e, name)
       raise
+    finally:
+      _quiet.on = False
   mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
   writes_state = any(
     t._version != state_versions[n] or id(t) in recorder.written for n, t in fake_state.items()
