@@ -174,3 +174,13 @@ def test_callback_mode_shape_inference_is_quiet():
   finally:
     logger.removeHandler(handler)
   assert not [r for r in records if "failed while attempting to run meta" in r.getMessage()]
+
+
+def test_a_params_entry_of_another_shape_is_named():
+  import jax.numpy as jnp
+
+  params, fn = bridge.extract_jax(torch.nn.Linear(3, 2))
+  params = dict(params, weight=jnp.ones((3, 2)))
+  with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied") as info:
+    jax.jit(fn)(params, jnp.ones((4, 3)))
+  assert "'weight' is (3, 2) where Linear has (2, 3)" in "\n".join(info.value.__notes__)

@@ -48,6 +48,19 @@ from bridge._src.module_state import (
 API = "bridge.extract_jax"
 
 
+def _note_reshaped(error: BaseException, module: torch.nn.Module, params: Mapping, api: str) -> None:
+  """Name the entries of `params` whose shapes differ from the module's own tensors on an
+  error of the call (a parameter of another shape is allowed, and is the likely cause)."""
+  own = module_state(module)
+  odd = [
+    f"{name!r} is {tuple(a.shape)} where {type(module).__name__} has {tuple(own[name].shape)}"
+    for name, a in params.items()
+    if name in own and tuple(getattr(a, "shape", ())) != tuple(own[name].shape)
+  ]
+  if odd:
+    error.add_note(f"(bridge: `{api}`: of the parameters passed, {'; '.join(odd[:5])})")
+
+
 def apply(
   module: torch.nn.Module,
   call: Callable[..., Any],
@@ -91,8 +104,12 @@ def apply(
         narrowing.track(a, bounded[name][1])
       tensors[name] = array_to_tensor(a, functools.partial(state_where, name), api)
   arrays = {name: t._storage.array for name, t in tensors.items()}
-  with reparametrized(module, tensors) as after:
-    out = tracing.run_traced(call, args, kwargs, api)
+  try:
+    with reparametrized(module, tensors) as after:
+      out = tracing.run_traced(call, args, kwargs, api)
+  except Exception as e:  # (the module's own tensors are back: compared in the note)
+    _note_reshaped(e, module, params, api)
+    raise
   mutated = {}
   for name, t in after.items():  # reassigned, or updated in place
     if t is not tensors[name] or t._storage.array is not arrays[name]:
