@@ -590,3 +590,20 @@ def test_parameters_as_arguments_take_the_shortcut_and_stay_current():
   out = f(w, x)  # grad mode, a parameter that requires grad: the general path, with a backward
   out.sum().backward()
   torch.testing.assert_close(w.grad, x.sum(0).expand(3, 4))
+
+
+def test_torch_save_and_load_of_a_compiled_module():
+  import io
+
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+  compiled = bridge.compile(model, dynamic_argnums=())
+  x = torch.randn(2, 3)
+  compiled(x)  # (a recorded call and programs: none of them is pickled)
+  buffer = io.BytesIO()
+  torch.save(compiled, buffer)
+  buffer.seek(0)
+  loaded = torch.load(buffer, weights_only=False)
+  assert isinstance(loaded, bridge.Compiled) and loaded is not compiled
+  torch.testing.assert_close(loaded(x), model(x))
+  torch.testing.assert_close(loaded.module[0].weight, model[0].weight)

@@ -566,6 +566,11 @@ class Compiled:
     )
     return super().__new__(own)
 
+  def __reduce__(self) -> tuple:
+    # pickled (`torch.save`) as what it compiles: the class of its own is not importable,
+    # and programs are rebuilt on first use after loading
+    return (_recompile, (self.target, tuple(self.dynamic_argnums), tuple(self.dynamic_argnames)))
+
   def __init__(
     self,
     target: Callable[..., Any],
@@ -980,6 +985,11 @@ class Compiled:
         else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key")
       )
     return list(outs), updates, new_key
+
+
+def _recompile(target: Any, argnums: tuple, argnames: tuple) -> "Compiled":
+  """`pickle`'s way back to a `Compiled` (see `Compiled.__reduce__`)."""
+  return Compiled(target, dynamic_argnums=argnums, dynamic_argnames=argnames)
 
 
 def _dynamic_arguments(

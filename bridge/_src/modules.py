@@ -48,7 +48,9 @@ from bridge._src.module_state import (
 API = "bridge.extract_jax"
 
 
-def _note_reshaped(error: BaseException, module: torch.nn.Module, params: Mapping, api: str) -> None:
+def _note_reshaped(
+  error: BaseException, module: torch.nn.Module, params: Mapping, api: str
+) -> None:
   """Name the entries of `params` whose shapes differ from the module's own tensors on an
   error of the call (a parameter of another shape is allowed, and is the likely cause)."""
   own = module_state(module)
