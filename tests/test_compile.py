@@ -607,3 +607,18 @@ def test_torch_save_and_load_of_a_compiled_module():
   assert isinstance(loaded, bridge.Compiled) and loaded is not compiled
   torch.testing.assert_close(loaded(x), model(x))
   torch.testing.assert_close(loaded.module[0].weight, model[0].weight)
+
+
+def test_an_argument_it_cannot_take_is_named_as_the_user_wrote_it():
+  import numpy as np
+
+  def f(x, y=None, cfg=None):
+    return x
+
+  compiled = bridge.compile(f)
+  with pytest.raises(bridge.BridgeTypeError, match=r"argument x is a NumPy array.*from_numpy"):
+    compiled(np.ones(3, np.float32))
+  with pytest.raises(bridge.BridgeTypeError, match=r"argument y is a NumPy array"):
+    compiled(torch.ones(3), y=np.ones(3, np.float32))
+  with pytest.raises(bridge.BridgeTypeError, match=r"argument cfg\['a'\]\[1\] is a set"):
+    compiled(torch.ones(3), None, {"a": [1, {2}]})

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.extend.core
+import numpy as np
 import torch
 from jax._src import config as _jax_config
 
@@ -729,7 +730,13 @@ class Compiled:
         try:
           hash(leaf)
         except TypeError:
-          path = tree_lib.leaf_paths((args, kwargs))[i]
+          path = self._argument_path(args, kwargs, i)
+          if isinstance(leaf, np.ndarray):
+            raise BridgeTypeError(
+              f"`{API}`: argument {path} is a NumPy array; the compiled callable takes torch "
+              "tensors (CPU or `jax` device). Pass `torch.from_numpy(...)` (no copy), or call "
+              "a JAX function with `bridge.call_jax`, which takes arrays."
+            ) from None
           raise BridgeTypeError(
             f"`{API}`: argument {path} is a {type(leaf).__name__}, neither a tensor nor a "
             "hashable value, so it cannot be a static argument of the compiled program. Pass "
@@ -737,6 +744,27 @@ class Compiled:
           ) from None
         statics.append(leaf)
     return spec, tuple(statics), dyn, tuple(sig)
+
+  def _argument_path(self, args: tuple, kwargs: dict, i: int) -> str:
+    """Leaf `i` of (args, kwargs) named as the user wrote it: `x`, `batch['ids']`, `args[2]`."""
+    arg_paths = tree_lib.leaf_paths(args)
+    if i >= len(arg_paths):
+      return (
+        tree_lib.leaf_paths(kwargs)[i - len(arg_paths)].replace("['", "", 1).replace("']", "", 1)
+      )
+    path = arg_paths[i]  # "[k]..." for positional argument k
+    k = int(path[1 : path.index("]")])
+    fn = self.target.forward if isinstance(self.target, torch.nn.Module) else self.target
+    try:
+      params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+      ]
+    except (TypeError, ValueError):
+      params = []
+    name = params[k].name if k < len(params) else f"args[{k}]"
+    return name + path[path.index("]") + 1 :]
 
   def _dynamic_leaves(self, args: tuple, kwargs: dict, n: int) -> list[bool]:
     marks = []
