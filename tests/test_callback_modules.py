@@ -211,3 +211,32 @@ def test_optax_trains_a_callback_only_module_like_torch_adamw():
   model.load_state_dict(bridge.torch_view({**trainable, **buffers}))
   for name, value in twin.state_dict().items():
     torch.testing.assert_close(model.state_dict()[name], value, rtol=2e-3, atol=2e-4, msg=name)
+
+
+def test_extract_jax_callback_mode_takes_result_shape_dtypes():
+  class ValueDependent(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+      n = int((x > 0).sum())  # a value read in Python: the fake run cannot find the shapes
+      return self.fc(x) * n
+
+  torch.manual_seed(0)
+  model = ValueDependent()
+  x = jnp.ones((4, 3))
+  params, fn = bridge.extract_jax(model, mode="callback")
+  with pytest.raises(bridge.TracedValueError, match="result_shape_dtypes"):
+    jax.jit(fn)(params, x)
+  spec = jax.ShapeDtypeStruct((4, 2), jnp.float32)
+  params, fn = bridge.extract_jax(model, mode="callback", result_shape_dtypes=spec)
+  out = jax.jit(fn)(params, x)
+  torch.testing.assert_close(torch.from_numpy(np.asarray(out)), model(torch.ones(4, 3)))
+  grads = jax.grad(lambda p: fn(p, x).sum())(params)
+  model(torch.ones(4, 3)).sum().backward()
+  np.testing.assert_allclose(
+    np.asarray(grads["fc.weight"]), model.fc.weight.grad.numpy(), rtol=1e-6
+  )
+  with pytest.raises(bridge.BridgeTypeError, match="options of mode='callback'"):
+    bridge.extract_jax(model, result_shape_dtypes=spec)

@@ -428,6 +428,7 @@ def extract_jax(
   return_state: bool = False,
   mode: tracing.Mode = "trace",
   vmap_method: tracing.VmapMethod | None = None,
+  result_shape_dtypes: Any = None,
 ) -> tuple[dict[str, jax.Array], Callable[..., Any]]:
   """A torch module as `(params, fn)`: its state as JAX arrays and a pure JAX function.
 
@@ -468,6 +469,8 @@ def extract_jax(
     return_state: make `fn` return `(output, new_params)`.
     mode: "trace" (the default) or "callback".
     vmap_method: callback mode under `jax.vmap`, as in `call_torch`.
+    result_shape_dtypes: callback mode: the forward's outputs as `jax.ShapeDtypeStruct`s
+      (a pytree like them), where they cannot be found before it runs, as in `call_torch`.
 
   Returns:
     `(params, fn)`.
@@ -498,9 +501,9 @@ def extract_jax(
       stacklevel=2,
     )
 
-  tracing.check_mode(mode, vmap_method, None, api=API)
+  tracing.check_mode(mode, vmap_method, result_shape_dtypes, api=API)
   if mode == "callback":
-    return params, _callback_fn(module, return_state, vmap_method)
+    return params, _callback_fn(module, return_state, vmap_method, result_shape_dtypes)
 
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     targs, tkwargs = tracing.inputs_to_torch((args, kwargs), API)
@@ -535,7 +538,7 @@ def _with_state(
 
 
 def _callback_fn(
-  module: torch.nn.Module, return_state: bool, vmap_method: str | None
+  module: torch.nn.Module, return_state: bool, vmap_method: str | None, result_shape_dtypes: Any
 ) -> Callable[..., Any]:
   """`extract_jax(module, mode="callback")`'s function of (params, *args, **kwargs)."""
 
@@ -548,7 +551,13 @@ def _callback_fn(
   def fn(params: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     state = dict(params)
     out, written = callback.call(
-      forward, (state, args, kwargs), {}, vmap_method=vmap_method, name=name, return_mutated=True
+      forward,
+      (state, args, kwargs),
+      {},
+      vmap_method=vmap_method,
+      result_shape_dtypes=result_shape_dtypes,
+      name=name,
+      return_mutated=True,
     )
     names = sorted(state)  # the state's leaves come first, in JAX's (sorted) key order
     mutated = {names[i]: v for i, v in written.items() if i < len(names)}
