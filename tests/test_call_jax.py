@@ -417,3 +417,17 @@ def test_call_jax_does_not_copy_a_large_input(layout):
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert int(out.stdout.strip()) < 256, f"peak memory grew by {out.stdout.strip()} MiB"
+
+
+def test_a_torch_view_called_from_traced_jax_code_is_the_jax_function():
+  @bridge.torch_view
+  def f(x):
+    return jnp.sin(x) * 2
+
+  x = jnp.arange(3.0)
+  np.testing.assert_allclose(np.asarray(jax.jit(f)(x)), np.sin(np.arange(3.0)) * 2, rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(jax.grad(lambda a: f(a).sum())(x)), 2 * np.cos(np.arange(3.0)), rtol=1e-6
+  )
+  out = f(torch.arange(3.0))  # from torch: torch
+  assert isinstance(out, torch.Tensor)

@@ -563,6 +563,15 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   return out_def.unflatten(outs)
 
 
+def _traced_jax_only(args: tuple, kwargs: dict) -> bool:
+  """Whether the arguments hold a JAX tracer and no torch tensor: a torch view of a JAX
+  function called inside `jax.jit`/`grad`/`vmap` (there is no torch side to hand results to)."""
+  leaves = jax.tree_util.tree_leaves((args, kwargs))
+  return any(isinstance(x, jax.core.Tracer) for x in leaves) and not any(
+    isinstance(x, torch.Tensor) for x in leaves
+  )
+
+
 def torch_function(fn: F) -> F:
   """`bridge.torch_view` of a JAX callable `fn`: a torch callable, `call_jax(fn, ...)` on each
   call.
@@ -591,6 +600,8 @@ def torch_function(fn: F) -> F:
 
   @functools.wraps(fn)
   def wrapper(*args: Any, **kwargs: Any) -> Any:
+    if _traced_jax_only(args, kwargs):  # called from JAX code being traced: it is JAX's own
+      return fn(*args, **kwargs)
     return call_jax(fn, *args, **kwargs)
 
   wrapper.__bridge_jax_fn__ = fn  # type: ignore[attr-defined]
