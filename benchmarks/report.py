@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import sys
 from pathlib import Path
 
 from .common import (
@@ -508,14 +509,24 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
   return "\n".join(lines)
 
 
-def plots(reports: list[dict], out_dir: Path) -> list[Path]:
-  """Write the PNG plots; returns their paths (none if matplotlib is missing)."""
+MISSING_MATPLOTLIB = (
+  "benchmarks: matplotlib is not installed, so no plots are drawn; "
+  'install the bench extra: pip install -e ".[bench]"'
+)
+
+
+def plots(reports: list[dict], out_dir: Path, required: bool = True) -> list[Path]:
+  """Write the PNG plots; returns their paths. Without matplotlib: SystemExit saying what to
+  install, or (`required=False`, a --quick run) that message printed and no plots."""
   try:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
+    if required:
+      raise SystemExit(MISSING_MATPLOTLIB) from None
+    print(MISSING_MATPLOTLIB, file=sys.stderr)
     return []
   out_dir.mkdir(parents=True, exist_ok=True)
   written = []

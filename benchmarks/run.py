@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     results = merge(old, reports, dict(meta, systems=names, workloads=workloads or "all"))
   (args.out / "results.json").write_text(json.dumps(results, indent=1))
   reports, meta = results["reports"], results["meta"]
-  markdown = report.markdown(reports, meta, plots=report.plots(reports, args.out / "plots"))
+  drawn = report.plots(reports, args.out / "plots", required=not args.quick)
+  markdown = report.markdown(reports, meta, plots=drawn)
   (args.out / "RESULTS.md").write_text(markdown)
   print(f"[benchmarks] wrote {args.out / 'RESULTS.md'} in {time.time() - started:.0f}s")
 

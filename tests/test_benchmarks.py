@@ -230,7 +230,7 @@ def test_interleaved_run_end_to_end(tmp_path):
       "--only",
       "bridge,plain_jax",
       "--workloads",
-      "call_small,eager_add",
+      "call_small,compiled_linear",
       "--out",
       str(tmp_path),
     ],
@@ -245,5 +245,11 @@ def test_interleaved_run_end_to_end(tmp_path):
   assert results["meta"]["interleaved"] is True
   for r in results["reports"]:
     assert r["env"]["interleaved"] is True
-    assert set(r["results"]) == {"call_small", "eager_add"}, (r["system"], r["skipped"])
-  assert "quick, interleaved run" in (tmp_path / "RESULTS.md").read_text()
+    assert set(r["results"]) == {"call_small", "compiled_linear"}, (r["system"], r["skipped"])
+  page = (tmp_path / "RESULTS.md").read_text()
+  assert "quick, interleaved run" in page
+  # the plots (matplotlib comes with the test extras, as with the bench extra)
+  drawn = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+  assert len(drawn) >= 2, drawn
+  for name in drawn:
+    assert f"(plots/{name})" in page
