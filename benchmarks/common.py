@@ -247,7 +247,7 @@ def blocking(fn: Callable[[], Any], sample_out: Any) -> Callable[[], Any]:
   return run
 
 
-def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, float | int]:
+def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, Any]:
   """Time `fn()` call by call (after warm-up); return median/min/max in us and n.
 
   Under `--interleave` the calls are timed in blocks, in turn with the other systems'
@@ -258,9 +258,10 @@ def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, float | i
   for _ in range(settings.warmup):
     fn()
   ch = interleave.channel()
+  rounds: list[float] = []
   if ch is not None:
     samples = interleave.timed_blocks(
-      ch, fn, settings.min_reps, settings.max_reps, settings.budget_s
+      ch, fn, settings.min_reps, settings.max_reps, settings.budget_s, rounds
     )
     if not samples:
       raise RuntimeError("interleaved timing: the coordinator stopped before any call")
@@ -275,9 +276,12 @@ def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, float | i
       if len(samples) >= settings.min_reps and clock() > deadline:
         break
   us = [s * 1e6 for s in samples]
-  return {
+  out: dict[str, Any] = {
     "median_us": statistics.median(us),
     "min_us": min(us),
     "max_us": max(us),
     "n": len(us),
   }
+  if rounds:  # interleaved: each round's median, side by side with the other systems'
+    out["rounds_us"] = [r * 1e6 for r in rounds]
+  return out

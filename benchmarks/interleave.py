@@ -24,6 +24,7 @@ their own workers, one system after another.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -84,9 +85,15 @@ def end(workload: str) -> None:
 
 
 def timed_blocks(
-  ch: Channel, fn: Callable[[], Any], min_reps: int, max_reps: int, budget_s: float
+  ch: Channel,
+  fn: Callable[[], Any],
+  min_reps: int,
+  max_reps: int,
+  budget_s: float,
+  rounds: list[float] | None = None,
 ) -> list[float]:
-  """The worker's side of one interleaved timing: per-call seconds."""
+  """The worker's side of one interleaved timing: per-call seconds. `rounds`, if given,
+  receives each block's median (one per round, for the per-round ratios of the report)."""
   samples: list[float] = []
   clock = time.perf_counter
   block_s = max(budget_s / ROUNDS, MIN_BLOCK_S)
@@ -98,6 +105,7 @@ def timed_blocks(
       return samples
     start = clock()
     block_end = start + block_s
+    first = len(samples)
     while len(samples) < max_reps:
       t0 = clock()
       fn()
@@ -106,6 +114,8 @@ def timed_blocks(
       if t1 > block_end:
         break
     spent += clock() - start
+    if rounds is not None and len(samples) > first:
+      rounds.append(statistics.median(samples[first:]))
     full = len(samples) >= max_reps or (len(samples) >= min_reps and spent >= budget_s)
     ch.send("full" if full else "more")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 import subprocess
 import sys
@@ -248,6 +249,15 @@ def test_interleaved_run_end_to_end(tmp_path):
     assert set(r["results"]) == {"call_small", "compiled_linear"}, (r["system"], r["skipped"])
   page = (tmp_path / "RESULTS.md").read_text()
   assert "quick, interleaved run" in page
+  # each goal's ratio with its spread over the rounds (the blocks timed side by side)
+  bridge_rounds = next(r for r in results["reports"] if r["system"] == "bridge")["results"]
+  assert len(bridge_rounds["compiled_linear"]["rounds_us"]) >= 2
+  row = next(
+    line for line in page.splitlines() if "| compiled_linear | bridge / plain_jax |" in line
+  )
+  assert re.search(
+    r"\| \d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\) \| <= 1.5 \| (met|not met|within spread) \|", row
+  ), row
   # the plots (matplotlib comes with the test extras, as with the bench extra)
   drawn = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
   assert len(drawn) >= 2, drawn
