@@ -34,9 +34,12 @@ def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   try:
     return func(*margs, **mkwargs)
   except Exception as e:  # noqa: BLE001 - no meta kernel: the lowering's own dtypes stand
-    error = _refusal(func, e, margs, mkwargs)
-    if error is not None:
-      raise error from None
+    # (only torch's check errors: a TypeError here more likely says how the arguments were
+    # stood in for, e.g. a traced scalar as a Python number, than that torch refuses them)
+    if isinstance(e, (RuntimeError, IndexError)):
+      error = _refusal(func, e, margs, mkwargs)
+      if error is not None:
+        raise error from None
     return None
 
 
