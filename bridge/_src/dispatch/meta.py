@@ -14,12 +14,27 @@ from bridge._src import dtypes, narrowing, scope
 from bridge._src.errors import BridgeError
 
 
-def _meta_arg(x: Any) -> Any:
+class _StandIn:
+  """A traced Python scalar's stand-in value (1, 1.0...): right for shapes and dtypes, not for
+  torch's checks of values (`geometric_(p)` wants p in (0, 1))."""
+
+
+_STAND_INS = (
+  {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j},
+  {"b": False, "i": 2, "u": 2, "f": 0.5, "c": 0.5 + 0.5j},  # (another set: see `_verdict`)
+)
+
+
+def _meta_arg(x: Any, stand_ins: list | None = None, other: bool = False) -> Any:
   if isinstance(x, jax.core.Tracer) or isinstance(x, (jax.Array, np.ndarray)):
     shape, dtype = np.shape(x), np.dtype(x.dtype)
     weak = getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
     if weak and not shape:
-      return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}[dtype.kind]
+      if not isinstance(x, jax.core.Tracer):
+        return np.asarray(x).item()  # a known value: itself
+      if stand_ins is not None:
+        stand_ins.append(x)
+      return _STAND_INS[other][dtype.kind]
     return torch.empty(shape, dtype=dtypes.JAX_TO_TORCH[dtype], device="meta")
   return x
 
@@ -30,21 +45,41 @@ def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   Where torch refuses the arguments (a dimension out of range, a weight of the wrong rank:
   mistakes a lowering may not check), this raises torch's own exception, as CPU torch
   raises it (`torch_error`)."""
-  margs, mkwargs = _meta_args(args, kwargs)
+  stand_ins: list = []
+  margs, mkwargs = _meta_args(args, kwargs, stand_ins)
   try:
     return func(*margs, **mkwargs)
   except Exception as e:  # noqa: BLE001 - no meta kernel: the lowering's own dtypes stand
     # (only torch's check errors: a TypeError here more likely says how the arguments were
-    # stood in for, e.g. a traced scalar as a Python number, than that torch refuses them)
+    # stood in for than that torch refuses them)
     if isinstance(e, (RuntimeError, IndexError)):
-      error = _refusal(func, e, margs, mkwargs)
+      error = _verdict(func, e, margs, mkwargs, args, kwargs, bool(stand_ins))
       if error is not None:
         raise error from None
     return None
 
 
-def _meta_args(args: Any, kwargs: dict) -> tuple[Any, dict]:
-  margs, mkwargs = jax.tree_util.tree_map(_meta_arg, (args, kwargs))
+def _verdict(
+  func: Any, error: Exception, margs: Any, mkwargs: dict, args: Any, kwargs: dict, stood_in: bool
+) -> Exception | None:
+  """`_refusal`, where traced scalars stood in by values of their kind: only if the meta
+  kernel refuses another set of stand-ins too (a shape mistake, not a value check of a
+  stand-in such as `geometric_`'s p in (0, 1))."""
+  if stood_in:
+    other_args, other_kwargs = _meta_args(args, kwargs, None, other=True)
+    try:
+      func(*other_args, **other_kwargs)
+      return None  # the verdict depends on the scalars' values, which are unknown here
+    except Exception as e:  # noqa: BLE001
+      if type(e) is not type(error):
+        return None
+  return _refusal(func, error, margs, mkwargs)
+
+
+def _meta_args(
+  args: Any, kwargs: dict, stand_ins: list | None = None, other: bool = False
+) -> tuple[Any, dict]:
+  margs, mkwargs = jax.tree_util.tree_map(lambda x: _meta_arg(x, stand_ins, other), (args, kwargs))
   mkwargs.pop("key", None)
   if "device" in mkwargs:  # a factory: ask for meta tensors, never re-enter the jax device
     mkwargs["device"] = "meta"
@@ -67,11 +102,12 @@ def torch_error(func: Any, args: Any, kwargs: dict) -> Exception | None:
   """The exception CPU torch raises for these arguments (its own type and message for a
   shape, dtype or size mistake), or None if torch raises none or cannot tell (no meta
   kernel, an output shape that depends on values)."""
-  margs, mkwargs = _meta_args(args, kwargs)
+  stand_ins: list = []
+  margs, mkwargs = _meta_args(args, kwargs, stand_ins)
   try:
     func(*margs, **mkwargs)
-  except Exception as e:  # noqa: BLE001 - sorted by `_refusal`
-    return _refusal(func, e, margs, mkwargs)
+  except Exception as e:  # noqa: BLE001 - sorted by `_verdict`
+    return _verdict(func, e, margs, mkwargs, args, kwargs, bool(stand_ins))
   return None
 
 
@@ -102,50 +138,6 @@ def _refusal(func: Any, error: Exception, margs: Any, mkwargs: dict) -> Exceptio
   except Exception:  # noqa: BLE001 - another kind of failure: not a verdict
     return None
   return None
-
-
-def _meta_tensor(x: Any) -> Any:
-  if isinstance(x, torch.Tensor):
-    return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
-  if isinstance(x, (list, tuple)):
-    return type(x)(_meta_tensor(v) for v in x)
-  return x
-
-
-def _signature(x: Any) -> Any:
-  """What torch's checks of an in-place/out= op read of an argument: shape and dtype of a
-  tensor, the type of a float (not its value), anything else as it is."""
-  if isinstance(x, torch.Tensor):
-    return (tuple(x.shape), x.dtype)
-  if isinstance(x, (float, complex)):
-    return type(x)
-  if isinstance(x, (list, tuple)):
-    return tuple(_signature(v) for v in x)
-  if isinstance(x, (int, bool, str, type(None), torch.dtype)):
-    return x
-  return type(x)
-
-
-def mutation_error(func: Any, args: tuple, kwargs: dict, verdicts: dict) -> Exception | None:
-  """torch's exception for an in-place or out= op that torch refuses on these arguments (a
-  result it cannot cast to the written tensor's dtype, a broadcast that would grow it), or
-  None. The verdict is kept per argument signature in `verdicts`."""
-  try:
-    key = (_signature(args), tuple(sorted((k, _signature(v)) for k, v in kwargs.items())))
-    hash(key)
-  except TypeError:
-    return None
-  if key in verdicts:
-    return verdicts[key]
-  margs = tuple(_meta_tensor(a) for a in args)
-  mkwargs = {k: _meta_tensor(v) for k, v in kwargs.items()}
-  try:
-    func(*margs, **mkwargs)
-    error = None
-  except Exception as e:  # noqa: BLE001 - sorted by `_refusal`
-    error = _refusal(func, e, margs, mkwargs)
-  verdicts[key] = error
-  return error
 
 
 def conform(func: Any, out: Any, expected: Any) -> Any:

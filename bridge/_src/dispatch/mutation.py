@@ -20,7 +20,6 @@ from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src.dispatch import fallback
 from bridge._src.dispatch.functional import FunctionalPlan
-from bridge._src.dispatch.meta import mutation_error
 from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decomposition
 from bridge._src.dispatch.schema import aten, is_view, mutated_args, x64
 from bridge._src.errors import BridgeTypeError
@@ -28,6 +27,10 @@ from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make, value, write
 
 _FILLED = ("dtype", "layout", "device", "pin_memory")
+
+
+def _arguments(func: Any) -> list[tuple[str, str]]:
+  return [(a.name, str(a.type)) for a in func._schema.arguments]
 
 
 def _functional_twin(func: Any) -> Any:
@@ -40,7 +43,16 @@ def _functional_twin(func: Any) -> Any:
   if packet is None:
     return None
   if name.endswith("_"):
+    # the overload of the same name, if it takes the same arguments (`pow_.Scalar` takes a
+    # Scalar exponent, `pow.Scalar` a Scalar base: its twin is `pow.Tensor_Scalar`)
+    same = _arguments(func)
     twin = getattr(packet, overload, None)
+    if twin is not None and not mutated_args(twin) and _arguments(twin) == same:
+      return twin
+    for ov in packet.overloads():
+      cand = getattr(packet, ov)
+      if not mutated_args(cand) and _arguments(cand) == same:
+        return cand
     return twin if twin is not None and not mutated_args(twin) else None
   kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
   if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
@@ -87,16 +99,6 @@ class MutatingPlan:
       if lowering is not None:
         self.direct = FunctionalPlan(func)
     self.twin_plan = plan_of(self.twin) if self.twin is not None else None
-    # torch's own refusals (a result it cannot cast into the written tensor, a broadcast that
-    # would grow it), checked once per argument signature; not for Tensor[] arguments
-    # (`_foreach_*_`), whose signatures would cost more than their ops
-    self.verdicts: dict | None = (
-      {}
-      if not any(
-        isinstance(a.type, torch.ListType) for a in func._schema.arguments if a.name in self.mutated
-      )
-      else None
-    )
 
   def _targets(self, args: tuple, kwargs: dict) -> list:
     targets = []
@@ -106,10 +108,6 @@ class MutatingPlan:
     return targets
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
-    if self.verdicts is not None:
-      error = mutation_error(self.func, args, kwargs, self.verdicts)
-      if error is not None:
-        raise type(error)(*error.args)  # (a fresh one: the kept one's traceback stays short)
     targets = self._targets(args, kwargs)
     if self.twin_plan is not None:
       if self.inplace or self.twin._schema.name.endswith("_functional"):
@@ -141,11 +139,11 @@ class MutatingPlan:
       results = outs[: len(outs) - len(targets)]
     else:
       new_values, results = outs[: len(targets)], None
-    if self.inplace:
-      for target, new in zip(targets, new_values):
-        _check_cast(new, target)
     # torch resizes out= tensors (and `resize_` its input); other results broadcast into place
     resize = self.is_out or self.func._schema.name in _RESIZING
+    if self.inplace or self.is_out:
+      for target, new in zip(targets, new_values):
+        _check_result(new, target, grows=not resize)
     for target, new in zip(targets, new_values):
       if isinstance(target, (list, tuple)):
         for t, n in zip(target, new):
@@ -203,9 +201,11 @@ _SCALAR_NAMES = {
 }  # fmt: skip
 
 
-def _check_cast(new: Any, target: Any) -> None:
-  """torch's rule for an in-place op: its result must cast to the tensor written
-  (`x.mul_(complex)` on a float `x` raises; it would drop the imaginary part)."""
+def _check_result(new: Any, target: Any, grows: bool) -> None:
+  """torch's rules for the result an in-place or out= op writes (TensorIterator's): it must
+  cast to the written tensor's dtype (`x.mul_(complex)` on a float `x`, `add(..., out=long)`
+  of floats raise; they would drop the imaginary part, or truncate), and an in-place op
+  cannot grow its tensor by broadcasting (`grows`; out= tensors are resized instead)."""
   if not isinstance(new, torch.Tensor) or not isinstance(target, torch.Tensor):
     return
   if not torch.can_cast(new.dtype, target.dtype):
@@ -213,6 +213,16 @@ def _check_cast(new: Any, target: Any) -> None:
       f"result type {_SCALAR_NAMES.get(new.dtype, new.dtype)} can't be cast to the desired "
       f"output type {_SCALAR_NAMES.get(target.dtype, target.dtype)}"
     )
+  if grows and tuple(new.shape) != tuple(target.shape):
+    try:
+      broadcast = torch.broadcast_shapes(tuple(new.shape), tuple(target.shape))
+    except RuntimeError:
+      broadcast = tuple(new.shape)
+    if tuple(broadcast) != tuple(target.shape):
+      raise RuntimeError(
+        f"output with shape {list(target.shape)} doesn't match the broadcast shape "
+        f"{list(broadcast)}"
+      )
 
 
 def store(target: Any, new: Any, resize: bool = False) -> None:
