@@ -29,8 +29,8 @@ from bridge._src.tensor import Tensor, make, value, write
 _FILLED = ("dtype", "layout", "device", "pin_memory")
 
 
-def _arguments(func: Any) -> list[tuple[str, str]]:
-  return [(a.name, str(a.type)) for a in func._schema.arguments]
+def _arguments(func: Any) -> list[tuple[str, str, bool]]:
+  return [(a.name, str(a.type), a.has_default_value()) for a in func._schema.arguments]
 
 
 def _functional_twin(func: Any) -> Any:
@@ -45,15 +45,17 @@ def _functional_twin(func: Any) -> Any:
   if name.endswith("_"):
     # the overload of the same name, if it takes the same arguments (`pow_.Scalar` takes a
     # Scalar exponent, `pow.Scalar` a Scalar base: its twin is `pow.Tensor_Scalar`)
-    same = _arguments(func)
     twin = getattr(packet, overload, None)
-    if twin is not None and not mutated_args(twin) and _arguments(twin) == same:
+    if twin is None or mutated_args(twin):
+      return None
+    same = _arguments(func)
+    if _arguments(twin) == same:
       return twin
-    for ov in packet.overloads():
+    for ov in packet.overloads():  # same argument types, and defaults where it has them
       cand = getattr(packet, ov)
       if not mutated_args(cand) and _arguments(cand) == same:
         return cand
-    return twin if twin is not None and not mutated_args(twin) else None
+    return twin
   kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
   if not mutated <= kwarg_only:  # mutates positional arguments: not an out= variant
     functional = getattr(aten, f"{name}_functional", None) or getattr(
