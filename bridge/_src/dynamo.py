@@ -365,6 +365,18 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def user_frame(node: torch.fx.Node) -> tuple[str, str] | None:
+  """The innermost frame of the user's code that made an FX node, from the `stack_trace`
+  that dynamo, aot_autograd and torch.export keep: ("File ..., line N, in f", its source
+  line, or "" if none), or None."""
+  stack = node.meta.get("stack_trace") or ""
+  frames = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+  for i in range(len(frames) - 1, -1, -1):
+    if frames[i].startswith("File "):
+      return frames[i], frames[i + 1] if i + 1 < len(frames) else ""
+  return None
+
+
 def _locate(error: BaseException, gm: torch.fx.GraphModule) -> None:
   """Adds to `error` the line of the user's code that made the graph node it came from (the
   node's `stack_trace`, which dynamo and aot_autograd keep)."""
@@ -383,13 +395,10 @@ def _locate(error: BaseException, gm: torch.fx.GraphModule) -> None:
   if index is None or index >= len(nodes):
     return
   node = nodes[index]
-  stack = node.meta.get("stack_trace") or ""
-  frames = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+  frame = user_frame(node)
   source = ""
-  for i in range(len(frames) - 1, -1, -1):
-    if frames[i].startswith("File "):
-      source = "  " + frames[i] + ("\n    " + frames[i + 1] if i + 1 < len(frames) else "")
-      break
+  if frame is not None:
+    source = "  " + frame[0] + ("\n    " + frame[1] if frame[1] else "")
   target = getattr(node.target, "__name__", None) or str(node.target)
   where = f"(in the graph compiled by torch.compile(backend={NAME!r}): the op {target}"
   where += f", from:\n{source})" if source else ")"
@@ -486,10 +495,7 @@ def backend(
 def _code_name(gm: torch.fx.GraphModule) -> str:
   """The user's function the graph came from, from its nodes' stack traces."""
   for node in gm.graph.nodes:
-    stack = node.meta.get("stack_trace")
-    if stack:
-      for line in reversed(stack.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("File "):
-          return line
+    frame = user_frame(node)
+    if frame is not None:
+      return frame[0]
   return "a graph"

@@ -40,7 +40,7 @@ import torch
 
 from bridge._src import dtypes, transfer
 from bridge._src.dispatch import checks, resolve
-from bridge._src.dynamo import _sdpa_math
+from bridge._src.dynamo import _sdpa_math, user_frame
 from bridge._src.errors import BridgeError, BridgeTypeError, OperatorNotFound, TracedValueError
 from bridge._src.registry import REGISTRY
 
@@ -237,15 +237,8 @@ def _run_graph(gm: torch.fx.GraphModule, inputs: list) -> list:
 
 
 def _where(node: torch.fx.Node) -> str:
-  stack = node.meta.get("stack_trace")
-  if not stack:
-    return ""
-  lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
-  files = [i for i, line in enumerate(lines) if line.startswith("File ")]
-  if not files:
-    return ""
-  i = files[-1]
-  return "\n  at " + " ".join(lines[i : i + 2])
+  frame = user_frame(node)
+  return "" if frame is None else "\n  at " + " ".join(f for f in frame if f)
 
 
 def _call(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
@@ -260,7 +253,7 @@ def _call(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
   if target is torch.ops.aten.sym_size.int:
     return args[0].shape[args[1]]
   if target is torch.ops.aten.sym_numel.default:
-    return int(np.prod(args[0].shape)) if not _symbolic(args[0].shape) else _prod(args[0].shape)
+    return _prod(args[0].shape)
   special = _SPECIAL.get(name)
   if special is not None:
     return _conform(special(*args, **kwargs), node.meta.get("val"))
@@ -693,15 +686,11 @@ class Exported:
   def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
     m = self.manifest
     positional, keywords = m["positional"], m["keywords"]
-    if len(args) > positional + len(keywords):
+    if not positional <= len(args) <= positional + len(keywords):
       raise BridgeTypeError(
         f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
       )
     flat = list(args[:positional])
-    if len(flat) < positional:
-      raise BridgeTypeError(
-        f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
-      )
     extra = dict(zip(keywords, args[positional:]))
     for k, v in kwargs.items():
       if k not in keywords:
