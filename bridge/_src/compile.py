@@ -754,15 +754,8 @@ class Compiled:
       )
     path = arg_paths[i]  # "[k]..." for positional argument k
     k = int(path[1 : path.index("]")])
-    fn = self.target.forward if isinstance(self.target, torch.nn.Module) else self.target
-    try:
-      params = [
-        p
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-      ]
-    except (TypeError, ValueError):
-      params = []
+    sig = _signature(self.target)
+    params = _positional(sig) if sig is not None else []
     name = params[k].name if k < len(params) else f"args[{k}]"
     return name + path[path.index("]") + 1 :]
 
@@ -1020,6 +1013,20 @@ def _recompile(target: Any, argnums: tuple, argnames: tuple) -> "Compiled":
   return Compiled(target, dynamic_argnums=argnums, dynamic_argnames=argnames)
 
 
+def _signature(target: Any) -> inspect.Signature | None:
+  """The signature a call of `target` binds to (a module's `forward`), or None (a builtin)."""
+  fn = target.forward if isinstance(target, torch.nn.Module) else target
+  try:
+    return inspect.signature(fn)
+  except (TypeError, ValueError):
+    return None
+
+
+def _positional(sig: inspect.Signature) -> list[inspect.Parameter]:
+  kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  return [p for p in sig.parameters.values() if p.kind in kinds]
+
+
 def _dynamic_arguments(
   target: Callable[..., Any], argnums: Iterable[int], argnames: Iterable[str]
 ) -> tuple[frozenset[int], frozenset[str]]:
@@ -1036,16 +1043,15 @@ def _dynamic_arguments(
   for name in names:
     if not isinstance(name, str):
       raise BridgeTypeError(f"`{API}`: dynamic_argnames takes argument names, got {name!r}.")
-  fn = target.forward if isinstance(target, torch.nn.Module) else target
-  try:
-    sig = inspect.signature(fn)
-  except (TypeError, ValueError):  # no signature to check against (a builtin)
+  sig = _signature(target)
+  if sig is None:  # no signature to check against (a builtin)
     return frozenset(nums), frozenset(names)
   kinds = inspect.Parameter
   params = list(sig.parameters.values())
-  positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+  positional = _positional(sig)
   var_positional = any(p.kind == kinds.VAR_POSITIONAL for p in params)
   var_keyword = any(p.kind == kinds.VAR_KEYWORD for p in params)
+  fn = target.forward if isinstance(target, torch.nn.Module) else target
   where = f"{getattr(fn, '__qualname__', type(target).__name__)}{sig}"
   for n in sorted(nums):
     if n < len(positional):

@@ -14,11 +14,8 @@ from bridge._src import dtypes, narrowing, scope
 from bridge._src.errors import BridgeError
 
 
-class _StandIn:
-  """A traced Python scalar's stand-in value (1, 1.0...): right for shapes and dtypes, not for
-  torch's checks of values (`geometric_(p)` wants p in (0, 1))."""
-
-
+# A traced Python scalar's stand-in values (its kind's): right for shapes and dtypes, not
+# for torch's checks of values (`geometric_(p)` wants p in (0, 1)), hence two sets
 _STAND_INS = (
   {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j},
   {"b": False, "i": 2, "u": 2, "f": 0.5, "c": 0.5 + 0.5j},  # (another set: see `_verdict`)
