@@ -169,8 +169,8 @@ def test_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
   x = torch.randn(3, 6)
   bridge.export(model, x, dynamic_shapes=({0: Dim("batch")},)).save(tmp_path / "m")
   np.save(tmp_path / "x.npy", x.numpy())
-  # the README's snippet, verbatim after the path
-  snippet = _readme_snippet()
+  # the documentation's snippet (docs/export.md), verbatim after the path
+  snippet = _docs_snippet()
   for line in ("path = exported_path", "inputs = [np.ones((3, 8), np.float32)]"):
     assert line in snippet, line
   snippet = snippet.replace("path = exported_path", f"path = {str(tmp_path / 'm')!r}")
@@ -196,10 +196,10 @@ def test_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
   )
 
 
-def _readme_snippet() -> str:
-  readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-  start = readme.index("<!-- export-without-torch -->")
-  block = readme[start:].split("```python\n", 1)[1].split("```", 1)[0]
+def _docs_snippet() -> str:
+  page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "export.md")).read()
+  start = page.index("<!-- export-without-torch -->")
+  block = page[start:].split("```python\n", 1)[1].split("```", 1)[0]
   return block
 
 

@@ -1,4 +1,5 @@
-"""The README's set-up commands, its tour and the demo stay true."""
+"""The README's set-up commands, its tour (each snippet alone, in a fresh interpreter) and the
+demo stay true."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
+
+from tests.test_docs import run_blocks
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -37,26 +42,69 @@ def test_ci_runs_the_readme_test_command():
   assert extracted == _setup_commands()[1]
 
 
-def test_tour_snippets_run_in_order():
-  snippets = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-  assert len(snippets) >= 2
-  namespace: dict = {}
-  for i, code in enumerate(snippets):
-    exec(compile(code, f"README.md[python block {i}]", "exec"), namespace)
-  import jax
-  import jax.numpy as jnp
-  import torch
+TOUR = README.split("## 30-second tour")[1].split("\n## ")[0]
+SNIPPETS = re.findall(r"```python\n(.*?)```", TOUR, flags=re.S)
 
-  a = namespace["a"]
-  expected = jax.grad(lambda a: jnp.sum(jax.nn.softplus(a)))(a)
-  assert float(jnp.max(jnp.abs(namespace["g"] - expected))) < 1e-6
-  assert isinstance(namespace["scale"].grad, torch.Tensor)
-  # callback mode: a custom op only torch knows, forward and gradient
-  assert float(jnp.max(jnp.abs(namespace["sw"] - jax.nn.silu(a)))) < 1e-6
-  expected_dy = jax.grad(lambda a: jnp.sum(jax.nn.silu(a)))(a)
-  assert float(jnp.max(jnp.abs(namespace["dsw"] - expected_dy))) < 1e-6
-  rows = jnp.arange(6.0).reshape(2, 3)
-  assert float(jnp.max(jnp.abs(namespace["batched"](rows) - jax.nn.softmax(rows, -1)))) < 1e-6
+# What each snippet must have computed, checked after it ran (keyed by a name it defines).
+CHECKS = {
+  "rms_norm": """
+ref_x, ref_s = x.detach().requires_grad_(), torch.ones(8, requires_grad=True)
+(ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-6) * ref_s).pow(2).sum().backward()
+torch.testing.assert_close(scale.grad, ref_s.grad)
+torch.testing.assert_close(x.grad, ref_x.grad)
+""",
+  "softplus_sum": """
+expected = jax.grad(lambda a: jnp.sum(jax.nn.softplus(a)))(a)
+assert float(jnp.max(jnp.abs(g - expected))) < 1e-6
+assert set(grads) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+torch.testing.assert_close(net[0].weight, torch.from_numpy(np.asarray(params["0.weight"])))
+""",
+  "swish": """
+assert float(jnp.max(jnp.abs(sw - jax.nn.silu(a)))) < 1e-6
+expected_dy = jax.grad(lambda a: jnp.sum(jax.nn.silu(a)))(a)
+assert float(jnp.max(jnp.abs(dsw - expected_dy))) < 1e-6
+rows = jnp.arange(6.0).reshape(2, 3)
+assert float(jnp.max(jnp.abs(batched(rows) - jax.nn.softmax(rows, -1)))) < 1e-6
+""",
+  "fast": """
+assert net[0].weight.grad.shape == (32, 8) and bool(net[0].weight.grad.abs().sum() > 0)
+x = torch.randn(3, 8)
+torch.testing.assert_close(fast(x), net(x))
+""",
+  "step_model": """
+assert all(p.grad is not None for p in model.parameters())
+import bridge
+assert bridge.compile_stats().programs >= 2  # a forward and a backward program
+""",
+  "exported": """
+x = torch.randn(5, 8)
+torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-6)
+assert grads["0.weight"].shape == (32, 8)
+""",
+  "opt.step()\nprint(loss.item(), model[0].weight.device)": """
+assert str(model[0].weight.device) == "jax:0" and arr.shape == (32, 8)
+assert loss.item() > 0
+""",
+}
+
+
+def _check_for(snippet: str) -> str:
+  found = [check for key, check in CHECKS.items() if key in snippet]
+  assert len(found) == 1, f"no single check for the tour snippet:\n{snippet[:300]}"
+  return "import numpy as np, torch, jax, jax.numpy as jnp\n" + found[0]
+
+
+def test_every_tour_snippet_has_its_check():
+  assert len(SNIPPETS) == len(CHECKS)
+  for snippet in SNIPPETS:
+    _check_for(snippet)
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_tour_snippet_runs_alone_in_a_fresh_interpreter(index):
+  snippet = SNIPPETS[index]
+  done = run_blocks([snippet, _check_for(snippet)], f"README.md[tour snippet {index}]")
+  assert done.returncode == 0, done.stderr[-5000:]
 
 
 def test_demo_runs_and_checks_both_directions():

@@ -770,6 +770,8 @@ class Compiled:
   # --- the call ----------------------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    """Runs the compiled program on these arguments (tracing and compiling it first for a
+    new argument signature); torch tensors in, torch tensors out, in the forward's pytree."""
     return self._call(args, kwargs)
 
   def _call(self, args: tuple, kwargs: dict) -> Any:

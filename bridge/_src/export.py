@@ -95,13 +95,14 @@ def export(
   Args:
     module_or_fn: a `torch.nn.Module` (its parameters and buffers become the artifact's
       weights) or a function of tensors.
-    *example_args, **example_kwargs: example tensors, as the function is called.
+    *example_args: example tensors, as the function is called.
     dynamic_shapes: `torch.export`'s form, e.g. ``{"x": {0: torch.export.Dim("batch")}}``:
       each named dimension becomes a JAX symbolic dimension of the same name.
     platforms: where the artifact may run (`jax.export` names: "cpu", "cuda", "tpu");
       default: the current platform.
     vjp_order: how many orders of derivatives the saved artifact carries (1: `jax.grad`
       through the loaded program works, for fine-tuning).
+    **example_kwargs: example tensors passed by keyword.
 
   Returns:
     A `bridge.Exported`: callable with torch tensors or JAX arrays, `.apply(weights, ...)`
@@ -767,6 +768,8 @@ class Exported:
     return _unflatten(self.manifest["outputs"], iter(outs))
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    """Runs the program with the artifact's own weights: torch tensors in give torch tensors
+    out (on the inputs' device), JAX arrays in give JAX arrays out."""
     leaves = [*args, *kwargs.values()]
     from_torch = any(isinstance(x, torch.Tensor) for x in leaves)
     if from_torch:

@@ -124,12 +124,14 @@ class Tensor(torch.Tensor):
     return self.detach().cpu().numpy()
 
   def untyped_storage(self) -> Any:
+    """Refused: the data is a JAX array, not a torch storage (`bridge.jax_view` gives it)."""
     raise BridgeTypeError(
       "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
       "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy."
     )
 
   def tolist(self) -> Any:
+    """The values as nested Python numbers, as `torch.Tensor.tolist` (through a CPU copy)."""
     return self.detach().cpu().tolist()
 
   def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]

@@ -66,7 +66,9 @@ def jax_view(
       JAX arrays. A torch tensor on another device is refused (use `bridge.to_jax`,
       which transfers). Without `x`, a decorator:
       `@bridge.jax_view(mode="callback", vmap_method="broadcast_all")`.
-    mode, vmap_method, result_shape_dtypes: for a callable, as in `call_torch`.
+    mode: for a callable, as in `call_torch`.
+    vmap_method: for a callable, as in `call_torch`.
+    result_shape_dtypes: for a callable, as in `call_torch`.
 
   Example:
     >>> import torch, bridge
