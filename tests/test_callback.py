@@ -776,6 +776,42 @@ def test_data_dependent_shapes_raise_traced_value_error(fn, fragment, jit):
   assert isinstance(info.value, bridge.BridgeError) and isinstance(info.value, RuntimeError)
 
 
+class _Positive(torch.nn.Module):
+  def forward(self, t):
+    return t[t > 0]
+
+
+@pytest.mark.parametrize(
+  "api, advice",
+  [
+    ("call_torch", "bridge.call_torch(fn, ..., mode='callback', result_shape_dtypes="),
+    ("jax_view", "bridge.jax_view(fn, mode='callback', result_shape_dtypes="),
+    ("extract_jax", "bridge.extract_jax(module, mode='callback', result_shape_dtypes="),
+  ],
+)
+def test_traced_value_error_names_the_api_called_and_its_keyword(api, advice):
+  x = jnp.array([1.0, -2.0, 3.0])
+  with pytest.raises(bridge.TracedValueError) as info:
+    if api == "call_torch":
+      jax.jit(lambda a: bridge.call_torch(_Positive(), a, mode="callback"))(x)
+    elif api == "jax_view":
+      jax.jit(bridge.jax_view(_Positive(), mode="callback"))(x)
+    else:
+      params, fn = bridge.extract_jax(_Positive(), mode="callback")
+      jax.jit(fn)(params, x)
+  message = str(info.value)
+  assert message.startswith(
+    f"`bridge.{api}(..., mode='callback')`: the shapes of `_Positive.forward`'s outputs"
+  )
+  assert f"`{advice}jax.ShapeDtypeStruct(shape, dtype))`" in message
+  assert [name for name in ("call_torch", "jax_view", "extract_jax") if name in message] == [api]
+  if api == "extract_jax":  # the advice works
+    params, fn = bridge.extract_jax(
+      _Positive(), mode="callback", result_shape_dtypes=S((2,), x.dtype)
+    )
+    np.testing.assert_array_equal(jax.jit(fn)(params, x), [1.0, 3.0])
+
+
 class _Boom(ValueError):
   pass
 

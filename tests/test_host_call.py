@@ -11,7 +11,7 @@ import torch
 
 import bridge
 from bridge._src import ffi
-from bridge._src import scope
+from bridge._src import narrowing
 
 
 @pytest.fixture(autouse=True, params=["buffers", "host"])
@@ -47,12 +47,13 @@ def test_grad_and_per_example_grad_match_torch_autograd():
 
 
 def test_bfloat16_and_narrowed_outputs(monkeypatch):
-  monkeypatch.setattr(scope, "_warned_narrow", [False])  # (said once per process)
+  monkeypatch.setattr(narrowing, "_told", set())  # (said once per function)
   out = bridge.call_torch(lambda t: t.to(torch.bfloat16) * 3, jnp.asarray(X), mode="callback")
   assert out.dtype == jnp.bfloat16
   want = (torch.tensor(X).to(torch.bfloat16) * 3).float().numpy()
   np.testing.assert_array_equal(np.asarray(out, np.float32), want)
-  # inside a program built with 64-bit types off, an int64 result is computed as int32
+  # inside a program built with 64-bit types off, an int64 result is computed as int32: the
+  # caller gets an int32 array, which is said
   with pytest.warns(UserWarning, match="64-bit types disabled"):
     counts = jax.jit(lambda a: bridge.call_torch(lambda t: (t > 0).sum(-1), a, mode="callback"))(
       jnp.asarray(X)

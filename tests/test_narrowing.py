@@ -10,6 +10,7 @@ overflow, float32 rounding) with only a once-per-process warning before.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import jax
@@ -21,6 +22,7 @@ import torch
 import bridge
 from bridge import NarrowingError
 from bridge._src import dtypes
+from bridge._src import narrowing
 
 pytestmark = pytest.mark.skipif(dtypes.x64_enabled(), reason="needs JAX's 64-bit types off")
 
@@ -175,3 +177,106 @@ def test_64_bit_types_on_keep_everything_exact():
     out = jax.jit(bridge.jax_view(lambda x: torch.arange(6, device=x.device) * 2**40))(X)
     assert out.dtype == jnp.int64
     np.testing.assert_array_equal(out, np.arange(6) * 2**40)
+
+
+# --- what is said: only what the caller can see ----------------------------------------------
+# Nothing above can give a wrong number, so none of it warns; an int64 tensor the torch code
+# returns does reach the caller as int32, which is said once per function (or module class).
+
+
+def _argmax(x):
+  return {"i": x.argmax(), "x": x}
+
+
+@pytest.mark.parametrize(
+  "api, view",
+  [
+    ("bridge.call_torch", lambda: bridge.jax_view(_argmax)),
+    ("bridge.jax_view", lambda: bridge.jax_view(_argmax, mode="callback")),
+  ],
+  ids=["trace", "callback"],
+)
+def test_an_int64_output_held_as_int32_is_said_once_per_function(monkeypatch, api, view):
+  monkeypatch.setattr(narrowing, "_told", set())
+  with pytest.warns(UserWarning) as record:
+    out = jax.jit(view())(jnp.array([0.0, 3.0, 1.0]))
+  assert out["i"].dtype == jnp.int32 and int(out["i"]) == 1
+  (w,) = [r for r in record if "int32" in str(r.message)]
+  message = str(w.message)
+  assert f"`{api}`: `_argmax` returns an int64 tensor" in message
+  assert "output ['i'] (shape (), int64 -> int32)" in message
+  assert "jax_enable_x64" in message and ".int()" in message  # the two fixes
+  assert "out = jax.jit(view())(" in message  # the user's line, where the warning points too
+  assert w.filename == __file__
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.jit(view())(jnp.ones(5))  # another trace of the same function: said already
+    jax.jit(lambda a: bridge.call_torch(_argmax, a))(jnp.ones(2))
+
+
+class _Pick(torch.nn.Module):
+  def forward(self, x):
+    return x.argmax(-1)
+
+
+def test_an_int64_output_of_a_module_is_said_once_per_class(monkeypatch):
+  monkeypatch.setattr(narrowing, "_told", set())
+  with pytest.warns(UserWarning, match=r"`bridge.extract_jax`: `_Pick.forward` returns"):
+    params, fn = bridge.extract_jax(_Pick())
+    jax.jit(fn)(params, jnp.ones((2, 3)))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    params, fn = bridge.extract_jax(_Pick())  # another instance
+    out = jax.jit(fn)(params, jnp.ones((4, 3)))
+  assert out.dtype == jnp.int32
+
+
+def test_batchnorm_training_does_not_warn():
+  # Its int64 counter is checked to fit each run, and comes back as new state: internal.
+  torch.manual_seed(0)
+  bn, ref = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+  x = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    params, fn = bridge.extract_jax(bn.train(), return_state=True)
+    step = jax.jit(fn)
+    out, state = step(params, x)
+    out, state = step(state, x)
+  for _ in range(2):
+    expected = ref(torch.from_numpy(x)).detach().numpy()
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(state["running_mean"], ref.running_mean.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(state["running_var"], ref.running_var.numpy(), rtol=1e-6)
+  assert int(state["num_batches_tracked"]) == 2
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt2"])
+def test_hugging_face_models_do_not_warn(model):
+  # Their int64 `position_ids` and `token_type_ids` are positions from `arange`: proven.
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  transformers = pytest.importorskip("transformers")
+  transformers.logging.set_verbosity_error()
+  torch.manual_seed(0)
+  if model == "bert":
+    config = transformers.BertConfig(
+      vocab_size=100,
+      hidden_size=32,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      intermediate_size=64,
+    )
+    net = transformers.BertModel(config).eval()
+  else:
+    config = transformers.GPT2Config(
+      n_layer=1, n_head=2, n_embd=32, vocab_size=100, use_cache=False
+    )
+    net = transformers.GPT2LMHeadModel(config).eval()
+  ids = np.random.default_rng(0).integers(0, 100, (2, 5)).astype(np.int32)
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    params, fn = bridge.extract_jax(net)
+    out = jax.jit(fn)(params, ids)
+  said = [str(w.message) for w in record if "bridge" in str(w.message)]
+  assert not said, said
+  ref = net(torch.from_numpy(ids).long())
+  np.testing.assert_allclose(out[0], ref[0].detach().numpy(), rtol=1e-4, atol=1e-5)

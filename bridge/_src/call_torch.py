@@ -113,7 +113,13 @@ def call_torch(
   """
   if mode == "callback":
     return callback.call(
-      fn, args, kwargs, vmap_method=vmap_method, result_shape_dtypes=result_shape_dtypes
+      fn,
+      args,
+      kwargs,
+      vmap_method=vmap_method,
+      result_shape_dtypes=result_shape_dtypes,
+      api=API,
+      owner=fn,
     )
   check_mode(mode, vmap_method, result_shape_dtypes)
   module = module_of(fn)
@@ -146,13 +152,14 @@ def jax_function(
 
     @functools.wraps(wrapped_cb)
     def callback_wrapper(*args: Any, **kwargs: Any) -> Any:
-      return call_torch(
+      return callback.call(
         fn,
-        *args,
-        mode="callback",
+        args,
+        kwargs,
         vmap_method=vmap_method,
         result_shape_dtypes=result_shape_dtypes,
-        **kwargs,
+        api="bridge.jax_view",
+        owner=fn,
       )
 
     callback_wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]

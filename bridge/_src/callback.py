@@ -36,6 +36,7 @@ import torch
 from bridge._src import dtypes
 from bridge._src import ffi
 from bridge._src import module_state as state_lib
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
@@ -149,6 +150,7 @@ def _fake_run(
   in_specs: Sequence[tuple],
   name: str,
   module: torch.nn.Module | None = None,
+  api: str = API,
 ) -> _FakeResult:
   from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -180,10 +182,10 @@ def _fake_run(
         out = call(fakes)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
       raise scope.TracedValueError(
-        f"`{API}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
+        f"`{api}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
         f"before it runs: it {_data_dependence(e)}, at\n  {scope.user_line(e.__traceback__)}\n"
         "A JAX program needs every output's shape and dtype when it is built. If they are "
-        "in fact fixed, pass them: `result_shape_dtypes=jax.ShapeDtypeStruct(shape, dtype)` "
+        f"in fact fixed, pass them: {_with_shapes(api, 'jax.ShapeDtypeStruct(shape, dtype)')} "
         "(a pytree of them, like the outputs); otherwise return fixed-size results (pad, or "
         "return a mask instead of selecting)."
       ) from e
@@ -191,23 +193,23 @@ def _fake_run(
       if not isinstance(getattr(e, "func", None), torch._ops.OpOverload):
         raise
       raise BridgeError(
-        f"`{API}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
+        f"`{api}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
         "implementation, so its outputs' shapes cannot be found without running it. Give "
-        "the op one (`torch.library.register_fake`), or pass the outputs' shapes with "
-        "`result_shape_dtypes=`."
+        "the op one (`torch.library.register_fake`), or pass the outputs' shapes: "
+        f"{_with_shapes(api)}."
       ) from e
     except RuntimeError as e:
       if "no fake impl" not in str(e) and "fake impl" not in str(e).lower():
-        _note_fake_run(e, name)
+        _note_fake_run(e, name, api)
         raise
       raise BridgeError(
-        f"`{API}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
+        f"`{api}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
         "its outputs' shapes cannot be found without running it. Give the op one "
-        "(`torch.library.register_fake`), or pass the outputs' shapes with "
-        f"`result_shape_dtypes=`. Torch said: {str(e).splitlines()[0]}"
+        "(`torch.library.register_fake`), or pass the outputs' shapes: "
+        f"{_with_shapes(api)}. Torch said: {str(e).splitlines()[0]}"
       ) from e
     except Exception as e:
-      _note_fake_run(e, name)
+      _note_fake_run(e, name, api)
       raise
     finally:
       _quiet.on = False
@@ -218,13 +220,26 @@ def _fake_run(
   return _FakeResult(out, mutated, recorder.random, writes_state)
 
 
-def _note_fake_run(e: BaseException, name: str) -> None:
+def _note_fake_run(e: BaseException, name: str, api: str) -> None:
   e.add_note(
-    f"(bridge: this happened while `{API}(..., mode='callback')` ran {name} on torch's "
+    f"(bridge: this happened while `{api}(..., mode='callback')` ran {name} on torch's "
     "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
     "shapes before the JAX program runs. If the function needs real data for that, "
-    "pass the outputs' shapes with `result_shape_dtypes=`.)"
+    f"pass the outputs' shapes: {_with_shapes(api)}.)"
   )
+
+
+# How each API that runs torch in callback mode is given the outputs' shapes.
+_WITH_SHAPES = {
+  "bridge.call_torch": "bridge.call_torch(fn, ..., mode='callback', result_shape_dtypes={})",
+  "bridge.jax_view": "bridge.jax_view(fn, mode='callback', result_shape_dtypes={})",
+  "bridge.extract_jax": "bridge.extract_jax(module, mode='callback', result_shape_dtypes={})",
+}
+
+
+def _with_shapes(api: str, shapes: str = "...") -> str:
+  """The call of `api` that passes the outputs' shapes `shapes`, for advice in messages."""
+  return f"`{_WITH_SHAPES.get(api, 'result_shape_dtypes={}').format(shapes)}`"
 
 
 def _data_dependence(e: BaseException) -> str:
@@ -505,18 +520,23 @@ def call(
   result_shape_dtypes: Any = None,
   name: str | None = None,
   return_mutated: bool = False,
+  api: str = API,
+  owner: Any = None,
 ) -> Any:
   """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring).
 
   With `return_mutated`, returns `(outputs, {leaf index: new value})` for the array
   leaves of `(args, kwargs)` (in `tree.flatten` order) that `fn` wrote to in place.
+  `api` is the API the user called, for messages; `owner` the user's torch function or
+  module whose outputs these are (None for the bridge's own calls: an op's fallback), for
+  the warning about int64 outputs returned as int32 (`narrowing.returned`).
   """
-  check_mode("callback", vmap_method, result_shape_dtypes)
+  check_mode("callback", vmap_method, result_shape_dtypes, api=api)
   vmap_method = vmap_method or "sequential"
   name = name or _describe(fn)
   if not ffi.supported():
     raise BridgeError(
-      f"`{API}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
+      f"`{api}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
       "into Python from a program. Use the default trace mode, or run on CPU or GPU."
     )
   leaves, spec = tree_lib.flatten((args, kwargs))
@@ -555,6 +575,8 @@ def call(
       name,
       narrow,
       return_mutated,
+      api,
+      owner,
     )
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
@@ -582,9 +604,11 @@ def _build(
   name: str,
   narrow: bool,
   return_mutated: bool,
+  api: str,
+  owner: Any,
 ) -> tuple:
   in_torch = [
-    (shape, dtypes.torch_dtype(dt, api=API, where=_where(i))) for i, (shape, dt) in enumerate(avals)
+    (shape, dtypes.torch_dtype(dt, api=api, where=_where(i))) for i, (shape, dt) in enumerate(avals)
   ]
   module = state_lib.module_of(fn)
   # until the fake run says otherwise:
@@ -620,35 +644,40 @@ def _build(
 
   if result_shape_dtypes is None:
     fake_run = make_run(state["mutated"], False)
-    fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module)
+    fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module, api)
     state["mutated"], state["random"] = fake.mutated, fake.random
     state["writes_state"] = fake.writes_state
     out_leaves, out_spec = tree_lib.flatten(fake.out)
     outs = []
     out_statics = []
+    narrowed: list[tuple[int, tuple, torch.dtype]] = []
     for i, leaf in enumerate(out_leaves):
       if isinstance(leaf, torch.Tensor):
         dt = leaf.dtype
         if narrow and dt in dtypes.NARROWED:  # the edge of a 32-bit program
           if dt.is_floating_point or dt.is_complex:
             raise NarrowingError(
-              f"`{API}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
+              f"`{api}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
               "the JAX program it is called from is built with JAX's 64-bit types disabled "
               "and cannot hold it; rounding it to 32 bits would change it. Return a 32-bit "
               "tensor from the torch code (`.float()`), or enable 64-bit types "
               "(`jax.config.update('jax_enable_x64', True)`)."
             )
           # int64 leaves as int32, checked to fit when it runs (`ffi.check_result`)
-          scope.warn_narrowed(f"the {dt} output leaf {i} of {name}")
+          narrowed.append((i, tuple(leaf.shape), dt))
           dt = dtypes.NARROWED[dt]
         outs.append(
           jax.ShapeDtypeStruct(
-            tuple(leaf.shape), dtypes.jax_dtype(dt, api=API, where=f"output leaf {i} of {name}")
+            tuple(leaf.shape), dtypes.jax_dtype(dt, api=api, where=f"output leaf {i} of {name}")
           )
         )
         out_statics.append(_DYN)
       else:
         out_statics.append(leaf)
+    if narrowed and owner is not None:
+      paths = tree_lib.leaf_paths(fake.out)
+      leaves = [(paths[i] or "<root>", shape, dt) for i, shape, dt in narrowed]
+      narrowing.returned(owner, leaves, api)
   else:
     state["mutated"] = (True,) * len(avals)  # unknown: the caller's arrays are kept safe
     out_leaves, out_spec = tree_lib.flatten(result_shape_dtypes)

@@ -412,14 +412,8 @@ def call_module(
   return tracing.outputs_to_jax(out, api)
 
 
-def _has_64_bit(params: Mapping[str, Any]) -> list[str]:
-  return [
-    k
-    for k, a in params.items()
-    if np.dtype(a.dtype).itemsize == 8
-    and np.dtype(a.dtype).kind in "iuf"
-    or np.dtype(a.dtype) == np.complex128
-  ]
+def _has_float64(params: Mapping[str, Any]) -> list[str]:
+  return [k for k, a in params.items() if np.dtype(a.dtype) in (np.float64, np.complex128)]
 
 
 def extract_jax(
@@ -460,9 +454,10 @@ def extract_jax(
   own generator (a seed per call, replayed by the backward pass).
 
   64-bit state (float64 parameters, int64 counters) is extracted exactly; note that a
-  program built with JAX's 64-bit types disabled cannot hold it (a warning says so here):
-  there `fn` checks that int64 state fits in int32 and refuses float64 state
-  (`bridge.NarrowingError`); enable them with `jax.config.update('jax_enable_x64', True)`.
+  program built with JAX's 64-bit types disabled cannot hold it: there `fn` checks that
+  int64 state fits in int32 (and returns it, as new state, as int32) and refuses float64
+  state (`bridge.NarrowingError`; a warning says so here); enable them with
+  `jax.config.update('jax_enable_x64', True)`.
 
   Args:
     module: any `torch.nn.Module`, on the CPU or the `jax` device.
@@ -490,14 +485,16 @@ def extract_jax(
       "function use `bridge.call_torch` / `bridge.jax_view`."
     )
   params = state_to_jax(module_state(module, persistent_only=True), copy=True, api=API)
-  wide = _has_64_bit(params)
+  # (int64 state is not warned about: a 32-bit program checks that it fits, and then it is
+  # exact; float64 state it refuses)
+  wide = _has_float64(params)
   if wide and not dtypes.x64_enabled():
     warnings.warn(
-      f"`{API}`: {type(module).__name__} has 64-bit state ({', '.join(wide[:4])}"
+      f"`{API}`: {type(module).__name__} has 64-bit floating-point state ({', '.join(wide[:4])}"
       f"{' ...' if len(wide) > 4 else ''}); the arrays keep their dtype, but a program built "
-      "with JAX's 64-bit types disabled cannot hold them: `fn` checks there that int64 state "
-      "fits in int32 and refuses float64 state. Enable them "
-      "(`jax.config.update('jax_enable_x64', True)`) or cast the module first.",
+      "with JAX's 64-bit types disabled cannot hold them: `fn` refuses them there "
+      "(`bridge.NarrowingError`). Enable them (`jax.config.update('jax_enable_x64', True)`) "
+      "or cast the module first (`module.float()`).",
       stacklevel=2,
     )
 
@@ -558,6 +555,8 @@ def _callback_fn(
       result_shape_dtypes=result_shape_dtypes,
       name=name,
       return_mutated=True,
+      api=API,
+      owner=module,
     )
     names = sorted(state)  # the state's leaves come first, in JAX's (sorted) key order
     mutated = {names[i]: v for i, v in written.items() if i < len(names)}

@@ -11,6 +11,10 @@ names it, except for a sum, difference or negation of values that each fit: each
 program checks those (`ffi.stage_check`), as it checks an int64 input of the program (`enter`).
 Float64 (complex128) values are never exact in 32 bits: creating one is refused.
 
+So nothing inside such a program warns: its int64 values are torch's. What the user can see
+is an int64 output of their torch function arriving as an int32 array; that is said once per
+function or module class (`returned`).
+
 Bounds live in the trace scope (one table per traced call; `track` before the scope begins
 keeps them for it), keyed by the identity of a tensor's storage (so its views share them) or
 of an array just made.
@@ -18,7 +22,9 @@ of an array just made.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Hashable
 from typing import Any, Callable
 
 import jax
@@ -31,6 +37,7 @@ from bridge._src import dtypes
 from bridge._src import ffi
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
+from bridge._src import tree as tree_lib
 from bridge._src.errors import NarrowingError
 
 LIMIT = 2**31 - 1
@@ -124,14 +131,13 @@ def track(array: Any, bound: float | None) -> Any:
 
 
 def narrow_dtype(dtype: torch.dtype, what: str) -> torch.dtype:
-  """`dtype`, or inside a 32-bit program its int32 counterpart (with the warning, once); a
-  float64 or complex128 value there is refused."""
+  """`dtype`, or inside a 32-bit program its int32 counterpart; a float64 or complex128 value
+  there is refused."""
   narrowed = dtypes.NARROWED.get(dtype)
   if narrowed is None or not scope.narrow():
     return dtype
   if dtype.is_floating_point or dtype.is_complex:
     raise refuse_float(what, dtype)
-  scope.warn_narrowed(what)
   return narrowed
 
 
@@ -148,7 +154,6 @@ def known(
     raise refuse_float(what, t.dtype)
   bound = known_bound(t)
   check(what, bound, moved=True)
-  scope.warn_narrowed(what)
   return t.to(dtypes.NARROWED[t.dtype]), bound
 
 
@@ -161,7 +166,7 @@ def enter(array: Any, where: str) -> Any:
     raise refuse_float(where, dtype)
   value = _concrete(array)
   if value is not None:
-    bound = known_bound(torch.from_numpy(np.asarray(value, np.int64)))
+    bound = known_bound(torch.tensor(np.asarray(value, np.int64)))  # (a copy: it may be read-only)
     check(where, bound, moved=True)
     return track(array, bound)
   limits = np.iinfo(np.int32)
@@ -371,6 +376,87 @@ def check(what: str, bound: float, moved: bool = False) -> None:
   """Refuse `what` unless its values fit in int32 (moved int32 values do, -2**31 included)."""
   if bound > (2**31 if moved else LIMIT):
     raise refuse_int(what, bound)
+
+
+# Torch functions (their code) and module classes whose int64 outputs `returned` warned about.
+_told: set = set()
+
+
+def returned_held(fn: Any, out: Any, api: str) -> None:
+  """`returned` for the tensors in `out`, the output of the user's torch function or module
+  `fn`, that the current 32-bit program holds as int32 for torch's int64."""
+  table = _table()
+  if table is None or _owner(fn)[0] in _told:
+    return
+  leaves = tree_lib.flatten(out)[0]
+  if any(map(_named_tuple, leaves)):  # torch's (values, indices) named tuples
+    out = tree_lib.tree_map(lambda x, _: tuple(x) if _named_tuple(x) else x, out)
+    leaves = tree_lib.flatten(out)[0]
+  held = [
+    (i, tuple(x.shape), _WIDE[x.dtype])
+    for i, x in enumerate(leaves)
+    if isinstance(x, torch.Tensor) and x.dtype in _WIDE and _is_tracked(table, x)
+  ]
+  if held:
+    paths = tree_lib.leaf_paths(out)
+    returned(fn, [(paths[i] or "<root>", shape, dt) for i, shape, dt in held], api)
+
+
+_WIDE = {narrow: wide for wide, narrow in dtypes.NARROWED.items() if not wide.is_floating_point}
+
+
+def _named_tuple(x: Any) -> bool:
+  return type(x).__module__ == "torch.return_types"
+
+
+def returned(fn: Any, leaves: list[tuple[str, tuple, torch.dtype]], api: str) -> None:
+  """Warn that the user's torch function or module `fn` returns int64 tensors that come back
+  as int32 arrays (`leaves`: their paths, shapes and torch dtypes); once per function or
+  module class.
+
+  The one place the user sees a 32-bit program's narrowing: every other int64 value in it is
+  proven exact or checked, and stays inside; these reach the caller with other dtypes than
+  torch's (the values are torch's).
+  """
+  key, label = _owner(fn)
+  if key in _told:
+    return
+  _told.add(key)
+  listing = "; ".join(
+    f"output {path} (shape {tuple(shape)}, {_short(dt)} -> {_short(dtypes.NARROWED[dt])})"
+    for path, shape, dt in leaves
+  )
+  one = len(leaves) == 1
+  scope.warn(
+    f"`{api}`: {label} returns {'an int64 tensor' if one else 'int64 tensors'}, which "
+    f"{'comes back as an int32 array' if one else 'come back as int32 arrays'}: {listing}. "
+    "The JAX program it returns to is built with JAX's 64-bit types disabled, which cannot "
+    "hold int64 values; the values are torch's (each is shown to fit in int32, or checked "
+    "when the program runs), only the dtype differs. To get int64, enable 64-bit types "
+    "(`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
+    "the jitted call); to say int32 is meant, return `.int()` from the torch code. Said once "
+    f"per function, here at\n  {scope.user_line()}"
+  )
+
+
+def _owner(fn: Any) -> tuple[Any, str]:
+  """(what `returned` warns once for, how it names it): a module's class, a function's code."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  if isinstance(fn, torch.nn.Module):
+    return type(fn), f"`{type(fn).__name__}.forward`"
+  fn = getattr(fn, "__func__", fn)  # a bound method: its function
+  label = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+  code = getattr(fn, "__code__", None)
+  if code is not None:
+    return code, f"`{label}`"
+  if label is not None and isinstance(fn, Hashable):  # a builtin (`torch.argmax`): itself
+    return fn, f"`{label}`"
+  return type(fn), f"`{label or type(fn).__name__}`"  # a callable object: its class
+
+
+def _short(dtype: torch.dtype) -> str:
+  return str(dtype).removeprefix("torch.")
 
 
 def after_call(func: Any, args: tuple, kwargs: dict, result: Any) -> None:

@@ -104,24 +104,16 @@ def is_staged() -> bool:
   return False
 
 
-_warned_narrow = [False]
-
-
-def warn_narrowed(what: str) -> None:
-  """Say once per process that int64 values are held as int32 (see `narrow`)."""
-  if _warned_narrow[0]:
-    return
-  _warned_narrow[0] = True
-  warnings.warn(
-    f"bridge: torch code is being traced into a JAX program built with JAX's 64-bit types "
-    f"disabled, which cannot hold 64-bit values, so {what} (and every other int64 value in "
-    "it) is held as int32: exact, since the bridge shows while tracing that each value "
-    "fits (a sum it cannot bound is checked each time the program runs), and refuses an op "
-    f"where it cannot. First at\n  {user_line()}\nEnable "
-    "64-bit types (`jax.config.update('jax_enable_x64', True)`) to keep torch's dtypes "
-    "exactly; `bridge.compile` always does.",
-    stacklevel=3,
-  )
+def warn(message: str) -> None:
+  """`warnings.warn(message)` (a `UserWarning`) from the user's innermost frame (as
+  `user_line` finds it), so that its location and filters by module are the user's code."""
+  internal = _internal_dirs()
+  level = 2  # (the caller of this function)
+  f: types.FrameType | None = sys._getframe(1)
+  while f is not None and f.f_code.co_filename.startswith((*internal, "<frozen")):
+    level += 1
+    f = f.f_back
+  warnings.warn(message, UserWarning, stacklevel=level if f is not None else 2)
 
 
 # (enter, exit) pairs run as each trace scope opens and closes, registered by the layers above

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from bridge._src import functions  # noqa: F401 - its hook on the trace scope (`scope.on_trace`)
+from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
@@ -62,10 +63,11 @@ def outputs_to_jax(tree: Any, api: str = API) -> Any:
 
 
 def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = API) -> Any:
-  """`call(*args, **kwargs)` in the trace scope, with JAX's tracing errors put in torch terms."""
+  """`call(*args, **kwargs)` in the trace scope, with JAX's tracing errors put in torch terms
+  (and, in a 32-bit program, a warning about int64 results held as int32: `narrowing`)."""
   with scope.trace_scope(api):
     try:
-      return call(*args, **kwargs)
+      out = call(*args, **kwargs)
     except (
       jax.errors.ConcretizationTypeError,
       jax.errors.NonConcreteBooleanIndexError,
@@ -77,6 +79,8 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
         "`masked_select`, `x[mask]`, `unique`",
         tb=e.__traceback__,
       ) from e
+    narrowing.returned_held(call, out, api)  # (while the scope knows which they are)
+    return out
 
 
 # How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call

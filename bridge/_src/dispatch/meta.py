@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import torch
 
-from bridge._src import dtypes, narrowing, scope
+from bridge._src import dtypes, narrowing
 from bridge._src.errors import BridgeError
 
 
@@ -161,7 +161,6 @@ def conform(func: Any, out: Any, expected: Any) -> Any:
       if narrowed != want:  # a 32-bit program (see `scope.narrow`; proven by `narrowing`)
         if want.kind not in "iu":
           raise narrowing.refuse_float(f"the result of {func}", expected.dtype)
-        scope.warn_narrowed(f"the {expected.dtype} result of {func}")
         out = narrowing.track(out.astype(narrowed), None)  # proven in `narrowing.after_call`
         want = narrowed
     if np.dtype(out.dtype) != want:

@@ -25,7 +25,8 @@ def x64() -> Any:
 
 
 def quiet_narrowing() -> Any:
-  """JAX's warnings about unavailable 64-bit dtypes, silenced (the bridge warns once itself)."""
+  """JAX's warnings about unavailable 64-bit dtypes, silenced (the bridge proves or refuses
+  each narrowing itself: `narrowing`)."""
   ctx = warnings.catch_warnings()
   ctx.__enter__()
   warnings.filterwarnings("ignore", message="Explicitly requested dtype")
