@@ -647,6 +647,7 @@ def _build(
     fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module, api)
     state["mutated"], state["random"] = fake.mutated, fake.random
     state["writes_state"] = fake.writes_state
+    tree_lib.register_output_types(fake.out)  # (a `ModelOutput`, a cache: JAX nodes)
     out_leaves, out_spec = tree_lib.flatten(fake.out)
     outs = []
     out_statics = []

@@ -57,9 +57,8 @@ def _output(x: Any, where: Callable[[], str], api: str) -> Any:
 def outputs_to_jax(tree: Any, api: str = API) -> Any:
   """Tensors in `tree` -> JAX arrays (`bridge.Tensor`s give their arrays, no copy); the
   containers JAX does not know (a `ModelOutput`, a dataclass) become JAX pytree nodes."""
-  out = tree_lib.tree_map(lambda x, where: _output(x, where, api), tree)
-  tree_lib.register_output_types(out)
-  return out
+  tree_lib.register_output_types(tree)  # first: the tensors inside them are converted too
+  return tree_lib.tree_map(lambda x, where: _output(x, where, api), tree)
 
 
 def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = API) -> Any:

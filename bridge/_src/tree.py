@@ -4,6 +4,10 @@ JAX does not descend into a dataclass unless its class is registered; users of
 torch pass dataclasses of tensors around all the time, so the bridge treats an
 unregistered dataclass instance as a node whose children are its fields. The
 fast path (no dataclass anywhere) is one C++ `tree_flatten` call.
+
+The containers torch code returns (a `ModelOutput`, a dataclass, an object of
+tensors such as a Hugging Face cache) are registered with JAX as they are met
+(`register_output_types`), so they leave `jax.jit` and come back in as inputs.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import copy
 import dataclasses
 import functools
 import threading
+import types
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import jax
+import numpy as np
+import torch
 
 _tu = jax.tree_util
 
@@ -164,6 +172,24 @@ class ByIdentity:
 _registered: set[type] = set()
 _register_lock = threading.Lock()
 
+# What counts as an array when deciding which attributes of an object are its children.
+_ARRAYS = (jax.Array, np.ndarray, torch.Tensor, jax.ShapeDtypeStruct)
+# Values with a `__dict__` that are not plain objects of data: never made pytree nodes.
+_NOT_OBJECTS = (
+  type,
+  types.ModuleType,
+  types.FunctionType,
+  types.MethodType,
+  functools.partial,
+  torch.nn.Module,  # (its state is the module's, and JAX must keep treating it as a leaf)
+  list,
+  tuple,
+  dict,
+  set,
+  frozenset,
+  *_ARRAYS,
+)
+
 
 def _mapping_node(cls: Any) -> None:
   """A dict subclass with attribute fields (Hugging Face's `ModelOutput`) as a JAX node: its
@@ -188,12 +214,130 @@ def _mapping_node(cls: Any) -> None:
   _tu.register_pytree_node(cls, flatten, unflatten)
 
 
+_slotted: dict[type, bool] = {}
+
+
+def _has_slots(cls: type) -> bool:
+  """Whether some of `cls`'s state lives in `__slots__`, outside the instance's `__dict__`."""
+  found = _slotted.get(cls)
+  if found is None:
+    names = [c.__dict__.get("__slots__", ()) for c in cls.__mro__]
+    found = _slotted[cls] = any(
+      s not in ("__dict__", "__weakref__")
+      for slots in names
+      for s in ([slots] if isinstance(slots, str) else slots)
+    )
+  return found
+
+
+def _plain_object(x: Any) -> bool:
+  """An instance whose whole state is its `__dict__` (a Hugging Face cache or cache layer)."""
+  return hasattr(x, "__dict__") and not isinstance(x, _NOT_OBJECTS) and not _has_slots(type(x))
+
+
+def _is_child(x: Any) -> bool:
+  """Whether an attribute's value is a child of its object's node, not static: an array, an
+  object node (a cache layer, even one not yet filled), or a container or object holding one."""
+  if isinstance(x, _ARRAYS) or type(x) in _object_nodes:
+    return True
+  if x is None or isinstance(x, (bool, int, float, complex, str, bytes, type)):
+    return False
+  if type(x) in (list, tuple):
+    return any(map(_is_child, x))
+  if type(x) is dict:
+    return any(map(_is_child, x.values()))
+  leaves = _tu.tree_leaves(x)
+  if len(leaves) == 1 and leaves[0] is x:  # a leaf to JAX
+    return _plain_object(x) and any(map(_is_child, vars(x).values()))
+  return any(map(_is_child, leaves))
+
+
+# The classes registered by `_object_node`.
+_object_nodes: set[type] = set()
+# id -> the attribute names an object rebuilt by `_object_node` keeps as children, whatever
+# they now hold, so that a tree mapped to other leaves (ints for `in_axes`, shardings, `None`)
+# keeps its structure. An entry lives as long as its object.
+_children_of: dict[int, frozenset[str]] = {}
+
+
+def _copy_static(v: Any) -> Any:
+  # a static container is copied in and out of the treedef: torch code mutates its cache's
+  # (`EncoderDecoderCache.is_updated`), and the treedef is a jit cache key.
+  return copy.deepcopy(v) if isinstance(v, (list, dict, set)) else v
+
+
+class _ObjectAux:
+  """The static part of a plain object in a treedef: its attribute names, which of them are
+  children, and the values of the others."""
+
+  __slots__ = ("names", "children", "statics")
+
+  def __init__(self, names: tuple[str, ...], children: tuple[bool, ...], statics: tuple) -> None:
+    self.names, self.children, self.statics = names, children, statics
+
+  def __eq__(self, other: Any) -> bool:
+    return (
+      isinstance(other, _ObjectAux)
+      and self.names == other.names
+      and self.children == other.children
+      and all(type(a) is type(b) and bool(a == b) for a, b in zip(self.statics, other.statics))
+    )
+
+  def __hash__(self) -> int:  # (the static values may be unhashable: a dict of flags)
+    return hash((self.names, self.children))
+
+  def __repr__(self) -> str:
+    statics = iter(self.statics)
+    return ", ".join(f"{n}={next(statics)!r}" for n, c in zip(self.names, self.children) if not c)
+
+
+def _object_node(cls: Any) -> None:
+  """A plain object (a Hugging Face `DynamicCache`, its `DynamicLayer`s) as a JAX node: the
+  attributes that hold arrays are its children, the others (flags, sizes, a sliding window,
+  a device) are static; it is rebuilt without running `__init__`, into a new `__dict__`."""
+
+  def split(obj: Any) -> tuple[dict, tuple[str, ...], tuple[bool, ...]]:
+    state = vars(obj)
+    names = tuple(sorted(state))
+    kept = _children_of.get(id(obj), frozenset())
+    return state, names, tuple(n in kept or _is_child(state[n]) for n in names)
+
+  def aux(state: dict, names: tuple[str, ...], children: tuple[bool, ...]) -> _ObjectAux:
+    statics = tuple(_copy_static(state[n]) for n, c in zip(names, children) if not c)
+    return _ObjectAux(names, children, statics)
+
+  def flatten(obj: Any) -> tuple[list, _ObjectAux]:
+    state, names, children = split(obj)
+    return [state[n] for n, c in zip(names, children) if c], aux(state, names, children)
+
+  def flatten_with_keys(obj: Any) -> tuple[list, _ObjectAux]:
+    state, names, children = split(obj)
+    keyed = [(_tu.GetAttrKey(n), state[n]) for n, c in zip(names, children) if c]
+    return keyed, aux(state, names, children)
+
+  def unflatten(aux: _ObjectAux, values: Iterable[Any]) -> Any:
+    obj = cls.__new__(cls)
+    values, statics = iter(values), iter(aux.statics)
+    for n, c in zip(aux.names, aux.children):
+      obj.__dict__[n] = next(values) if c else _copy_static(next(statics))
+    try:
+      weakref.finalize(obj, _children_of.pop, id(obj), None).atexit = False
+    except TypeError:  # no weak references to it: its children go by what they hold
+      return obj
+    _children_of[id(obj)] = frozenset(n for n, c in zip(aux.names, aux.children) if c)
+    return obj
+
+  _tu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+  _object_nodes.add(cls)
+
+
 def register_output_types(tree: Any) -> None:
   """Make the containers in `tree` that JAX does not know JAX pytree nodes, so the outputs of
-  torch code (a Hugging Face `ModelOutput`, a dataclass of tensors) can leave `jax.jit` and
-  pass through `jax.grad(has_aux=True)` and `jax.tree_util`, keeping key and attribute
-  access. Registered once per class, for the whole process (JAX's registry is global)."""
-  stack = [tree]
+  torch code (a Hugging Face `ModelOutput` or cache, a dataclass of tensors, an object whose
+  attributes hold tensors) can leave `jax.jit`, pass through `jax.grad(has_aux=True)` and
+  `jax.tree_util`, keeping key and attribute access, and come back in as inputs. Registered
+  once per class, for the whole process (JAX's registry is global)."""
+  stack, seen = [tree], set()
   while stack:
     x = stack.pop()
     cls = type(x)
@@ -214,6 +358,13 @@ def register_output_types(tree: Any) -> None:
       stack.extend(getattr(x, n) for n in names)
     elif isinstance(x, tuple) and hasattr(cls, "_fields"):  # a named tuple: JAX knows them
       stack.extend(x)
+    elif cls in _object_nodes or (_plain_object(x) and _is_child(x)):  # an object of tensors
+      if id(x) in seen:  # (objects may refer to each other)
+        continue
+      seen.add(id(x))
+      if cls not in _registered and _tu.treedef_is_leaf(_tu.tree_structure(x)):
+        _register(cls, functools.partial(_object_node, cls))
+      stack.extend(vars(x).values())
 
 
 def _register(cls: type, how: Callable[[], Any]) -> None:
