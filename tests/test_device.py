@@ -304,6 +304,28 @@ def test_autoload_makes_the_device_available_after_import_torch():
   assert off.returncode != 0 and "jax" in off.stderr
 
 
+def test_autoload_imports_neither_jax_nor_bridge_until_the_device_is_used():
+  # torch's autoload only registers the device (about 2 ms); the first `jax` tensor loads it
+  code = (
+    "import sys, torch\n"
+    "print('jax' in sys.modules, 'bridge' in sys.modules, torch.device('jax'), repr(torch.jax))\n"
+    "t = torch.arange(3.0).to('jax') * 2\n"
+    "print('bridge' in sys.modules, t.device, t.cpu().tolist())\n"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"},
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines() == [
+    "False False jax <module 'torch.jax' (bridge's jax device)>",
+    "True jax:0 [0.0, 2.0, 4.0]",
+  ]
+
+
 def test_bad_device_index():
   n = torch.jax.device_count()
   with pytest.raises(bridge.TransferError, match=rf"jax:{n} does not exist.*{n} JAX device"):

@@ -158,7 +158,8 @@ def test_the_plugin_imports_nothing_from_the_core():
   """bridge-ops' runtime modules (`plugin`, `_lowering` and every op family) import no `bridge`
   module: the core hands them what they need at registration (the OpInfo tool in
   `bridge_ops.testing` is the one part that imports the core, and nothing imports it).
-  torch's device-backend autoload, which imports `bridge` at `import torch`, is off there."""
+  torch's device-backend autoload is off there (it imports `bridge` only when the device is
+  first used)."""
   import os
   import subprocess
   import sys

@@ -62,6 +62,8 @@ OPS = [
 
 _SCRIPT = r"""
 import sys, torch
+if sys.argv[3] == "1":
+    import bridge  # (the autoload alone registers the device without importing bridge)
 from torch.testing._internal.common_methods_invocations import op_db
 names = set(sys.argv[2].split(","))
 results = {}
@@ -82,7 +84,7 @@ print(len(results), "bridge" in sys.modules)
 def _run(path: str, autoload: bool) -> str:
   env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1" if autoload else "0")
   out = subprocess.run(
-    [sys.executable, "-c", _SCRIPT, path, ",".join(OPS)],
+    [sys.executable, "-c", _SCRIPT, path, ",".join(OPS), "1" if autoload else "0"],
     env=env,
     capture_output=True,
     text=True,

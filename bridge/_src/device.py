@@ -1,11 +1,14 @@
 """The `jax` torch device: torch's PrivateUse1 backend, renamed, with its `torch.jax` module.
 
-`register()` (run by `import bridge`, and by torch's backend autoload entry point)
-installs torch's PrivateUse1 backend: the factory kernels that create
-`bridge.Tensor`s (every other op reaches `bridge.Tensor.__torch_dispatch__`), its
-device guard and hooks, and its device module. Then, unless torch in this process
-can use a CUDA GPU, `_name()` renames PrivateUse1 to `jax`, installs the module as
-`torch.jax` and generates the usual methods (`t.jax()`, `t.is_jax`, `model.jax()`).
+Torch's side of the backend (its factory kernels, device guard and hooks, device module,
+name) is installed by the top-level module `_bridge_autoload`, which imports torch alone, so
+that torch's backend autoload can run it at `import torch` without importing JAX or bridge;
+each of those kernels is a trampoline to the implementation here. `register()` (run by
+`import bridge`) installs it too if the autoload did not, and hands the trampolines their
+implementations: the factory kernels that create `bridge.Tensor`s (every other op reaches
+`bridge.Tensor.__torch_dispatch__`), the device module (`torch.jax`), the composite ops that
+run whole. Then, unless torch in this process can use a CUDA GPU, `_name()` renames
+PrivateUse1 to `jax` and generates the usual methods (`t.jax()`, `t.is_jax`, `model.jax()`).
 
 Why not on a CUDA machine: torch (2.8 and later) takes a *named* PrivateUse1 backend
 for the process's accelerator (`torch.accelerator` then reports `jax`), and its
@@ -31,6 +34,8 @@ import jax
 import numpy as np
 import torch
 
+import _bridge_autoload
+
 from bridge._src import autocast
 from bridge._src import rng
 from bridge._src import tensor
@@ -41,10 +46,9 @@ from bridge._src.dispatch.tensors import new_zeros, wait_for_last_result
 from bridge._src.errors import BridgeError, BridgeTypeError, CudaAutogradWarning
 from bridge._src.registry import REGISTRY
 
-NAME = "jax"  # the device's name once named (`tensor.device_type()` says which it has)
+NAME = _bridge_autoload.NAME  # the device's name once named (`tensor.device_type()` says which)
 _lock = threading.Lock()
 _registered = False
-_library: Any = None  # keeps the torch.library registrations alive
 
 
 # --- the torch.jax module ---------------------------------------------------------
@@ -130,26 +134,6 @@ class _DeviceModule:
     return "<module 'torch.jax' (bridge's jax device)>"
 
 
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-  """Lets torch's C++ code (views, autograd) handle `jax` tensors like any device's."""
-
-  def type_(self) -> Any:
-    return torch._C._autograd.DeviceType.PrivateUse1
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-  """The backend hooks torch's autograd engine asks for."""
-
-  def is_available(self) -> bool:
-    return is_available()
-
-  def has_primary_context(self, device_index: int) -> bool:
-    return True
-
-  def is_built(self) -> bool:
-    return True
-
-
 # --- factory kernels ------------------------------------------------------------
 
 
@@ -193,18 +177,6 @@ def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False
   return copy_into(dst, self)
 
 
-def _never_tag(obj: Any) -> None:
-  del obj  # no storage ever lives on the jax device: jax tensors are saved as CPU tensors
-  return None
-
-
-def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
-  name = tensor.device_type()
-  if location == name or location.startswith(name + ":"):
-    return storage
-  return None
-
-
 # Composite ops that torch would decompose before they reach the jax device, but that run
 # better whole (`linear` is one matmul, not `t` + `addmm`; `matmul` of a non-contiguous 3-D
 # tensor would expand a weight to every batch element for `bmm`): when autograd is not
@@ -239,24 +211,40 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   return op.decompose(*args, **kwargs)
 
 
-def cuda_usable() -> bool:
-  """Whether torch in this process can use a CUDA GPU (then the device stays unnamed)."""
-  try:
-    return torch.cuda.is_available()
-  except Exception:  # noqa: BLE001 - a broken driver: torch cannot use CUDA either
-    return False
+cuda_usable = _bridge_autoload.cuda_usable
 
 
 def register(named: bool | None = None) -> None:
-  """Install the device (idempotent; safe from several threads); `named` also names it `jax`
-  (default: unless torch can use a CUDA GPU)."""
-  global _registered, _library
+  """Install the device (idempotent; safe from several threads) and hand the trampolines of
+  `_bridge_autoload` (which torch's autoload may have installed at `import torch`) their
+  implementations; `named` also names it `jax` (default: unless torch can use a CUDA GPU)."""
+  global _registered
   with _lock:
     if not _registered:
-      _install()
+      _backend_name()  # (refuses a PrivateUse1 held by another backend)
+      _bridge_autoload.install(named=False)
+      _bridge_autoload.bind(_implementations())
+      autocast.register()
       _registered = True
   if named if named is not None else not cuda_usable():
     _name()
+
+
+def _implementations() -> dict[str, Any]:
+  """What `_bridge_autoload`'s trampolines run, by the names its `KERNELS` give them."""
+  found: dict[str, Any] = {
+    "module": _MODULE,
+    "is_available": is_available,
+    "empty": _empty,
+    "empty_strided": _empty_strided,
+    "copy_from": _copy_from,
+    "no_quantized": _no_quantized,
+  }
+  for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
+    found[f"factory.{op_name}"] = functools.partial(_factory, op_name)
+  for op_name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
+    found[f"composite.{op_name}"] = functools.partial(_composite, getattr(torch.ops.aten, op_name))
+  return found
 
 
 def register_jax_device() -> None:
@@ -290,12 +278,7 @@ def _name() -> None:
         CudaAutogradWarning,
         stacklevel=3,
       )
-    torch.utils.rename_privateuse1_backend(NAME)
-    if not hasattr(torch, NAME):
-      torch._register_device_module(NAME, _MODULE)
-    torch.utils.generate_methods_for_privateuse1_backend(
-      for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
-    )
+    _bridge_autoload.name_backend()
 
 
 _MODULE = _DeviceModule()
@@ -310,30 +293,3 @@ def _backend_name() -> str:
       "device cannot be registered. Only one out-of-tree backend can be loaded per process."
     )
   return current
-
-
-def _install() -> None:
-  """Torch's PrivateUse1 backend for `bridge.Tensor` (unnamed)."""
-  global _library
-  current = _backend_name()
-  if not hasattr(torch, current):
-    torch._register_device_module(current, _MODULE)
-  torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
-  torch._C._acc.register_python_privateuseone_hook(_Hooks())
-  _library = torch.library.Library("aten", "IMPL", "PrivateUse1")
-  _library.impl("empty.memory_format", _empty)
-  _library.impl("empty_strided", _empty_strided)
-  _library.impl("_copy_from", _copy_from)
-  _library.impl("_copy_from_and_resize", _copy_from)
-  for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
-    _library.impl(op_name, functools.partial(_factory, op_name))
-  # torch.load(..., map_location="jax"): keep the CPU storages as they are; our tensors
-  # pickle as CPU tensors whose rebuild function then moves them to the jax device.
-  torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
-  _quantized_library = torch.library.Library("aten", "IMPL", "QuantizedPrivateUse1")
-  _quantized_library.impl("empty_quantized", _no_quantized)
-  _autograd_library = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
-  for op_name in _WHOLE_WHEN_NOT_RECORDING + _WHOLE_WHEN_TRACED:
-    _autograd_library.impl(op_name, functools.partial(_composite, getattr(torch.ops.aten, op_name)))
-  _library = (_library, _quantized_library, _autograd_library)
-  autocast.register()

@@ -128,7 +128,7 @@ def _skip_own_frames(trace_rules: Any) -> None:
     for p in sorted(src.glob("*.py"))
     if p.stem not in ("compat", "__init__")
   ]
-  for name in [*skipped, "bridge._src.dispatch", "bridge._autoload", *names[1:]]:
+  for name in [*skipped, "bridge._src.dispatch", "_bridge_autoload", *names[1:]]:
     trace_rules.add(name)
   # (the packages' own `__init__`s: `add` takes a package's directory, which holds `compat`)
   trace_rules.SKIP_DIRS += [str(src.parent / "__init__.py"), str(src / "__init__.py")]

@@ -1,0 +1,177 @@
+"""The `jax` torch device, registered at `import torch` without importing JAX or bridge.
+
+Torch's `torch.backends` entry point calls `autoload()` at the end of `import torch` (unless
+`TORCH_DEVICE_BACKEND_AUTOLOAD=0`). Importing bridge there would cost every torch user about a
+second (JAX, the core), used or not, so this module, which imports torch alone and lives
+outside the `bridge` package (importing any `bridge.*` module runs `bridge/__init__`), installs
+torch's side of the device and nothing else: the PrivateUse1 backend's name (`jax`, unless
+torch can use a CUDA GPU: see `bridge._src.device`), its `torch.jax` module, device guard and
+hooks, its factory and composite kernels and its serialization rule. Each of these is a
+trampoline: the first one called imports bridge, whose `bridge._src.device.register` hands the
+real implementations over (`bind`); from then on they run directly. Nothing a user can reach
+works on a `jax` tensor without passing through one of them first, since no `jax` tensor
+exists before a factory kernel made it.
+
+`import bridge` (with or without the autoload) runs the same `install`, so there is one
+registration path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+NAME = "jax"  # PrivateUse1's name once named
+
+# name -> the real implementation, filled by `bridge._src.device.register` (`bind`)
+_REAL: dict[str, Any] = {}
+_lock = threading.RLock()
+_installed = False
+_libraries: list[Any] = []  # keeps the torch.library registrations alive
+
+# The kernels the backend registers, as (library key, aten op, name of the implementation).
+_FACTORIES = ("tril_indices", "triu_indices")  # implemented by torch per backend only
+_COMPOSITES = ("linear", "matmul", "cov")  # see `bridge._src.device._composite`
+KERNELS: tuple[tuple[str, str, str], ...] = (
+  ("PrivateUse1", "empty.memory_format", "empty"),
+  ("PrivateUse1", "empty_strided", "empty_strided"),
+  ("PrivateUse1", "_copy_from", "copy_from"),
+  ("PrivateUse1", "_copy_from_and_resize", "copy_from"),
+  *(("PrivateUse1", op, f"factory.{op}") for op in _FACTORIES),
+  ("QuantizedPrivateUse1", "empty_quantized", "no_quantized"),
+  *(("AutogradPrivateUse1", op, f"composite.{op}") for op in _COMPOSITES),
+)
+
+
+def autoload() -> None:
+  """Called by torch at `import torch` (unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)."""
+  install(named=None)
+
+
+def _real(name: str) -> Any:
+  found = _REAL.get(name)
+  if found is None:
+    import bridge  # noqa: F401 - importing bridge binds the real implementations
+
+    found = _REAL[name]
+  return found
+
+
+def _trampoline(name: str) -> Callable[..., Any]:
+  def kernel(*args: Any, **kwargs: Any) -> Any:
+    return _real(name)(*args, **kwargs)
+
+  kernel.__name__ = kernel.__qualname__ = name
+  return kernel
+
+
+class DeviceModule:
+  """What `torch.jax` is: torch looks devices' helpers up here; each is bridge's
+  (`bridge._src.device.DeviceModule`), loaded on first use."""
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("__"):
+      raise AttributeError(name)
+    value = getattr(_real("module"), name)
+    setattr(self, name, value)  # (found once)
+    return value
+
+  def __repr__(self) -> str:
+    return "<module 'torch.jax' (bridge's jax device)>"
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+  """Lets torch's C++ code (views, autograd) handle `jax` tensors like any device's."""
+
+  def type_(self) -> Any:
+    return torch._C._autograd.DeviceType.PrivateUse1
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+  """The backend hooks torch's autograd engine asks for."""
+
+  def is_available(self) -> bool:
+    return bool(_real("is_available")())
+
+  def has_primary_context(self, device_index: int) -> bool:
+    return True
+
+  def is_built(self) -> bool:
+    return True
+
+
+MODULE = DeviceModule()
+
+
+def backend_name() -> str:
+  """PrivateUse1's current name: `privateuseone`, `jax`, or another backend's."""
+  return torch._C._get_privateuse1_backend_name()
+
+
+def cuda_usable() -> bool:
+  """Whether torch in this process can use a CUDA GPU (then the device stays unnamed)."""
+  try:
+    return torch.cuda.is_available()
+  except Exception:  # noqa: BLE001 - a broken driver: torch cannot use CUDA either
+    return False
+
+
+def install(named: bool | None) -> bool:
+  """Install the backend (idempotent; safe from several threads): False, doing nothing, when
+  another backend holds PrivateUse1. `named`: also name it `jax` (None: unless torch can use
+  a CUDA GPU; False: leave the name as it is)."""
+  global _installed
+  with _lock:
+    if backend_name() not in ("privateuseone", NAME):
+      return False
+    if not _installed:
+      if not hasattr(torch, backend_name()):
+        torch._register_device_module(backend_name(), MODULE)
+      torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+      torch._C._acc.register_python_privateuseone_hook(_Hooks())
+      libraries = {}
+      for key, op, target in KERNELS:
+        if key not in libraries:
+          libraries[key] = torch.library.Library("aten", "IMPL", key)
+        libraries[key].impl(op, _trampoline(target))
+      _libraries.extend(libraries.values())
+      # torch.load(..., map_location="jax"): keep the CPU storages as they are; jax tensors
+      # pickle as CPU tensors whose rebuild function then moves them to the jax device.
+      torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
+      _installed = True
+    if named or (named is None and not cuda_usable()):
+      name_backend()
+    return True
+
+
+def name_backend() -> None:
+  """Rename PrivateUse1 to `jax`, with its `torch.jax` module and the usual methods
+  (`t.jax()`, `t.is_jax`, `model.jax()`); idempotent."""
+  with _lock:
+    if backend_name() == NAME:
+      return
+    torch.utils.rename_privateuse1_backend(NAME)
+    if not hasattr(torch, NAME):
+      torch._register_device_module(NAME, MODULE)
+    torch.utils.generate_methods_for_privateuse1_backend(
+      for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
+    )
+
+
+def bind(implementations: dict[str, Any]) -> None:
+  """Hand the real implementations to the trampolines (`bridge._src.device.register`)."""
+  _REAL.update(implementations)
+
+
+def _never_tag(obj: Any) -> None:
+  del obj  # no storage ever lives on the jax device: jax tensors are saved as CPU tensors
+  return None
+
+
+def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
+  current = backend_name()
+  if location == current or location.startswith(current + ":"):
+    return storage
+  return None
