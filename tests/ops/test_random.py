@@ -351,3 +351,53 @@ def test_reseeding_inside_a_traced_call_leaves_a_concrete_generator():
   torch.manual_seed(3)
   jax.jit(lambda a: bridge.call_torch(reseeds, a))(jnp.ones(4))  # another trace reseeds to 3
   torch.testing.assert_close(torch.rand(4, device="jax").cpu(), expected)
+
+
+def test_programs_draw_with_the_bridges_cheap_prng_not_threefry():
+  """Random ops in a traced program draw their keys and bits from the bridge's PRNG
+  (`rng.IMPL`: a keyed hash to split, Philox for bits), not JAX's threefry, whose unrolled
+  rounds XLA:CPU compiled slowly at every dropout of a model."""
+  from bridge._src import rng
+
+  model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Dropout(0.2))
+  params, fn = bridge.extract_jax(model.train())
+
+  def step(p, x, key):
+    with bridge.rng_key(key):
+      return fn(p, x)
+
+  text = jax.jit(step).lower(params, jnp.ones((4, 8)), jax.random.PRNGKey(0)).as_text()
+  assert "threefry" not in text
+  assert text.count("stablehlo.rng_bit_generator") == 2
+  # the same key gives the same masks; another key others; a typed JAX key is taken as its data
+  a = jax.jit(step)(params, jnp.ones((4, 8)), jax.random.PRNGKey(0))
+  b = jax.jit(step)(params, jnp.ones((4, 8)), jax.random.PRNGKey(1))
+  c = jax.jit(step)(params, jnp.ones((4, 8)), jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+  assert not np.array_equal(np.asarray(a), np.asarray(b))
+  assert jax.random.key_impl(rng.typed(jax.random.PRNGKey(0))) == rng.IMPL
+
+
+def test_split_keys_are_distinct_and_balanced():
+  from bridge._src import rng
+
+  keys = np.asarray(
+    jax.random.key_data(jax.random.split(rng.typed(jnp.array([0, 7], jnp.uint32)), 4096))
+  )
+  assert len({tuple(k) for k in keys.tolist()}) == 4096
+  bits = np.unpackbits(keys.view(np.uint8))
+  assert abs(bits.mean() - 0.5) < 0.01  # each output bit set half of the time
+  folded = jax.random.key_data(jax.random.fold_in(rng.typed(jnp.array([0, 7], jnp.uint32)), 0))
+  assert not any(np.array_equal(np.asarray(folded), k) for k in keys)
+
+
+def test_exponential_tail_ends_where_torchs_does(monkeypatch):
+  """A uniform draw of 0 became the smallest float (1e-38) before the log: an outlier of
+  87 / lambda that torch never draws (its float32 tail ends at -log(2**-24) = 16.6)."""
+  from bridge_ops import random as random_ops
+
+  monkeypatch.setattr(
+    random_ops.jax.random, "uniform", lambda key, shape, dtype, *a: jnp.zeros(shape, dtype)
+  )
+  out = random_ops.exponential(jnp.zeros(3, jnp.float32), 2.0, key=jax.random.PRNGKey(0))
+  np.testing.assert_allclose(np.asarray(out), -np.log(2.0**-24) / 2.0, rtol=1e-6)

@@ -144,7 +144,7 @@ class Executable:
     op, check_state.op = getattr(check_state, "op", None), self.func  # (named by staged checks)
     try:
       if self.random:
-        out = self.fn(*args, **dict(kwargs, key=key))
+        out = self.fn(*args, **dict(kwargs, key=rng.typed(key)))
       elif key is not None:
         with rng.rng_key(key) as box:
           out = self.fn(*args, **kwargs)

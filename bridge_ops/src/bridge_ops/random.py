@@ -59,8 +59,10 @@ def _normal(key, shape, dtype, mean=0.0, std=1.0):
 
 
 def _open_uniform(key, shape, f):
-  """Uniform on (0, 1): safe under log."""
-  return jax.random.uniform(key, tuple(shape), f, jnp.finfo(f).tiny, 1.0)
+  """Uniform on (0, 1), safe under log: the midpoints of `jax.random.uniform`'s grid (steps
+  of eps), so the smallest value is eps / 2, as in torch (its tails end at -log(2**-24) in
+  float32), not a clamp of 0 to the smallest float (an outlier at -log(1e-38) = 87)."""
+  return jax.random.uniform(key, tuple(shape), f) + jnp.asarray(jnp.finfo(f).eps / 2, f)
 
 
 def _int_max(dtype) -> int:
@@ -175,6 +177,8 @@ def bernoulli_float(self, p=0.5, *, generator=None, key):
 def poisson(self, generator=None, *, key):
   """Counts drawn with rates `self` (same shape and dtype)."""
   rate = self.astype(jnp.float64 if np.dtype(self.dtype) == np.float64 else jnp.float32)
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # (JAX samples it with threefry only)
+    key = jax.random.wrap_key_data(jax.random.key_data(key), impl="threefry2x32")
   return jax.random.poisson(key, rate, self.shape, jnp.int64).astype(self.dtype)
 
 

@@ -1,0 +1,113 @@
+"""Cold-start figures (issue 28): what a new user meets first, each sample a fresh process.
+
+    python -m benchmarks.cold_start [--quick]
+
+Rows, each against its baseline in the same alternating run (fresh interpreters, taking turns,
+so the machine's drift falls on both alike):
+
+- ``import_torch_autoload``: `import torch` with bridge's backend autoload on, against off;
+- ``import_bridge``: `import torch; import jax; import bridge`, against `import torch; import
+  jax` (the time after `import jax`, in the same interpreter);
+- ``first_compile_mlp`` / ``first_call_torch_mlp``: the first `bridge.compile` call of a
+  4-16-1 MLP, and the first `call_torch` of it under `jax.jit`, beyond the imports (JAX's own
+  first program included: its backend starts there);
+- ``demo``: `python -m bridge`, whole;
+- ``transformer_first_call_dropout``: the first call of a compiled 2-layer
+  `TransformerEncoder(128, 4)` in training mode with `dropout=0.1`, against `dropout=0`.
+
+Prints one table (medians, with the samples); nothing is written to RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+_TIMED = "import time\n_t0 = time.perf_counter()\n{setup}\n_t1 = time.perf_counter()\n{body}\nprint(time.perf_counter() - _t1)\n"
+
+_MLP = """
+import torch, jax, jax.numpy as jnp, bridge
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+"""
+
+_TRANSFORMER = """
+import torch, bridge
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(128, 4, 512, dropout={p}, batch_first=True)
+model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).train()
+x = torch.randn(8, 32, 128)
+compiled = bridge.compile(model)
+"""
+
+# row -> (baseline label, its (setup, body), measured label, its (setup, body), autoload of each)
+ROWS: dict[str, tuple] = {
+  "import_torch_autoload": (
+    ("autoload off", ("", "import torch"), "0"),
+    ("autoload on", ("", "import torch"), "1"),
+  ),
+  "import_bridge": (
+    ("import torch, jax", ("import torch, jax", "pass"), "0"),
+    ("+ import bridge", ("import torch, jax", "import bridge"), "0"),
+  ),
+  "first_compile_mlp": (
+    None,
+    ("first call", (_MLP, "bridge.compile(mlp)(torch.randn(8, 4)).sum().item()"), "0"),
+  ),
+  "first_call_torch_mlp": (
+    None,
+    (
+      "first call",
+      (_MLP, "jax.jit(lambda x: bridge.call_torch(mlp, x))(jnp.ones((8, 4))).block_until_ready()"),
+      "0",
+    ),
+  ),
+  "demo": (None, ("python -m bridge", None, "0")),
+  "transformer_first_call_dropout": (
+    ("dropout=0", (_TRANSFORMER.format(p=0.0), "compiled(x).sum().item()"), "0"),
+    ("dropout=0.1", (_TRANSFORMER.format(p=0.1), "compiled(x).sum().item()"), "0"),
+  ),
+}
+
+
+def _sample(code: tuple | None, autoload: str) -> float:
+  env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload, OMP_WAIT_POLICY="PASSIVE")
+  if code is None:  # the demo, timed from outside
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bridge"], check=True, capture_output=True, env=env)
+    return time.perf_counter() - start
+  setup, body = code
+  script = _TIMED.format(setup=setup, body=body)
+  done = subprocess.run(
+    [sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env
+  )
+  return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="fewer rounds")
+  rounds = 3 if parser.parse_args().quick else 7
+  print(f"{'row':34s} {'case':22s} {'median s':>9s}  samples")
+  for row, (baseline, measured) in ROWS.items():
+    cases = [c for c in (baseline, measured) if c is not None]
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    for _ in range(rounds):  # the cases take turns
+      for label, code, autoload in cases:
+        samples[label].append(_sample(code, autoload))
+    medians = {label: statistics.median(v) for label, v in samples.items()}
+    for label, values in samples.items():
+      shown = ", ".join(f"{v:.2f}" for v in values)
+      print(f"{row:34s} {label:22s} {medians[label]:9.3f}  [{shown}]")
+    if baseline is not None:
+      base, meas = medians[baseline[0]], medians[measured[0]]
+      ratio = f"ratio {meas / base:.2f}" if base > 0.05 else ""
+      print(f"{row:34s} {'difference':22s} {meas - base:+9.3f}  {ratio}")
+
+
+if __name__ == "__main__":
+  main()
