@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, SupportsIndex
+from typing import Any, Callable, SupportsIndex
 
 import jax
 import jax.numpy as jnp
@@ -209,8 +209,25 @@ _deferred: dict[int, list[Exception]] = {}  # graph task id -> errors of its bac
 _deferred_lock = threading.Lock()
 
 
-def _get_plan(func: Any) -> Any:  # replaced by bridge._src.dispatch.plans.get_plan on import
-  raise RuntimeError("bridge: the dispatcher is not loaded")
+def _no_planner(func: Any) -> Any:
+  raise RuntimeError(
+    f"bridge: {func} reached a `jax` tensor before the dispatcher was loaded (`import bridge`)."
+  )
+
+
+# The plan of an op not yet in `_PLANS`: the dispatch layer's, once it `set_planner`s.
+_get_plan: Callable[[Any], Any] = _no_planner
+
+
+def set_planner(planner: Callable[[Any], Any]) -> None:
+  """Install the dispatch layer's plan builder (`dispatch.plans.get_plan`), which
+  `Tensor.__torch_dispatch__` calls for an op it has no plan for yet. The one call from this
+  layer into a higher one, made by registration (the plans create `Tensor`s, so the class sits
+  below them); installed once, by `dispatch.plans` as it is imported."""
+  global _get_plan
+  if _get_plan is not _no_planner and _get_plan is not planner:
+    raise RuntimeError(f"bridge: a planner is installed already ({_get_plan!r})")
+  _get_plan = planner
 
 
 _BY_ID = dtypes.JAX_TO_TORCH_BY_ID

@@ -64,4 +64,4 @@ def _proven(func: Any, plan: Callable) -> Callable:
 
 
 # `bridge.Tensor.__torch_dispatch__` looks plans up in `_PLANS` and builds missing ones here.
-tensor_lib._get_plan = get_plan
+tensor_lib.set_planner(get_plan)
