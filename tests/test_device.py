@@ -283,47 +283,32 @@ def test_saved_file_loads_without_bridge(tmp_path):
   assert out.stdout.strip() == "cpu [0.0, 1.0, 2.0] False"
 
 
+def _python(code: str, autoload: bool) -> subprocess.CompletedProcess:
+  env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+  if not autoload:
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+  return subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+  )
+
+
 def test_autoload_makes_the_device_available_after_import_torch():
-  code = "import torch; t = torch.randn(2, device='jax'); print(t.device, type(t).__name__)"
-  out = subprocess.run(
-    [sys.executable, "-c", code],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"},
-  )
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.strip() == "jax:0 Tensor"
-  off = subprocess.run(
-    [sys.executable, "-c", code],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
-  )
-  assert off.returncode != 0 and "jax" in off.stderr
-
-
-def test_autoload_imports_neither_jax_nor_bridge_until_the_device_is_used():
-  # torch's autoload only registers the device (about 2 ms); the first `jax` tensor loads it
+  # it registers the device only (about 2 ms), without importing JAX or bridge: the first
+  # `jax` tensor (or `torch.jax`) loads them
   code = (
     "import sys, torch\n"
     "print('jax' in sys.modules, 'bridge' in sys.modules, torch.device('jax'), repr(torch.jax))\n"
     "t = torch.arange(3.0).to('jax') * 2\n"
-    "print('bridge' in sys.modules, t.device, t.cpu().tolist())\n"
+    "print('bridge' in sys.modules, t.device, type(t).__name__, t.cpu().tolist())\n"
   )
-  out = subprocess.run(
-    [sys.executable, "-c", code],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"},
-  )
+  out = _python(code, autoload=True)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.splitlines() == [
     "False False jax <module 'torch.jax' (bridge's jax device)>",
-    "True jax:0 [0.0, 2.0, 4.0]",
+    "True jax:0 Tensor [0.0, 2.0, 4.0]",
   ]
+  off = _python("import torch; torch.randn(2, device='jax')", autoload=False)
+  assert off.returncode != 0 and "jax" in off.stderr
 
 
 def test_bad_device_index():
