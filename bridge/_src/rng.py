@@ -91,7 +91,7 @@ def _derive(key: Any, x: Any, domain: int) -> Any:
   k0, k1 = key[0], key[1]
   x = x ^ np.uint32(domain)
   w0 = _mix(_mix(x ^ k0) + k1)
-  w1 = _mix(_mix(x + _GOLDEN) ^ k1 ^ _mix(k0 + _GOLDEN))
+  w1 = _mix(_mix((x + _GOLDEN) ^ k1) + _mix(k0 ^ np.uint32(0x85EBCA6B)))  # (each word mixes both)
   return jnp.stack([w0, w1], axis=-1)
 
 
