@@ -676,9 +676,7 @@ def _build(
       else:
         out_statics.append(leaf)
     if narrowed and owner is not None:
-      paths = tree_lib.leaf_paths(fake.out)
-      leaves = [(paths[i] or "<root>", shape, dt) for i, shape, dt in narrowed]
-      narrowing.returned(owner, leaves, api)
+      narrowing.returned(owner, fake.out, narrowed, api)
   else:
     state["mutated"] = (True,) * len(avals)  # unknown: the caller's arrays are kept safe
     out_leaves, out_spec = tree_lib.flatten(result_shape_dtypes)

@@ -343,7 +343,7 @@ def _name(func: Any) -> str:
 
 
 def refuse_float(what: str, dtype: Any) -> NarrowingError:
-  name = str(dtype).removeprefix("torch.")
+  name = _short(dtype)
   return NarrowingError(
     f"bridge: {what} ({name}) cannot be computed exactly here: the torch code is being "
     f"traced into a JAX program built with JAX's 64-bit types disabled, which cannot hold "
@@ -398,8 +398,7 @@ def returned_held(fn: Any, out: Any, api: str) -> None:
     if isinstance(x, torch.Tensor) and x.dtype in _WIDE and _is_tracked(table, x)
   ]
   if held:
-    paths = tree_lib.leaf_paths(out)
-    returned(fn, [(paths[i] or "<root>", shape, dt) for i, shape, dt in held], api)
+    returned(fn, out, held, api)
 
 
 _WIDE = {narrow: wide for wide, narrow in dtypes.NARROWED.items() if not wide.is_floating_point}
@@ -409,10 +408,10 @@ def _named_tuple(x: Any) -> bool:
   return type(x).__module__ == "torch.return_types"
 
 
-def returned(fn: Any, leaves: list[tuple[str, tuple, torch.dtype]], api: str) -> None:
+def returned(fn: Any, out: Any, held: list[tuple[int, tuple, torch.dtype]], api: str) -> None:
   """Warn that the user's torch function or module `fn` returns int64 tensors that come back
-  as int32 arrays (`leaves`: their paths, shapes and torch dtypes); once per function or
-  module class.
+  as int32 arrays (`held`: their leaf indices in the output tree `out`, shapes and torch
+  dtypes); once per function or module class.
 
   The one place the user sees a 32-bit program's narrowing: every other int64 value in it is
   proven exact or checked, and stays inside; these reach the caller with other dtypes than
@@ -422,11 +421,13 @@ def returned(fn: Any, leaves: list[tuple[str, tuple, torch.dtype]], api: str) ->
   if key in _told:
     return
   _told.add(key)
+  paths = tree_lib.leaf_paths(out)
   listing = "; ".join(
-    f"output {path} (shape {tuple(shape)}, {_short(dt)} -> {_short(dtypes.NARROWED[dt])})"
-    for path, shape, dt in leaves
+    f"output {paths[i] or '<root>'} (shape {tuple(shape)}, {_short(dt)} -> "
+    f"{_short(dtypes.NARROWED[dt])})"
+    for i, shape, dt in held
   )
-  one = len(leaves) == 1
+  one = len(held) == 1
   scope.warn(
     f"`{api}`: {label} returns {'an int64 tensor' if one else 'int64 tensors'}, which "
     f"{'comes back as an int32 array' if one else 'come back as int32 arrays'}: {listing}. "

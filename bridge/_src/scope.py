@@ -107,10 +107,9 @@ def is_staged() -> bool:
 def warn(message: str) -> None:
   """`warnings.warn(message)` (a `UserWarning`) from the user's innermost frame (as
   `user_line` finds it), so that its location and filters by module are the user's code."""
-  internal = _internal_dirs()
   level = 2  # (the caller of this function)
   f: types.FrameType | None = sys._getframe(1)
-  while f is not None and f.f_code.co_filename.startswith((*internal, "<frozen")):
+  while f is not None and _internal(f.f_code.co_filename):
     level += 1
     f = f.f_back
   warnings.warn(message, UserWarning, stacklevel=level if f is not None else 2)
@@ -173,13 +172,18 @@ def _internal_dirs() -> tuple[str, ...]:
   return tuple(dirs)
 
 
+def _internal(filename: str) -> bool:
+  """Whether a frame of `filename` is torch's, JAX's, the bridge's or Python's own machinery,
+  not the user's code (`user_line`, `warn`)."""
+  return filename.startswith((*_internal_dirs(), "<frozen"))
+
+
 def user_line(tb: Any = None) -> str:
   """`File "...", line N, in f: <code>` for the innermost frame of user code.
 
   Frames inside torch, JAX and the bridge are skipped. With `tb` (a traceback) the
   search runs over it; otherwise over the current stack.
   """
-  internal = _internal_dirs()
   frames = []
   if tb is not None:
     while tb is not None:
@@ -191,7 +195,7 @@ def user_line(tb: Any = None) -> str:
       frames.insert(0, (f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
       f = f.f_back
   for filename, lineno, name in reversed(frames):
-    if filename.startswith(internal) or filename.startswith("<frozen"):
+    if _internal(filename):
       continue
     code = linecache.getline(filename, lineno).strip()
     return f'File "{filename}", line {lineno}, in {name}' + (f":\n    {code}" if code else "")
