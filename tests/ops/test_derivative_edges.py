@@ -43,6 +43,10 @@ CASES = {
   "hardsigmoid at +-3": (lambda x: F.hardsigmoid(x).sum(), [-3.0, 3.0, 0.0]),
   "hardswish at +-3": (lambda x: F.hardswish(x).sum(), [-3.0, 3.0, 0.0]),
   "vector_norm at 0": (lambda x: torch.linalg.vector_norm(x), [0.0, 0.0, 0.0]),
+  "_foreach_norm at 0": (
+    lambda x: sum(n for p in (2, 3, float("inf")) for n in torch._foreach_norm([x[:3], x], p)),
+    [0.0, 0.0, 0.0, 3.0, -4.0],
+  ),
   "normalize a zero row": (lambda x: F.normalize(x.reshape(1, -1)).sum(), [0.0, 0.0, 0.0]),
   "pdist of equal rows": (lambda x: F.pdist(x.reshape(2, 2)).sum(), [1.0, 2.0, 1.0, 2.0]),
   "pow with a zero base": (lambda x: torch.pow(torch.zeros(2, dtype=x.dtype), x).sum(), [2.0, 0.0]),

@@ -14,10 +14,10 @@ to each tensor's computation dtype rather than promoting it.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
-from bridge_ops import arithmetic, math_ops, special
-from bridge_ops._lowering import aten, jax_dtype, lowering, opmath, result_dtypes
+from bridge_ops import arithmetic, math_ops, reduction, special
+from bridge_ops._lowering import aten, jax_dtype, lowering, opmath, result_dtypes, torch_abs
+from bridge_ops._reduction import _real
 
 
 def _each(op, *args, kind="default", **kwargs):
@@ -309,37 +309,11 @@ def _foreach_pow_ScalarAndTensor(self, exponent):
 # --- reductions -------------------------------------------------------------------------------
 
 
-def _norm_dtypes(x, dtype):
-  out = jax_dtype(dtype, None)
-  if out is None:
-    out = {np.dtype(jnp.complex64): jnp.float32, np.dtype(jnp.complex128): jnp.float64}.get(
-      np.dtype(x.dtype), x.dtype
-    )
-  compute = opmath(out)
-  return compute, out
-
-
-def _norm(x, ord, dtype):
-  compute, out = _norm_dtypes(x, dtype)
-  a = jnp.abs(x).astype(compute)
-  if ord == float("inf"):
-    r = jnp.max(a, initial=0.0)
-  elif ord == float("-inf"):
-    r = jnp.min(a)
-  elif ord == 0:
-    r = jnp.sum(a != 0).astype(compute)
-  elif ord == 1:
-    r = jnp.sum(a)
-  elif ord == 2:
-    r = jnp.sqrt(jnp.sum(a * a))
-  else:
-    r = jnp.sum(a**ord) ** (1.0 / ord)
-  return r.astype(out)
-
-
 @lowering(aten._foreach_norm.Scalar, static_argnames=("ord",))
 def _foreach_norm_Scalar(self, ord=2, dtype=None):
-  return [_norm(t, ord, dtype) for t in self]
+  """torch.linalg.vector_norm of each tensor (torch's own fallback), so that the norm of a
+  zero tensor has vector_norm's zero gradient, not the nan of sqrt at 0."""
+  return [reduction._vector_norm(t, ord, None, False, dtype) for t in self]
 
 
 @lowering(aten._foreach_powsum.Scalar)
@@ -347,8 +321,10 @@ def _foreach_powsum_Scalar(self, ord=2, dtype=None):
   """sum(|x| ** ord): the norm without its root (pow's own rules at 0 and +-inf)."""
   results = []
   for t in self:
-    compute, out = _norm_dtypes(t, dtype)
-    results.append(jnp.sum(jnp.abs(t).astype(compute) ** ord).astype(out))
+    if dtype is not None:
+      t = t.astype(jax_dtype(dtype))
+    out = _real(t.dtype)
+    results.append(jnp.sum(torch_abs(t).astype(opmath(out)) ** ord).astype(out))
   return results
 
 
