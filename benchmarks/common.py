@@ -250,7 +250,7 @@ def blocking(fn: Callable[[], Any], sample_out: Any) -> Callable[[], Any]:
 def time_calls(fn: Callable[[], Any], settings: Settings) -> dict[str, Any]:
   """Time `fn()` call by call (after warm-up); return median/min/max in us and n.
 
-  Under `--interleave` the calls are timed in blocks, in turn with the other systems'
+  Interleaved (the default run) the calls are timed in blocks, in turn with the other systems'
   workers (benchmarks/interleave.py).
   """
   from . import interleave

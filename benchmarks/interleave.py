@@ -1,9 +1,9 @@
-"""Interleaved timing (`python -m benchmarks --interleave`): the systems take turns.
+"""Interleaved timing (`python -m benchmarks`'s default): the systems take turns.
 
 Run one after another, the systems are timed minutes apart, and on a shared
 machine a whole run can be 40% slower than the next; a ratio of two systems
-then says as much about the minutes as about the systems. With `--interleave`
-every system's worker starts at once and the coordinator (`run.py`) steps them
+then says as much about the minutes as about the systems. Interleaved (unless
+`--sequential`), every system's worker starts at once and the coordinator (`run.py`) steps them
 through the workloads together over a pair of pipes:
 
 - a worker announces each workload (``begin W``) and waits for ``setup``; only

@@ -321,11 +321,11 @@ def _header(reports: list[dict], meta: dict) -> list[str]:
       if any(r.get("env", {}).get("sync_cpu_dispatch") for r in reports)
       else "asynchronous (JAX's default)"
     ),
-    "- interleaved (`--interleave`): the systems' workers time each workload in turns, in "
+    "- interleaved (the default): the systems' workers time each workload in turns, in "
     "blocks of 1/40 of its time budget, and the first-call processes alternate between "
     "systems, so machine noise falls on all systems alike"
     if meta.get("interleaved")
-    else "- the systems are timed one after another (`--interleave` times them in turns)",
+    else "- the systems are timed one after another (`--sequential`; by default they take turns)",
     "- times are per call, in microseconds; each worker process runs one system; warm-up "
     "calls are excluded; JAX outputs are waited for (block_until_ready) inside the timed "
     "region, in the module and Hugging Face workloads also the JAX array inside a jax-device "

@@ -2,7 +2,11 @@
 
 python -m benchmarks [--quick] [--only SYSTEM,...]
                      [--workloads WORKLOAD,...|modules|hf|callback|call_torch|sharded|gpu]
-                     [--interleave] [--sync-cpu-dispatch] [--merge] [--out DIR]
+                     [--sequential] [--sync-cpu-dispatch] [--merge] [--out DIR]
+
+The systems are timed in turns (interleaved, benchmarks/interleave.py) unless --sequential
+says one after another. A run on a machine without a CUDA GPU keeps the CUDA rows of the
+existing results.json, with the header line of the run that measured them.
 """
 
 from __future__ import annotations
@@ -305,6 +309,44 @@ def merge(old: dict, reports: list[dict], run: dict) -> dict:
   }
 
 
+def keep_gpu_rows(old: dict, results: dict) -> dict:
+  """`results` with the CUDA rows of `old` kept where this run measured none (no GPU here).
+
+  A run on a CPU machine cannot measure the CUDA rows; they stay as the GPU run measured
+  (and skipped) them (`merge_gpu`), with that run's header line, its notes and
+  `tests/gpu/measure.py`'s figures. A run that timed any CUDA row replaces them all.
+  """
+  if any(w in GPU_WORKLOADS for r in results["reports"] for w in r["results"]):
+    return results
+  gpu_runs = [
+    m for m in old["meta"].get("merged", []) if set(m.get("workloads", ())) <= set(GPU_WORKLOADS)
+  ]
+  if not gpu_runs:
+    return results
+  reports = [dict(r) for r in results["reports"]]
+  by_name = {r["system"]: r for r in reports}
+  for before in old["reports"]:
+    kept = {w: row for w, row in before["results"].items() if w in GPU_WORKLOADS}
+    if not kept:
+      continue
+    mine = by_name.get(before["system"])
+    if mine is None:  # a system this run did not start: only its CUDA rows
+      mine = dict(before, results={}, skipped={}, notes=[])
+      reports.append(mine)
+    mine["results"] = dict(mine["results"], **kept)
+    mine["skipped"] = {
+      **{w: why for w, why in mine["skipped"].items() if w not in GPU_WORKLOADS},
+      **{w: why for w, why in before["skipped"].items() if w in GPU_WORKLOADS},
+    }
+    ours = f"{before['system']}: CUDA rows"
+    gpu_notes = [n for n in before["notes"] if n.startswith(ours) and n not in mine["notes"]]
+    mine["notes"] = mine["notes"] + gpu_notes
+  meta = dict(results["meta"], merged=gpu_runs)
+  if "gpu_figures" in old["meta"]:
+    meta["gpu_figures"] = old["meta"]["gpu_figures"]
+  return {"meta": meta, "reports": reports}
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="few repetitions, sizes <= 64MiB")
@@ -327,11 +369,15 @@ def main(argv: list[str] | None = None) -> None:
     "(jax_cpu_enable_async_dispatch=False)",
   )
   parser.add_argument(
-    "--interleave",
+    "--sequential",
     action="store_true",
-    help="start every system's worker at once and time them in turns, "
-    "block by block (the first-call processes alternate too), so that "
-    "machine noise falls on all systems alike (benchmarks/interleave.py)",
+    help="time the systems one after another, each in its own worker, instead of in turns "
+    "(the default: every system's worker starts at once and they take turns, block by "
+    "block, and the first-call processes alternate too, so that machine noise falls on "
+    "all systems alike: benchmarks/interleave.py)",
+  )
+  parser.add_argument(  # the default since the full page comes from one interleaved run
+    "--interleave", action="store_true", help=argparse.SUPPRESS
   )
   parser.add_argument(
     "--merge",
@@ -371,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
   print(
     f"[benchmarks] OMP_WAIT_POLICY=PASSIVE for every worker; {'quick' if args.quick else 'full'} run"
   )
-  if args.interleave:
+  interleaved = not args.sequential
+  if interleaved:
     reports = run_interleaved(names, args.quick, workloads)
   else:
     reports = []
@@ -386,10 +433,12 @@ def main(argv: list[str] | None = None) -> None:
       )
 
   args.out.mkdir(parents=True, exist_ok=True)
-  meta = dict(report.machine_info(args.quick, time.time() - started), interleaved=args.interleave)
+  meta = dict(report.machine_info(args.quick, time.time() - started), interleaved=interleaved)
   results = {"meta": meta, "reports": reports}
   if old is not None:
     results = merge(old, reports, dict(meta, systems=names, workloads=workloads or "all"))
+  elif (args.out / "results.json").exists():
+    results = keep_gpu_rows(json.loads((args.out / "results.json").read_text()), results)
   (args.out / "results.json").write_text(json.dumps(results, indent=1))
   reports, meta = results["reports"], results["meta"]
   drawn = report.plots(reports, args.out / "plots", required=not args.quick)

@@ -226,8 +226,7 @@ def test_interleaved_run_end_to_end(tmp_path):
       sys.executable,
       "-m",
       "benchmarks",
-      "--quick",
-      "--interleave",
+      "--quick",  # interleaved: the default
       "--only",
       "bridge,plain_jax",
       "--workloads",
@@ -263,3 +262,44 @@ def test_interleaved_run_end_to_end(tmp_path):
   assert len(drawn) >= 2, drawn
   for name in drawn:
     assert f"(plots/{name})" in page
+
+
+def test_a_run_without_a_gpu_keeps_the_cuda_rows_of_their_gpu_run():
+  from benchmarks import run
+  from benchmarks.common import GPU_WORKLOADS
+
+  cuda = GPU_WORKLOADS[0]
+  gpu_run = {
+    "date": "2026-11-26 15:06 UTC",
+    "workloads": list(GPU_WORKLOADS),
+    "systems": ["bridge"],
+  }
+  cpu_run = {"date": "2026-11-21", "workloads": ["call_small"], "systems": ["bridge"]}
+  old = {
+    "meta": {"merged": [cpu_run, gpu_run], "gpu_figures": ["| figure |"]},
+    "reports": [
+      _fake_report("bridge", {"call_small": 20.0, cuda: 100.0}, {}),
+      _fake_report("torch_eager", {cuda: 50.0}, {GPU_WORKLOADS[1]: "not applicable"}),
+    ],
+  }
+  old["reports"][0]["notes"] = ["bridge: CUDA rows on an H100", "bridge: an old CPU note"]
+  new = {
+    "meta": {"date": "2026-11-27"},
+    "reports": [_fake_report("bridge", {"call_small": 15.0}, {cuda: run.NO_GPU})],
+  }
+  kept = run.keep_gpu_rows(old, new)
+  bridge, torch_eager = kept["reports"]
+  assert bridge["results"]["call_small"] == new["reports"][0]["results"]["call_small"]
+  assert bridge["results"][cuda] == old["reports"][0]["results"][cuda]
+  assert cuda not in bridge["skipped"]
+  assert bridge["notes"] == ["bridge: CUDA rows on an H100"]
+  assert torch_eager["system"] == "torch_eager"
+  assert set(torch_eager["results"]) == {cuda}
+  assert torch_eager["skipped"] == {GPU_WORKLOADS[1]: "not applicable"}
+  # the header names the GPU run (and only it) as merged in; the figures stay
+  assert kept["meta"]["merged"] == [gpu_run]
+  assert kept["meta"]["gpu_figures"] == ["| figure |"]
+  assert kept["meta"]["date"] == "2026-11-27"
+  # a run that measured a CUDA row replaces them all
+  measured = {"meta": {}, "reports": [_fake_report("bridge", {cuda: 90.0}, {})]}
+  assert run.keep_gpu_rows(old, measured) is measured

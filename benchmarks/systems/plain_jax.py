@@ -148,6 +148,7 @@ def make() -> System:
         (
           "transformer_block",
           "transformer_block_composite",
+          "transformer_train_step",
           "transformer_first_call",
           "transformer_first_call_composite",
           "cuda_transformer_block",
