@@ -101,6 +101,12 @@ def check_x64(dtype: torch.dtype, *, api: str, where: str) -> None:
     )
 
 
+def scalar_type_name(dtype: torch.dtype) -> str:
+  """torch's name of `dtype` as its messages spell it ("Float", "Long", "ComplexDouble")."""
+  meta = torch.empty(0, dtype=dtype, device="meta")
+  return meta.type().removeprefix("torch.meta.")[: -len("Tensor")]
+
+
 def _supported(table: dict) -> str:
   return ", ".join(str(k).removeprefix("torch.") for k in table)
 
@@ -113,4 +119,5 @@ __all__ = [
   "jax_dtype",
   "torch_dtype",
   "check_x64",
+  "scalar_type_name",
 ]

@@ -194,15 +194,6 @@ def restride_twin(func: Any) -> Any:
   return None
 
 
-# torch's names of scalar types, as its messages spell them
-_SCALAR_NAMES = {
-  torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
-  torch.bfloat16: "BFloat16", torch.complex128: "ComplexDouble", torch.complex64: "ComplexFloat",
-  torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-  torch.uint8: "Byte", torch.bool: "Bool",
-}  # fmt: skip
-
-
 def _check_result(new: Any, target: Any, grows: bool) -> None:
   """torch's rules for the result an in-place or out= op writes (TensorIterator's): it must
   cast to the written tensor's dtype (`x.mul_(complex)` on a float `x`, `add(..., out=long)`
@@ -212,8 +203,8 @@ def _check_result(new: Any, target: Any, grows: bool) -> None:
     return
   if not torch.can_cast(new.dtype, target.dtype):
     raise RuntimeError(
-      f"result type {_SCALAR_NAMES.get(new.dtype, new.dtype)} can't be cast to the desired "
-      f"output type {_SCALAR_NAMES.get(target.dtype, target.dtype)}"
+      f"result type {dtypes.scalar_type_name(new.dtype)} can't be cast to the desired "
+      f"output type {dtypes.scalar_type_name(target.dtype)}"
     )
   if grows and tuple(new.shape) != tuple(target.shape):
     try:

@@ -300,6 +300,12 @@ def torch_dtype(dtype: Any) -> torch.dtype:
   return _dtype_map("to_torch")[np.dtype(dtype)]
 
 
+def scalar_type_name(dtype: Any) -> str:
+  """torch's name of a JAX `dtype` as its messages spell it ("Float", "Long", "ComplexDouble")."""
+  meta = torch.empty(0, dtype=torch_dtype(dtype), device="meta")
+  return meta.type().removeprefix("torch.meta.")[: -len("Tensor")]
+
+
 def default_float() -> Any:
   """torch's default floating dtype, as a JAX dtype."""
   return _dtype_map("to_jax")[torch.get_default_dtype()]
@@ -312,6 +318,13 @@ def opmath(dtype: Any) -> np.dtype:
   if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
     return np.dtype(np.float32)
   return dtype
+
+
+def real_dtype(dtype: Any) -> np.dtype:
+  """The real dtype of `dtype`: float32 for complex64, float64 for complex128, else itself (the
+  dtype of torch's abs, norms and the parts of a complex sample)."""
+  dtype = np.dtype(dtype)
+  return np.dtype(jnp.finfo(dtype).dtype) if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
 
 
 def _is_array(x: Any) -> bool:

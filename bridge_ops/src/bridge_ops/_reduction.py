@@ -34,10 +34,6 @@ def _is_int(dtype) -> bool:
   return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)
 
 
-def _real(dtype):
-  return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
-
-
 def _sum_dtype(x, dtype):
   """torch's result dtype of sum/prod/cumsum: `dtype`, else int64 for integers and bools."""
   if dtype is not None:

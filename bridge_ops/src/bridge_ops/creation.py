@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, default_float, jax_dtype, lowering
+from bridge_ops._lowering import aten, default_float, jax_dtype, lowering, opmath
 
 
 def _kind(value) -> str:
@@ -240,9 +240,7 @@ def _linspace_compute(dtype):
   double for integers."""
   if _is_integral(dtype):
     return jnp.float64
-  if np.dtype(dtype) in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
-    return jnp.float32
-  return dtype
+  return opmath(dtype)
 
 
 @lowering(

@@ -16,8 +16,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from bridge_ops import arithmetic, math_ops, reduction, special
-from bridge_ops._lowering import aten, jax_dtype, lowering, opmath, result_dtypes, torch_abs
-from bridge_ops._reduction import _real
+from bridge_ops._lowering import (
+  aten,
+  jax_dtype,
+  lowering,
+  opmath,
+  real_dtype,
+  result_dtypes,
+  torch_abs,
+)
 
 
 def _each(op, *args, kind="default", **kwargs):
@@ -323,7 +330,7 @@ def _foreach_powsum_Scalar(self, ord=2, dtype=None):
   for t in self:
     if dtype is not None:
       t = t.astype(jax_dtype(dtype))
-    out = _real(t.dtype)
+    out = real_dtype(t.dtype)
     results.append(jnp.sum(torch_abs(t).astype(opmath(out)) ** ord).astype(out))
   return results
 

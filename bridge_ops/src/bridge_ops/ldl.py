@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, lowering, while_loop
+from bridge_ops._lowering import aten, lowering, scalar_type_name, while_loop
 
 
 # ----------------------------------------------------------------------------- LDL (Bunch-Kaufman)
@@ -196,16 +196,9 @@ def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
   """torch's LAPACK ?sytrs (?hetrs for complex `hermitian`) with uplo='L'; batch dims
   broadcast."""
   if B.dtype != LD.dtype:  # torch's kernel checks this (its meta function does not)
-    names = {
-      "float32": "Float",
-      "float64": "Double",
-      "complex64": "ComplexFloat",
-      "complex128": "ComplexDouble",
-    }
-    name = lambda x: names.get(np.dtype(x.dtype).name, np.dtype(x.dtype).name)
     raise RuntimeError(
-      f"Expected b and A to have the same dtype, but found b of type {name(B)} "
-      f"and A of type {name(LD)} instead."
+      f"Expected b and A to have the same dtype, but found b of type "
+      f"{scalar_type_name(B.dtype)} and A of type {scalar_type_name(LD.dtype)} instead."
     )
   herm = hermitian and jnp.iscomplexobj(LD)
   solve = lambda ld, piv, b: (_sytrs(ld, piv, b, herm),)

@@ -1,4 +1,5 @@
-"""Lowerings of the LOSS family.
+"""Losses and distances: mse, smooth_l1, huber, binary cross-entropy (with logits too), nll, soft
+margin, CTC, and the pairwise distances cdist and pdist.
 
 What torch's loss functions reach (checked with a logging `TorchDispatchMode`):
 

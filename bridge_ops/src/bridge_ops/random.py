@@ -20,17 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge_ops._lowering import aten, default_float, jax_dtype, lowering, opmath, result_dtypes
+from bridge_ops._lowering import (
+  aten,
+  default_float,
+  jax_dtype,
+  lowering,
+  opmath,
+  real_dtype,
+  result_dtypes,
+)
 
 
 def _is_complex(dtype) -> bool:
   return np.dtype(dtype).kind == "c"
-
-
-def _real_of(dtype):
-  return {np.dtype(jnp.complex64): jnp.float32, np.dtype(jnp.complex128): jnp.float64}.get(
-    np.dtype(dtype), dtype
-  )
 
 
 def _sample_dtype(dtype):
@@ -38,12 +40,12 @@ def _sample_dtype(dtype):
   kind = np.dtype(dtype).kind
   if kind in "iub":
     return jnp.float64
-  return _real_of(dtype)
+  return real_dtype(dtype)
 
 
 def _uniform(key, shape, dtype, low=0.0, high=1.0):
   if _is_complex(dtype):
-    parts = jax.random.uniform(key, tuple(shape) + (2,), _real_of(dtype), low, high)
+    parts = jax.random.uniform(key, tuple(shape) + (2,), real_dtype(dtype), low, high)
     return jax.lax.complex(parts[..., 0], parts[..., 1])
   f = _sample_dtype(dtype)
   return jax.random.uniform(key, tuple(shape), f, low, high).astype(dtype)
@@ -51,7 +53,7 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
 
 def _normal(key, shape, dtype, mean=0.0, std=1.0):
   if _is_complex(dtype):
-    parts = jax.random.normal(key, tuple(shape) + (2,), _real_of(dtype))
+    parts = jax.random.normal(key, tuple(shape) + (2,), real_dtype(dtype))
     parts = parts * (std / np.sqrt(2.0)) + mean
     return jax.lax.complex(parts[..., 0], parts[..., 1])
   f = _sample_dtype(dtype)

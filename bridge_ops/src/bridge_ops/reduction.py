@@ -25,11 +25,12 @@ from bridge_ops._lowering import (
   lowering,
   opmath,
   p_norm,
+  real_dtype,
   result_dtypes,
   torch_abs,
   with_derivative,
 )
-from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _real, _squeeze, _sum_dtype
+from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _squeeze, _sum_dtype
 
 
 # ----------------------------------------------------------------------------- sum, mean, prod
@@ -165,7 +166,7 @@ def _var_mean(x, dim, correction, keepdim, sqrt=False):
     var = _std_sqrt(var)
   if not keepdim:
     mean = jnp.squeeze(mean, axes)
-  return var.astype(_real(x.dtype)), mean.astype(x.dtype)
+  return var.astype(real_dtype(x.dtype)), mean.astype(x.dtype)
 
 
 @lowering(aten.var.correction)
@@ -195,7 +196,7 @@ def _vector_norm(x, ord, dim, keepdim, dtype):
   """torch.linalg.vector_norm; `ord` is static (a Python number), it picks the algorithm."""
   if dtype is not None:
     x = x.astype(jax_dtype(dtype))
-  out = _real(x.dtype)
+  out = real_dtype(x.dtype)
   a = torch_abs(x).astype(opmath(out))
   axes = _axes(x, dim)
   if ord == math.inf:

@@ -6,6 +6,10 @@ kthvalue and mode take their values and indices from that stable order.
 
 `searchsorted`/`bucketize` run torch's own binary search (not `jnp.searchsorted`):
 NaN compares false there, where JAX's sort order would put it last.
+
+About 600 lines on purpose: the order statistics share the ordering keys and the ports of
+torch's sort and selection algorithms defined here (`_order_keys`, `_introsort_order`,
+`_introselect_order`, `_partial_sort_order`).
 """
 
 from __future__ import annotations
