@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import subprocess
 import sys
@@ -34,3 +35,41 @@ def test_ruff_format_is_clean():
 def test_mypy_is_clean():
   done = _run(sys.executable, "-m", "mypy", "--no-incremental")
   assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _message_start(node: ast.expr) -> str | None:
+  """The literal text a message starts with; None when it starts with a value (a name)."""
+  while isinstance(node, ast.BinOp):  # "..." + "..."
+    node = node.left
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    return node.value
+  if isinstance(node, ast.JoinedStr) and node.values:
+    first = node.values[0]
+    return first.value if isinstance(first, ast.Constant) else None
+  return ""
+
+
+def test_bridge_errors_share_one_message_style():
+  """Each bridge error message starts with who speaks (errors.py's docstring): the user's
+  call in backticks, torch.compile's backend, a name, or "bridge: "."""
+  import bridge._src.errors as errors_lib
+
+  bridge_errors = {
+    name
+    for name, value in vars(errors_lib).items()
+    if isinstance(value, type) and issubclass(value, errors_lib.BridgeError)
+  }
+  odd = []
+  for path in sorted((ROOT / "bridge").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+        continue
+      func = node.exc.func
+      name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+      if name not in bridge_errors:
+        continue
+      start = _message_start(node.exc.args[0])
+      if start is None or start.startswith(("`", "bridge: ", "torch.compile(backend=")):
+        continue
+      odd.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}({start[:40]!r}...)")
+  assert not odd, "messages that do not say who speaks:\n" + "\n".join(odd)

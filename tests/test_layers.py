@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 SRC = pathlib.Path(__file__).resolve().parent.parent / "bridge" / "_src"
 
@@ -187,3 +188,35 @@ def test_the_checks_can_fail():
   assert _upward({"errors": {"device"}, "device": set()}, _layer_of()) == [
     "errors (foundations) imports device (device backend and tools)"
   ]
+
+
+def _architecture_rows() -> dict[str, int]:
+  """ARCHITECTURE.md's module tables: module name as written -> the lines it states."""
+  text = (SRC.parent.parent / "ARCHITECTURE.md").read_text()
+  return {m: int(n) for m, n in re.findall(r"\| `([a-z_/0-9]+)` \| (\d+) \|", text)}
+
+
+def _close(stated: int, actual: int) -> bool:
+  return abs(stated - actual) <= max(25, actual // 10)
+
+
+def test_architecture_names_every_module_with_its_size():
+  """ARCHITECTURE.md stays true: one row per module of the core and of the plugin, its line
+  count within 10% (or 25 lines) of `wc -l`."""
+  rows = _architecture_rows()
+  plugin = SRC.parent.parent / "bridge_ops" / "src" / "bridge_ops"
+  files = {
+    (name.replace(".", "/") + ("/__init__" if path.name == "__init__.py" else "")): path
+    for name, path in _modules().items()
+  }
+  files.update({p.relative_to(plugin).with_suffix("").as_posix(): p for p in plugin.rglob("*.py")})
+  missing = sorted(set(files) - set(rows))
+  assert not missing, f"modules with no row in ARCHITECTURE.md: {missing}"
+  stale = [
+    f"{name}: {rows[name]} stated, {n} now"
+    for name, path in sorted(files.items())
+    if not _close(rows[name], n := len(path.read_text().splitlines()))
+  ]
+  assert not stale, f"ARCHITECTURE.md's line counts are out of date: {stale}"
+  unknown = sorted(set(rows) - set(files))
+  assert not unknown, f"ARCHITECTURE.md rows for modules that do not exist: {unknown}"

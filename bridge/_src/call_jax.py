@@ -26,6 +26,7 @@ from typing import Any, Callable, TypeVar
 import jax
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from bridge._src import dtypes
 from bridge._src import tensor as tensor_lib
@@ -318,7 +319,7 @@ class _Leaves:
         tensors.append((len(arrays), i, leaf))
         arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
       elif isinstance(leaf, torch.Tensor):
-        if tp is not torch.Tensor and isinstance(leaf, _fake_tensor_type()):
+        if tp is not torch.Tensor and isinstance(leaf, FakeTensor):
           raise _HasFake
         tensors.append((len(arrays), i, leaf))
         if leaf.requires_grad:
@@ -400,21 +401,13 @@ class _HasFake(Exception):
   """Raised by `_Leaves` on a fake tensor: `call_jax` answers with shapes only."""
 
 
-@functools.cache
-def _fake_tensor_type() -> type:
-  from torch._subclasses.fake_tensor import FakeTensor
-
-  return FakeTensor
-
-
 def _call_jax_fake(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
   """`call_jax` on torch's fake tensors (shape propagation, e.g. `torch.compile` tracing or
   `call_torch(..., mode="callback")` finding output shapes): fake outputs from `jax.eval_shape`."""
   leaves, spec = tree_lib.flatten((args, kwargs))
-  fake = _fake_tensor_type()
   positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-  mode = next(leaves[i].fake_mode for i in positions if isinstance(leaves[i], fake))
-  device = next(leaves[i].device for i in positions if isinstance(leaves[i], fake))
+  mode = next(leaves[i].fake_mode for i in positions if isinstance(leaves[i], FakeTensor))
+  device = next(leaves[i].device for i in positions if isinstance(leaves[i], FakeTensor))
   specs = []
   with jax.enable_x64(True):
     for i in positions:

@@ -32,6 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import (
+  DataDependentOutputException,
+  DynamicOutputShapeException,
+  FakeTensorMode,
+  UnsupportedOperatorException,
+)
 
 from bridge._src import dtypes
 from bridge._src import ffi
@@ -152,13 +158,6 @@ def _fake_run(
   module: torch.nn.Module | None = None,
   api: str = API,
 ) -> _FakeResult:
-  from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-  )
-
   mode = FakeTensorMode(allow_non_fake_inputs=True)
   recorder = _Recorder()
   # A module runs with fake copies of its state: fake mode would otherwise run in-place
@@ -271,7 +270,7 @@ class _Program:
     outs: Sequence[jax.ShapeDtypeStruct],
     *,
     name: str,
-    vmap_method: str,
+    vmap_method: ffi.VmapMethod,
     random: bool,
     restore: Callable[[], Any] | None = None,
     side_effect: bool = False,
@@ -393,7 +392,7 @@ class _Program:
 
 # A backward under `vmap` gets its unbatched inputs broadcast in full: cotangents of inputs
 # that had a size-1 batch dimension would come back summed over the batch.
-_BACKWARD_VMAP = {"expand_dims": "broadcast_all"}
+_BACKWARD_VMAP: dict[ffi.VmapMethod, ffi.VmapMethod] = {"expand_dims": "broadcast_all"}
 
 
 # --- call_torch(..., mode="callback") -------------------------------------------------------
@@ -516,7 +515,7 @@ def call(
   args: tuple,
   kwargs: dict,
   *,
-  vmap_method: str | None = None,
+  vmap_method: ffi.VmapMethod | None = None,
   result_shape_dtypes: Any = None,
   name: str | None = None,
   return_mutated: bool = False,
@@ -599,7 +598,7 @@ def _build(
   spec: Any,
   statics: tuple,
   avals: tuple,
-  vmap_method: str,
+  vmap_method: ffi.VmapMethod,
   result_shape_dtypes: Any,
   name: str,
   narrow: bool,

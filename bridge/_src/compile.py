@@ -228,14 +228,8 @@ class _Program:
     """(state..., key, dyn...) -> (outputs, updated state, next key or None)."""
     n = self.n_state
     state, key, dyn = flat[:n], flat[n], flat[n + 1 :]
-    it = iter(dyn)
-    leaves = []
-    for s in self.statics:
-      if s is not _DYN:
-        leaves.append(s)
-        continue
-      a = next(it)
-      leaves.append(array_to_tensor(a, lambda: "an argument", API))
+    tensors = (array_to_tensor(a, lambda: "an argument", API) for a in dyn)
+    leaves = tree_lib.merge(self.statics, tensors)
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)

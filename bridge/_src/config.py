@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import sys
-from typing import Any, Literal, TextIO, get_args
+from typing import Any, Literal, TextIO, TypedDict, get_args
+
+from typing_extensions import Unpack
 
 from bridge._src.errors import BridgeTypeError
 
@@ -60,6 +62,17 @@ class Config:
   check_indices: bool = False
 
 
+class Settings(TypedDict, total=False):
+  """The keyword arguments of `bridge.config`: `Config`'s fields, each optional."""
+
+  debug_print_each_op: bool
+  debug_file: TextIO | None
+  decompose_missing_ops: bool
+  fallback: Fallback
+  tiered_compile: bool
+  check_indices: bool
+
+
 _CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
 
 
@@ -79,7 +92,7 @@ class config:  # (used like a function: `with bridge.config(...):`)
     False
   """
 
-  def __init__(self, **changes: Any):
+  def __init__(self, **changes: Unpack[Settings]):
     names = {f.name for f in dataclasses.fields(Config)}
     unknown = sorted(set(changes) - names)
     if unknown:

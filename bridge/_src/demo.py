@@ -7,6 +7,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import torch
 
@@ -19,8 +20,6 @@ def _fmt(values: list[float]) -> str:
 
 
 def _versions() -> None:
-  import jaxlib
-
   print(
     f"bridge {bridge.__version__} | torch {torch.__version__} | jax {jax.__version__} | "
     f"jaxlib {jaxlib.__version__} | numpy {np.__version__} | python {platform.python_version()}"

@@ -24,7 +24,7 @@ import logging
 import pathlib
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -149,7 +149,7 @@ def _settings(options: Any, mode: Any) -> dict[str, Any]:
     raise BridgeTypeError(
       f"torch.compile(backend={NAME!r}): `options` must be a dict, got {type(options).__name__}."
     )
-  settings = {}
+  settings: dict[str, Any] = {}
   for name, value in options.items():
     if name not in OPTIONS:
       known = "\n".join(f"  {k}: {doc}" for k, (_, doc) in sorted(OPTIONS.items()))
@@ -163,7 +163,7 @@ def _settings(options: Any, mode: Any) -> dict[str, Any]:
         f"{value!r}."
       )
     settings[name] = value
-  config_lib.config(**settings)  # (its own checks: the fallback's names)
+  config_lib.config(**cast(config_lib.Settings, settings))  # (its own checks: the fallback's names)
   return settings
 
 

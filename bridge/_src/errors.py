@@ -5,6 +5,13 @@ Every error the bridge raises on purpose is a `BridgeError`. Each also derives f
 the built-in exception a Python user would expect (`TypeError` for a value of the
 wrong kind, `ValueError` for a value the operation cannot honour), so existing
 `except TypeError:` code keeps working.
+
+One message style: who speaks, what happened, what to do. A message starts with the call
+of the user's that failed, in backticks (`` `bridge.compile`: ``, `` `f`: `` for the user's
+function; `torch.compile(backend='jax')` for the backend), or with ``bridge: `` where no
+call of the user's is the entry (an op on the `jax` device, a plugin, the registry). Where
+torch has an error for the same mistake, the error is torch's, type and message
+(`TorchRuntimeError`, `TorchIndexError`). `tests/test_code_checks.py` checks the prefixes.
 """
 
 from __future__ import annotations

@@ -808,7 +808,7 @@ class Exported:
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes the artifact directory (program, weights, manifest); see `bridge.load`."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # (import cost: only when saving)
 
     os.makedirs(path, exist_ok=True)
     program = self.program.serialize(vjp_order=self.manifest["vjp_order"])
@@ -846,7 +846,7 @@ def _sha256(path: str) -> str:
 
 def load(path: str | os.PathLike) -> Exported:
   """An artifact `Exported.save` wrote, checked (format, versions, checksums) before use."""
-  from safetensors.numpy import load_file
+  from safetensors.numpy import load_file  # (import cost: only when loading)
 
   manifest_path = os.path.join(path, MANIFEST_FILE)
   try:

@@ -32,14 +32,19 @@ import itertools
 import os
 import threading
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
+from jax.experimental import io_callback
 
 from bridge._src import dtypes
 from bridge._src.errors import BridgeError, NarrowingError
+
+# how a host call is batched under `jax.vmap` (JAX's `vmap_method` of its callbacks)
+VmapMethod = Literal["sequential", "sequential_unrolled", "expand_dims", "broadcast_all"]
 
 TARGET = "bridge_torch_host_call"
 
@@ -292,8 +297,6 @@ def stage_check(bad: Any, values: Any, error: Callable[[Any, int], BaseException
   """A host call in the program being staged that fails its run with `error(value, position)`
   for the first True element of bool array `bad` (`values`: what to report there, broadcast
   to `bad`'s shape; None reports the position). The caller checks `supported()` first."""
-  import jax.numpy as jnp
-
   if not _check_key:
     _check_key.append(register(_raise_check, "a value check"))
   ident = next(_CHECK_IDS)
@@ -365,7 +368,7 @@ def emit(
   args: Sequence[Any],
   results: Sequence[jax.ShapeDtypeStruct],
   *,
-  vmap_method: str,
+  vmap_method: VmapMethod,
   side_effect: bool = False,
 ) -> Sequence[Any]:
   """Stage (or run, for concrete arguments) a call of host function `key`."""
@@ -410,7 +413,7 @@ def _emit_on_device(
   args: Sequence[Any],
   results: Sequence[jax.ShapeDtypeStruct],
   *,
-  vmap_method: str,
+  vmap_method: VmapMethod,
   side_effect: bool,
 ) -> list[Any]:
   """The host call through JAX's buffer callback: torch works on XLA's device buffers, in the
@@ -445,7 +448,7 @@ def _torch_to_numpy(t: torch.Tensor, spec: jax.ShapeDtypeStruct) -> np.ndarray:
   t = t.detach().cpu().resolve_conj().resolve_neg()
   if t.dtype != want:
     if dtypes.NARROWED.get(t.dtype) != want:
-      raise BridgeError(f"a host call returned {t.dtype} where the program expects {want}.")
+      raise BridgeError(f"bridge: a host call returned {t.dtype} where the program expects {want}.")
     t = t.to(want)
   if np.dtype(spec.dtype).name.startswith(("bfloat16", "float8")):
     raw = t.contiguous().view(getattr(torch, f"uint{8 * t.element_size()}"))
@@ -458,7 +461,7 @@ def _emit_through_host(
   args: Sequence[Any],
   results: Sequence[jax.ShapeDtypeStruct],
   *,
-  vmap_method: str,
+  vmap_method: VmapMethod,
   side_effect: bool,
 ) -> list[Any]:
   """The host call where no FFI handler is registered: JAX's Python callbacks (the data goes
@@ -473,7 +476,5 @@ def _emit_through_host(
       raise RuntimeError(describe_error(e, name)) from None
 
   if side_effect:
-    from jax.experimental import io_callback
-
     return list(io_callback(host, list(results), *args, ordered=False))
   return list(jax.pure_callback(host, list(results), *args, vmap_method=vmap_method))

@@ -24,6 +24,7 @@ forward as traced.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 from typing import Any, Callable
@@ -122,8 +123,6 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return _original_apply(cls, *args, **kwargs)
   setup = _function._is_setup_context_defined(cls.setup_context)
   if setup and kwargs:  # as torch does: bind keyword and default arguments to positions
-    import inspect
-
     bound = inspect.signature(cls.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     args, kwargs = bound.args, bound.kwargs

@@ -535,7 +535,10 @@ def _with_state(
 
 
 def _callback_fn(
-  module: torch.nn.Module, return_state: bool, vmap_method: str | None, result_shape_dtypes: Any
+  module: torch.nn.Module,
+  return_state: bool,
+  vmap_method: tracing.VmapMethod | None,
+  result_shape_dtypes: Any,
 ) -> Callable[..., Any]:
   """`extract_jax(module, mode="callback")`'s function of (params, *args, **kwargs)."""
 

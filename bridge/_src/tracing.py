@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from bridge._src import ffi
 from bridge._src import functions  # noqa: F401 - its hook on the trace scope (`scope.on_trace`)
 from bridge._src import narrowing
 from bridge._src import scope
@@ -85,7 +86,7 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
 # How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call
 # ("callback"); and how a callback-mode call is batched under `jax.vmap` (as `jax.pure_callback`).
 Mode = Literal["trace", "callback"]
-VmapMethod = Literal["sequential", "sequential_unrolled", "expand_dims", "broadcast_all"]
+VmapMethod = ffi.VmapMethod
 MODES: tuple[str, ...] = get_args(Mode)
 VMAP_METHODS: tuple[str, ...] = get_args(VmapMethod)
 

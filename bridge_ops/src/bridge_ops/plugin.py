@@ -48,7 +48,7 @@ FAMILIES = (
 
 def import_families() -> list:
   """Imports every op-family module (their `@lowering`s record themselves); returns the records."""
-  from bridge_ops import _lowering
+  from bridge_ops import _lowering  # (imports jax: not when the entry point is only read)
 
   for family in FAMILIES:
     importlib.import_module(f"bridge_ops.{family}")
@@ -59,7 +59,7 @@ def install_checks(report: Callable[..., None]) -> None:
   """Optional (a core that does not know it never calls it, and the checks are then skipped):
   the core's `report(bad, values, error, message, kind)`, which enforces the value checks the
   lowerings declare with `_lowering.check` (torch's errors for out-of-range indices...)."""
-  from bridge_ops import _lowering
+  from bridge_ops import _lowering  # (imports jax: not when the entry point is only read)
 
   _lowering._REPORT[0] = report
 
@@ -67,7 +67,7 @@ def install_checks(report: Callable[..., None]) -> None:
 def install_dtypes(torch_to_jax: Any) -> None:
   """The core's torch -> JAX dtype map, which the lowerings use (`register` installs the
   registry's; a lowering called outside the core needs one installed first)."""
-  from bridge_ops import _lowering
+  from bridge_ops import _lowering  # (imports jax: not when the entry point is only read)
 
   _lowering.install_dtypes(torch_to_jax)
 
