@@ -37,14 +37,23 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
+import json
+import multiprocessing
+import pathlib
+import platform
 import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
+import jax
 import torch
 from torch.utils import _pytree as pytree
+
+import bridge  # (this tool runs ops on the core's `jax` device)
 
 # The dtypes measured, with the short names the tables use.
 DTYPES: dict[torch.dtype, str] = {
@@ -501,8 +510,6 @@ def _eager(info: Any, tree: tuple) -> Any:
 
 def _keyed(fn: Callable, *arrays: Any) -> Any:
   """`call_torch(fn, *arrays)` with a key current, for the random ops inside a staged program."""
-  import jax
-  import bridge
 
   with bridge.rng_key(jax.random.key(0)):
     return bridge.call_torch(fn, *arrays)
@@ -533,9 +540,6 @@ def _narrowed(t: torch.Tensor) -> torch.Tensor:
 
 
 def _jit(info: Any, tree: tuple, x64: bool = True) -> Any:
-  import contextlib
-  import jax
-  import bridge
 
   first = tree[0]
   cpu_args = full_name(info) in CPU_ARGS
@@ -571,8 +575,6 @@ def _grad(
   with respect to the sample's tensors that require grad; None when there are none.
   Every tensor of the sample enters the JAX program as an array; JAX differentiates
   with respect to those that require grad."""
-  import jax
-  import bridge
 
   first, cpu_args = tree[0], full_name(info) in CPU_ARGS
   tensors, rebuild = _substitute(tree, lambda t: not cpu_args or t is first)
@@ -664,7 +666,6 @@ def _run(info: Any, dtype: torch.dtype, mode: str, sample: Any, k: int, values: 
 
 def check(info: Any, dtype: torch.dtype, mode: str) -> Outcome:
   """Runs one (op, dtype, mode) on up to `SAMPLES[mode]` samples and says how it went."""
-  import bridge
 
   name, short = full_name(info), DTYPES[dtype]
   values = name not in RANDOM and name not in UNINITIALIZED
@@ -717,7 +718,7 @@ def jobs(infos: Sequence[Any], modes: Iterable[str] = MODES) -> list[tuple[Any, 
 
 def op_db() -> list:
   """torch's OpInfo entries, sorted by full name."""
-  from torch.testing._internal.common_methods_invocations import op_db as db
+  from torch.testing._internal.common_methods_invocations import op_db as db  # (heavy)
 
   return sorted(db, key=full_name)
 
@@ -759,7 +760,6 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
 
 
 def _worker(names: list[str], modes: tuple) -> list[Outcome]:
-  import bridge  # noqa: F401 - registers the device
 
   infos = [i for i in op_db() if full_name(i) in set(names)]
   return [check(i, d, m) for i, d, m in jobs(infos, modes)]
@@ -783,7 +783,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--json", default=None, help="write every outcome here as JSON lines")
   parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
   args = parser.parse_args(argv)
-  import bridge  # noqa: F401
 
   infos = op_db()
   if args.ops:
@@ -791,9 +790,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   names = [full_name(i) for i in infos]
   start = time.time()
   if args.jobs > 1:
-    import concurrent.futures
-    import multiprocessing
-
     chunks = [names[k :: args.jobs * 8] for k in range(args.jobs * 8)]
     with concurrent.futures.ProcessPoolExecutor(
       args.jobs, mp_context=multiprocessing.get_context("spawn")
@@ -808,8 +804,6 @@ def main(argv: Sequence[str] | None = None) -> int:
       if o.status not in ("pass", "skip"):
         print(f"{o.op:45s} {o.mode:5s} {o.dtype:4s} {o.status:5s} {o.detail}")
   if args.json:
-    import json
-
     with open(args.json, "w") as f:
       for o in outcomes:
         f.write(json.dumps(dataclasses.asdict(o)) + "\n")
@@ -826,7 +820,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _default_page() -> str:
-  import pathlib
 
   checkout = pathlib.Path(__file__).resolve().parents[3]
   if (checkout / "pyproject.toml").exists() and checkout.name == "bridge_ops":
@@ -835,8 +828,6 @@ def _default_page() -> str:
 
 
 def _page(table: str, n_ops: int) -> str:
-  import jax
-  import platform
 
   dtypes = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
   return (
