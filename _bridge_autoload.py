@@ -50,6 +50,22 @@ def autoload() -> None:
   install(named=None)
 
 
+def register_log() -> None:
+  """Makes the bridge's loggers (`bridge.*`: the `torch.compile` backend's graphs, programs and
+  recompiles) a torch log named `bridge`, so `TORCH_LOGS=bridge` (INFO) or `TORCH_LOGS=+bridge`
+  (DEBUG) turns them on, as `TORCH_LOGS=dynamo` does dynamo's. Torch reads `TORCH_LOGS` right
+  after the autoload (`install`); with the autoload off, `import bridge` registers the name too
+  late for it, and `torch._logging.set_logs(modules={"bridge": logging.INFO})` or the `logging`
+  module turn the loggers on."""
+  try:
+    from torch._logging import _internal  # (a private module: skipped if torch moves it)
+
+    if "bridge" not in _internal.log_registry.log_alias_to_log_qnames:
+      _internal.register_log("bridge", "bridge")
+  except (ImportError, AttributeError):
+    pass
+
+
 def _real(name: str) -> Any:
   found = _REAL.get(name)
   if found is None:
@@ -123,6 +139,7 @@ def install(named: bool | None) -> bool:
   another backend holds PrivateUse1. `named`: also name it `jax` (None: unless torch can use
   a CUDA GPU; False: leave the name as it is)."""
   global _installed
+  register_log()
   with _lock:
     if backend_name() not in ("privateuseone", NAME):
       return False

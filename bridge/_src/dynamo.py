@@ -14,7 +14,8 @@ updates (BatchNorm's running statistics) and accumulates gradients into `.grad`,
 guards and recompiles, graph breaks run in eager Python between graphs.
 
 `compile_stats()` counts what the backend did; the logger `bridge.backend` says it as it
-happens (at INFO: each graph, each program traced, and what changed at a recompile).
+happens (at INFO: each graph, each program traced, and what changed at a recompile), shown
+with `TORCH_LOGS=bridge` (`_bridge_autoload.register_log`).
 """
 
 from __future__ import annotations
