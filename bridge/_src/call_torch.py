@@ -112,21 +112,33 @@ def call_torch(
     Array([0.5, 0.5], dtype=float32)
   """
   if mode == "callback":
-    return callback.call(
-      fn,
-      args,
-      kwargs,
-      vmap_method=vmap_method,
-      result_shape_dtypes=result_shape_dtypes,
-      api=API,
-      owner=fn,
-    )
+    return _in_callback_mode(fn, args, kwargs, vmap_method, result_shape_dtypes, API)
   check_mode(mode, vmap_method, result_shape_dtypes)
   module = module_of(fn)
   if module is not None:
     return modules.call_module(module, fn, args, kwargs, api=API)
   targs, tkwargs = inputs_to_torch((args, kwargs))
   return outputs_to_jax(run_traced(fn, targs, tkwargs))
+
+
+def _in_callback_mode(
+  fn: Callable[..., Any],
+  args: tuple,
+  kwargs: dict,
+  vmap_method: VmapMethod | None,
+  result_shape_dtypes: Any,
+  api: str,
+) -> Any:
+  """`fn` run for real by torch through one host call; `api` is the API the user called."""
+  return callback.call(
+    fn,
+    args,
+    kwargs,
+    vmap_method=vmap_method,
+    result_shape_dtypes=result_shape_dtypes,
+    api=api,
+    owner=fn,
+  )
 
 
 def jax_function(
@@ -152,14 +164,8 @@ def jax_function(
 
     @functools.wraps(wrapped_cb)
     def callback_wrapper(*args: Any, **kwargs: Any) -> Any:
-      return callback.call(
-        fn,
-        args,
-        kwargs,
-        vmap_method=vmap_method,
-        result_shape_dtypes=result_shape_dtypes,
-        api="bridge.jax_view",
-        owner=fn,
+      return _in_callback_mode(
+        fn, args, kwargs, vmap_method, result_shape_dtypes, "bridge.jax_view"
       )
 
     callback_wrapper.__bridge_torch_fn__ = fn  # type: ignore[attr-defined]
