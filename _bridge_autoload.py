@@ -6,9 +6,10 @@ second (JAX, the core), used or not, so this module, which imports torch alone a
 outside the `bridge` package (importing any `bridge.*` module runs `bridge/__init__`), installs
 torch's side of the device and nothing else: the PrivateUse1 backend's name (`jax`, unless
 torch can use a CUDA GPU: see `bridge._src.device`), its `torch.jax` module, device guard and
-hooks, its factory and composite kernels and its serialization rule. Each of these is a
-trampoline: the first one called imports bridge, whose `bridge._src.device.register` hands the
-real implementations over (`bind`); from then on they run directly. Nothing a user can reach
+hooks, its factory and composite kernels and its serialization rule (and the torch log name
+`bridge`: `register_log`). Each of the device's parts is a trampoline: the first one called
+imports bridge, whose `bridge._src.device.register` hands the real implementations over
+(`bind`); from then on they run directly. Nothing a user can reach
 works on a `jax` tensor without passing through one of them first, since no `jax` tensor
 exists before a factory kernel made it.
 
