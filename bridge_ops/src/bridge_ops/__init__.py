@@ -5,4 +5,4 @@ The core finds this package through the `bridge.lowerings` entry point
 reduction, indexing, linalg, ...), one module per family.
 """
 
-__version__ = "0.0.2"
+__version__ = "0.0.3"
