@@ -192,3 +192,26 @@ def test_deliberately_unregistered_aten_op_falls_back_with_gradients(atan_unregi
   assert [
     str(w.message).split(" ")[1] for w in caught if issubclass(w.category, bridge.FallbackWarning)
   ] == ["aten::atan.default"]
+
+
+@torch.library.custom_op("bridge_test_fb::twice_no_fake", mutates_args=())
+def twice_no_fake(x: torch.Tensor) -> torch.Tensor:
+  return x * 2
+
+
+def test_a_fallen_back_op_without_a_fake_names_the_fallback_and_advises_a_lowering():
+  """The user called `call_torch` in trace mode, not callback mode: the message speaks as the
+  bridge's per-op fallback, and its advice is a fake or a lowering, not `result_shape_dtypes=`
+  (which only callback mode's own callers can pass)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    with pytest.raises(bridge.BridgeError) as info:
+      jax.jit(lambda a: bridge.call_torch(lambda t: twice_no_fake(t) + 1, a))(jnp.ones(3))
+  message = str(info.value)
+  assert message.startswith(
+    "bridge: the fallback of bridge_test_fb::twice_no_fake.default calls an op with no fake "
+    "implementation"
+  ), message
+  assert "`torch.library.register_fake`" in message
+  assert "`bridge.register_lowering`" in message
+  assert "mode='callback'" not in message and "result_shape_dtypes" not in message

@@ -50,6 +50,9 @@ from bridge._src.errors import BridgeError, NarrowingError
 from bridge._src.tracing import check_mode
 
 API = "bridge.call_torch"
+# `api` of the per-op fallback's calls (`dispatch/fallback`): the user called no API of callback
+# mode there, so messages speak as the bridge and advise a lowering, not `result_shape_dtypes=`.
+FALLBACK = "the per-op fallback"
 
 _DYN = tree_lib.DYN
 
@@ -180,32 +183,37 @@ def _fake_run(
       with recorder:
         out = call(fakes)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
+      fixed = (
+        "If they are in fact fixed, pass them: "
+        f"{_with_shapes(api, 'jax.ShapeDtypeStruct(shape, dtype)')} (a pytree of them, like "
+        "the outputs); otherwise return fixed-size results (pad, or return a mask instead of "
+        "selecting)."
+        if api != FALLBACK
+        else "Run the op outside the JAX program, or register a lowering for it "
+        "(`bridge.register_lowering`) with fixed-size results."
+      )
       raise scope.TracedValueError(
-        f"`{api}(..., mode='callback')`: the shapes of {name}'s outputs cannot be found "
+        f"{_speaker(api)}: the shapes of {name}'s outputs cannot be found "
         f"before it runs: it {_data_dependence(e)}, at\n  {scope.user_line(e.__traceback__)}\n"
-        "A JAX program needs every output's shape and dtype when it is built. If they are "
-        f"in fact fixed, pass them: {_with_shapes(api, 'jax.ShapeDtypeStruct(shape, dtype)')} "
-        "(a pytree of them, like the outputs); otherwise return fixed-size results (pad, or "
-        "return a mask instead of selecting)."
+        f"A JAX program needs every output's shape and dtype when it is built. {fixed}"
       ) from e
     except UnsupportedOperatorException as e:
       if not isinstance(getattr(e, "func", None), torch._ops.OpOverload):
         raise
       raise BridgeError(
-        f"`{api}(..., mode='callback')`: {name} calls {e.func}, which has no fake (meta) "
+        f"{_speaker(api)}: {name} calls {e.func}, which has no fake (meta) "
         "implementation, so its outputs' shapes cannot be found without running it. Give "
-        "the op one (`torch.library.register_fake`), or pass the outputs' shapes: "
-        f"{_with_shapes(api)}."
+        f"the op one (`torch.library.register_fake`), or {_shapes_advice(api)}."
       ) from e
     except RuntimeError as e:
       if "no fake impl" not in str(e) and "fake impl" not in str(e).lower():
         _note_fake_run(e, name, api)
         raise
       raise BridgeError(
-        f"`{api}(..., mode='callback')`: {name} calls an op with no fake implementation, so "
+        f"{_speaker(api)}: {name} calls an op with no fake implementation, so "
         "its outputs' shapes cannot be found without running it. Give the op one "
-        "(`torch.library.register_fake`), or pass the outputs' shapes: "
-        f"{_with_shapes(api)}. Torch said: {str(e).splitlines()[0]}"
+        f"(`torch.library.register_fake`), or {_shapes_advice(api)}. Torch said: "
+        f"{str(e).splitlines()[0]}"
       ) from e
     except Exception as e:
       _note_fake_run(e, name, api)
@@ -220,12 +228,26 @@ def _fake_run(
 
 
 def _note_fake_run(e: BaseException, name: str, api: str) -> None:
+  who = FALLBACK if api == FALLBACK else f"`{api}(..., mode='callback')`"
   e.add_note(
-    f"(bridge: this happened while `{api}(..., mode='callback')` ran {name} on torch's "
+    f"(bridge: this happened while {who} ran {name} on torch's "
     "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
     "shapes before the JAX program runs. If the function needs real data for that, "
-    f"pass the outputs' shapes: {_with_shapes(api)}.)"
+    f"{_shapes_advice(api)}.)"
   )
+
+
+def _speaker(api: str) -> str:
+  """Who a callback-mode message speaks as: the API the user called, or the bridge itself
+  for the per-op fallback."""
+  return "bridge" if api == FALLBACK else f"`{api}(..., mode='callback')`"
+
+
+def _shapes_advice(api: str) -> str:
+  """What to do when the outputs' shapes cannot be found from fake tensors."""
+  if api == FALLBACK:
+    return "register a lowering for the op (`bridge.register_lowering`), which runs it in JAX"
+  return f"pass the outputs' shapes: {_with_shapes(api)}"
 
 
 # How each API that runs torch in callback mode is given the outputs' shapes.
@@ -535,7 +557,7 @@ def call(
   name = name or _describe(fn)
   if not ffi.supported():
     raise BridgeError(
-      f"`{api}(..., mode='callback')`: JAX's {ffi.platform()} backend cannot call back "
+      f"{_speaker(api)}: JAX's {ffi.platform()} backend cannot call back "
       "into Python from a program. Use the default trace mode, or run on CPU or GPU."
     )
   leaves, spec = tree_lib.flatten((args, kwargs))
@@ -657,7 +679,8 @@ def _build(
         if narrow and dt in dtypes.NARROWED:  # the edge of a 32-bit program
           if dt.is_floating_point or dt.is_complex:
             raise NarrowingError(
-              f"`{api}`: output leaf {i} of {name} is {str(dt).removeprefix('torch.')}, but "
+              f"{_speaker(api)}: output leaf {i} of {name} is "
+              f"{str(dt).removeprefix('torch.')}, but "
               "the JAX program it is called from is built with JAX's 64-bit types disabled "
               "and cannot hold it; rounding it to 32 bits would change it. Return a 32-bit "
               "tensor from the torch code (`.float()`), or enable 64-bit types "

@@ -88,7 +88,9 @@ def lowering(func: Any) -> registry.Lowering | None:
     if not available():  # the policy changed since this op was first seen
       raise_not_found(func)
     _note(func)
-    return callback.call(func, args, kwargs, name=f"the fallback of {op_name(func)}")
+    return callback.call(
+      func, args, kwargs, name=f"the fallback of {op_name(func)}", api=callback.FALLBACK
+    )
 
   run.__name__ = f"fallback_{func._schema.name.split('::')[-1]}"
   # (`dynamic_shape`: not jitted per op, so that the policy is looked at on every call;
