@@ -38,7 +38,9 @@ def test_mypy_is_clean():
 
 
 def _message_start(node: ast.expr) -> str | None:
-  """The literal text a message starts with; None when it starts with a value (a name)."""
+  """The literal text a message starts with; None when an f-string starts with a value (the
+  user's function's name, a speaker); "" when the message is no literal at all (a variable),
+  which this check cannot read and so reports."""
   while isinstance(node, ast.BinOp):  # "..." + "..."
     node = node.left
   if isinstance(node, ast.Constant) and isinstance(node.value, str):
