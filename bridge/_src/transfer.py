@@ -46,6 +46,7 @@ try:  # concrete arrays (not tracers): hot paths compare `type(x) is ArrayImpl`
 except ImportError:  # pragma: no cover - a JAX that moved it: the hot paths give way
   ArrayImpl = jax.Array  # type: ignore[misc,assignment]
 _KDL_CPU = 1  # DLDeviceType.kDLCPU
+_KDL_CUDA = 2  # DLDeviceType.kDLCUDA
 _ALIGNMENT = 64  # bytes; XLA:CPU refuses to alias a less aligned buffer
 _STRICT = "Pass `copy=None` (or `copy=True`) to allow the copy"
 
@@ -177,10 +178,40 @@ def _jax_has(platform: str) -> bool:
     return False
 
 
+@functools.cache
+def _cuda_target(index: int) -> tuple[Any, int, Any] | None:
+  """For torch's `cuda:index`: JAX's device, the stream JAX orders imported buffers on and a
+  torch handle on that stream; None where the direct import does not apply (no JAX GPU, a
+  ROCm torch, a plugin without that stream): `jax.dlpack.from_dlpack` then does it all."""
+  if _dlpack_to_buffer is None or _jaxlib_version < 467 or torch.version.cuda is None:
+    return None
+  try:
+    device = jax.local_devices(backend="cuda")[0].client.device_from_local_hardware_id(index)
+    stream = device.get_stream_for_external_ready_events()
+  except (RuntimeError, AttributeError):  # (JaxRuntimeError is a RuntimeError)
+    return None
+  return device, stream, torch.cuda.ExternalStream(stream, device=torch.device("cuda", index))
+
+
+def _cuda_tensor_to_jax(t: torch.Tensor, target: tuple[Any, int, Any]) -> jax.Array:
+  """A dense CUDA tensor as a JAX array on the same GPU, sharing its memory.
+
+  What `jax.dlpack.from_dlpack(t)` does without its Python layers (~60 us a call): JAX's
+  stream for external buffers waits for torch's current stream (the work that wrote `t`,
+  with no host synchronization), then JAX takes the buffer as ready on that stream."""
+  device, stream, jax_stream = target
+  current = torch.cuda.current_stream(t.device)
+  if current.cuda_stream != stream:
+    jax_stream.wait_stream(current)
+  capsule = torch._C._to_dlpack(t)
+  return _dlpack_to_buffer(capsule, device, stream, False, _KDL_CUDA)
+
+
 def _accelerator_tensor_to_jax(
   t: torch.Tensor, copy: bool | None, api: str, where: Where
 ) -> jax.Array:
-  if t.device.type == "cuda" and _jax_has("gpu"):
+  target = _cuda_target(t.device.index or 0) if t.device.type == "cuda" else None
+  if target is not None or (t.device.type == "cuda" and _jax_has("gpu")):
     if not is_dense(t):
       if copy is False:
         raise TransferError(
@@ -192,6 +223,18 @@ def _accelerator_tensor_to_jax(
       # a copy made by torch, on its current stream, then shared: JAX's own copying import
       # is not supported by every GPU plugin (PJRT's C API rejects its host buffer semantics)
       t, copy = t.clone(memory_format=torch.contiguous_format), False
+    if target is not None:
+      try:
+        return _cuda_tensor_to_jax(t, target)
+      except RuntimeError as e:
+        if "aligned" not in str(e):
+          raise
+        if copy is False:
+          raise TransferError(
+            f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: JAX "
+            f"refuses its data pointer ({e}). {_STRICT}, or pass `t.clone()`."
+          ) from None
+        return _cuda_tensor_to_jax(t.clone(memory_format=torch.contiguous_format), target)
     return jax.dlpack.from_dlpack(t, copy=copy)
   if copy is False:
     raise TransferError(
@@ -366,6 +409,21 @@ def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
   return torch._C._from_dlpack(_buffer_to_dlpack(a.addressable_data(0)))
 
 
+def _gpu_array_to_torch(a: jax.Array) -> torch.Tensor:
+  """A single-GPU array as a zero-copy CUDA tensor: torch's current stream on that GPU waits
+  for the array (no host synchronization). As `torch.from_dlpack(a)`, without its Python
+  layers; the reference is taken on `a.addressable_data(0)` (see `_cpu_array_to_torch`)."""
+  if _buffer_to_dlpack is None or torch.version.cuda is None:  # pragma: no cover - ROCm
+    return torch.from_dlpack(a)
+  index = getattr(next(iter(a.sharding.device_set)), "local_hardware_id", None)
+  if index is None:  # pragma: no cover - other jaxlib versions
+    index = a.__dlpack_device__()[1]  # type: ignore[attr-defined]
+  stream = torch.cuda.current_stream(index).cuda_stream
+  # (DLPack names the legacy default stream 1: 0 means "no stream", a host wait)
+  capsule = _buffer_to_dlpack(a.addressable_data(0), stream=stream or 1)
+  return torch._C._from_dlpack(capsule)
+
+
 def array_to_torch(
   a: jax.Array,
   *,
@@ -403,7 +461,7 @@ def array_to_torch(
     out = _cpu_array_to_torch(a)
     return out.clone() if copy else out
   if platform in ("gpu", "cuda", "rocm") and torch.cuda.is_available():
-    out = torch.from_dlpack(a)
+    out = _gpu_array_to_torch(a)
     return out.clone() if copy else out
   if copy is False:
     raise TransferError(

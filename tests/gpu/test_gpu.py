@@ -75,6 +75,34 @@ def test_jax_gpu_to_torch_is_zero_copy_and_aliased(n):
   torch.testing.assert_close(t, torch.arange(n, device=t.device, dtype=torch.float32))
 
 
+def test_transfers_take_the_direct_dlpack_import_on_cuda():
+  from bridge._src import transfer
+
+  assert transfer._cuda_target(0) is not None  # JAX's device, its stream, torch's handle on it
+  t = torch.zeros(1 << 22, device=CUDA)  # on torch's default stream: JAX's reads wait for it
+  _spin()
+  t.fill_(5.0)
+  a = bridge.to_jax(t)
+  assert a.unsafe_buffer_pointer() == t.data_ptr()
+  assert float(jnp.sum(a)) == 5.0 * (1 << 22)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_an_offset_view_crosses_with_the_right_values(dtype):
+  """A view starting a few bytes into its storage: shared if JAX takes the pointer, else
+  copied; never wrong values."""
+  t = torch.arange(1025, device=CUDA).to(dtype)[1:]
+  a = bridge.to_jax(t)
+  np.testing.assert_array_equal(np.asarray(a * 2), 2 * np.arange(1, 1025).astype(a.dtype))
+  try:
+    shared = bridge.to_jax(t, copy=False)
+  except bridge.TransferError as e:
+    assert "copy" in str(e)
+  else:
+    assert shared.unsafe_buffer_pointer() == t.data_ptr()
+    np.testing.assert_array_equal(np.asarray(shared + 0), np.asarray(a))
+
+
 def test_copies_both_ways_are_copies():
   t = torch.arange(1000, device=CUDA, dtype=torch.float32)
   a = bridge.to_jax(t, copy=True)
