@@ -57,10 +57,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvi
 elapsed "versions"
 
 # 3. the GPU tests
-timeout "${PYTEST_S:-240}" python -m pytest tests/gpu -m gpu $PYTEST_ARGS -q -p no:cacheprovider \
+timeout "${PYTEST_S:-240}" python -m pytest tests/gpu -m gpu $PYTEST_ARGS -v -p no:cacheprovider \
   -o addopts="" -rfEs --timeout 150 > "$OUT/pytest.log" 2>&1
 echo "[run_on_gpu] pytest rc=$?"
-tail -n 40 "$OUT/pytest.log"
+# the outcome of each test, then the failures' summary and the last lines
+echo "[run_on_gpu] $(grep -cE '^tests/gpu/.* PASSED' "$OUT/pytest.log") tests passed; the others:"
+grep -E "^tests/gpu/.* (FAILED|ERROR|SKIPPED|XFAIL|XPASS)" "$OUT/pytest.log" | head -n 30
+tail -n 25 "$OUT/pytest.log"
 elapsed "tests"
 
 # 4. the figures benchmarks/ has no rows for (MEASURE_S=0 skips them)
@@ -82,3 +85,13 @@ if [ "${BENCH_S:-150}" != 0 ]; then
   [ -f "$OUT/bench/RESULTS.md" ] && sed -n '/## CUDA GPU/,/^## [^C]/p' "$OUT/bench/RESULTS.md" | head -n 40
 fi
 elapsed "done"
+
+# 6. what comes back: the device tool returns a few files only, so everything but the test log
+#    and the figures goes into one archive (PACK=0 keeps the files as they are)
+if [ "${PACK:-1}" = 1 ]; then
+  PACKED=$(mktemp -d)
+  (cd "$OUT" && tar -czf "$PACKED/gpu-out.tgz" --exclude=pytest.log --exclude=gpu_figures.md . \
+    && find . -mindepth 1 ! -name pytest.log ! -name gpu_figures.md -delete \
+    && mv "$PACKED/gpu-out.tgz" .)
+  ls "$OUT"
+fi
