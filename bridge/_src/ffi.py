@@ -460,9 +460,7 @@ def _emit_on_device(
         for i, out in enumerate(outs):
           copy_result(_buffer_tensor(out), results_[i], i, name)
     except BaseException as e:  # noqa: BLE001 - kept for `reraise`, described for JAX
-      # (JAX's own error type: where a JAX lets the exception out of the program as it is,
-      # the caller still gets the error a failed host call gives on the CPU)
-      raise jax.errors.JaxRuntimeError(describe_error(e, name)) from None
+      raise RuntimeError(describe_error(e, name)) from None
 
   call = _buffer_callback(
     callback, list(results), has_side_effect=side_effect, vmap_method=vmap_method

@@ -48,6 +48,9 @@ except ImportError:  # pragma: no cover - a JAX that moved it: the hot paths giv
 _KDL_CPU = 1  # DLDeviceType.kDLCPU
 _KDL_CUDA = 2  # DLDeviceType.kDLCUDA
 _ALIGNMENT = 64  # bytes; XLA:CPU refuses to alias a less aligned buffer
+# bytes; XLA on a GPU takes a less aligned buffer and then fails each program that reads it
+# ("Address of buffer 1 must be a multiple of 10", seen on an H100 with JAX 0.11)
+_GPU_ALIGNMENT = 16
 _STRICT = "Pass `copy=None` (or `copy=True`) to allow the copy"
 
 Where = Callable[[], str]
@@ -136,17 +139,19 @@ def is_dense(t: torch.Tensor) -> bool:
   return True
 
 
-def _not_zero_copy_reason(t: torch.Tensor) -> str | None:
+def _not_zero_copy_reason(
+  t: torch.Tensor, alignment: int = _ALIGNMENT, where: str = "JAX on CPU aliases"
+) -> str | None:
   if not is_dense(t):
     return (
       f"it is a strided view with strides {t.stride()} (a stride-0 `expand`, a "
       "step slice or a gap), which JAX arrays cannot describe"
     )
-  if t.data_ptr() % _ALIGNMENT:
+  if t.data_ptr() % alignment:
     return (
-      f"its data pointer {t.data_ptr():#x} is not {_ALIGNMENT}-byte aligned (e.g. a "
-      f"view at an offset such as `t[1:]`), and JAX on CPU aliases only "
-      f"{_ALIGNMENT}-byte aligned buffers"
+      f"its data pointer {t.data_ptr():#x} is not {alignment}-byte aligned (e.g. a "
+      f"view at an offset such as `t[1:]`), and {where} only "
+      f"{alignment}-byte aligned buffers"
     )
   return None
 
@@ -221,29 +226,18 @@ def _accelerator_tensor_to_jax(
 ) -> jax.Array:
   target = _cuda_target(t.device.index or 0) if t.device.type == "cuda" else None
   if target is not None or (t.device.type == "cuda" and _jax_has("gpu")):
-    if not is_dense(t):
-      if copy is False:
-        raise TransferError(
-          f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a "
-          f"copy: {_not_zero_copy_reason(t)}. {_STRICT}."
-        )
-      t = t.contiguous()
-    elif copy:
+    reason = None if copy else _not_zero_copy_reason(t, _GPU_ALIGNMENT, "XLA on a GPU reads")
+    if reason is not None and copy is False:
+      raise TransferError(
+        f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: {reason}. "
+        f"{_STRICT}, or pass `t.contiguous()`."
+      )
+    if copy or reason is not None:
       # a copy made by torch, on its current stream, then shared: JAX's own copying import
       # is not supported by every GPU plugin (PJRT's C API rejects its host buffer semantics)
       t, copy = t.clone(memory_format=torch.contiguous_format), False
     if target is not None:
-      try:
-        return _cuda_tensor_to_jax(t, target)
-      except RuntimeError as e:
-        if "aligned" not in str(e):
-          raise
-        if copy is False:
-          raise TransferError(
-            f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: JAX "
-            f"refuses its data pointer ({e}). {_STRICT}, or pass `t.clone()`."
-          ) from None
-        return _cuda_tensor_to_jax(t.clone(memory_format=torch.contiguous_format), target)
+      return _cuda_tensor_to_jax(t, target)
     return jax.dlpack.from_dlpack(t, copy=copy)
   if copy is False:
     raise TransferError(

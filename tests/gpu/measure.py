@@ -132,6 +132,9 @@ def main(out_path: str) -> int:
     )
   )
   out_j = jitted(x_j)
+  plus_one = jax.jit(_plus_one)
+  small = torch.randn(16, 16, device=DEV)
+  small_j = bridge.to_jax(small.clone())
   manual = _median_us(lambda: (torch.from_dlpack(jitted(jax.dlpack.from_dlpack(x_t))), sync()))
   rows.append(("  the same by hand (jax.dlpack / torch.from_dlpack)", f"{manual:.1f} us", ""))
   for what, fn in (
@@ -143,6 +146,18 @@ def main(out_path: str) -> int:
       "  call_jax of x + 1 (the fixed cost)",
       lambda: (bridge.call_jax(_plus_one, x_t), sync()),
     ),
+    ("  jitted(to_jax(x)) dispatched, not waited for", lambda: jitted(bridge.to_jax(x_t))),
+    (
+      "  jitted(to_jax(x)), waited for by JAX",
+      lambda: jitted(bridge.to_jax(x_t)).block_until_ready(),
+    ),
+    (
+      "  jitted(x) on JAX's array, to_torch, synchronize",
+      lambda: (bridge.to_torch(jitted(x_j)), sync()),
+    ),
+    ("  x + 1 in plain JAX, on JAX's array", lambda: plus_one(x_j).block_until_ready()),
+    ("  call_jax of x + 1 on a 16x16 tensor", lambda: (bridge.call_jax(_plus_one, small), sync())),
+    ("  x + 1 in plain JAX on a 16x16 array", lambda: plus_one(small_j).block_until_ready()),
   ):
     rows.append((what, f"{_median_us(fn):.1f} us", ""))
   stem = out_path.replace(".md", "")

@@ -89,18 +89,20 @@ def test_transfers_take_the_direct_dlpack_import_on_cuda():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 def test_an_offset_view_crosses_with_the_right_values(dtype):
-  """A view starting a few bytes into its storage: shared if JAX takes the pointer, else
-  copied; never wrong values."""
-  t = torch.arange(1025, device=CUDA).to(dtype)[1:]
+  """A view starting a few bytes into its storage: XLA on a GPU takes such a pointer and then
+  fails every program reading it, so it is copied (or refused with copy=False); a view at a
+  16-byte offset is shared."""
+  base = torch.arange(1040, device=CUDA).to(dtype)
+  t = base[1:]
   a = bridge.to_jax(t)
-  np.testing.assert_array_equal(np.asarray(a * 2), 2 * np.arange(1, 1025).astype(a.dtype))
-  try:
-    shared = bridge.to_jax(t, copy=False)
-  except bridge.TransferError as e:
-    assert "copy" in str(e)
-  else:
-    assert shared.unsafe_buffer_pointer() == t.data_ptr()
-    np.testing.assert_array_equal(np.asarray(shared + 0), np.asarray(a))
+  assert a.unsafe_buffer_pointer() != t.data_ptr()
+  np.testing.assert_array_equal(np.asarray(a * 2), 2 * np.arange(1, 1040).astype(a.dtype))
+  with pytest.raises(bridge.TransferError, match="not 16-byte aligned"):
+    bridge.to_jax(t, copy=False)
+  step = 16 // base.element_size()
+  shared = bridge.to_jax(base[step:], copy=False)
+  assert shared.unsafe_buffer_pointer() == base[step:].data_ptr()
+  np.testing.assert_array_equal(np.asarray(shared * 2), 2 * np.arange(step, 1040).astype(a.dtype))
 
 
 def test_copies_both_ways_are_copies():
