@@ -246,6 +246,46 @@ def test_writes_through_views_on_the_jax_device(name):
   torch.testing.assert_close(x.cpu(), cpu, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_rows_at_every_offset_share_one_program(dtype):
+  """Reading and writing `x[i]` (and other contiguous views) for each `i` compiles one program
+  for all of them, the offset traced: it compiled one per row (about 25 ms each)."""
+  cpu = (torch.arange(8 * 5) % 7).reshape(8, 5).to(dtype)
+  x = cpu.clone().to("jax")
+  x[0].cpu(), x.narrow(0, 1, 3).cpu()  # (each shape's program compiled once)
+  x[0] = cpu[0].to("jax")
+  compiles = []
+
+  def listen(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    rows = [x[i].cpu() for i in range(8)]
+    blocks = [x.narrow(0, i, 3).cpu() for i in range(6)]
+    for i in range(8):
+      x[i] = cpu[(i + 3) % 8].to("jax")
+    written = x.cpu()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert compiles == []
+  for i in range(8):
+    torch.testing.assert_close(rows[i], cpu[i], rtol=0, atol=0)
+  for i in range(6):
+    torch.testing.assert_close(blocks[i], cpu.narrow(0, i, 3), rtol=0, atol=0)
+  torch.testing.assert_close(written, cpu[[(i + 3) % 8 for i in range(8)]], rtol=0, atol=0)
+
+
+def test_contiguous_views_of_a_large_flat_storage_take_their_offset_exactly():
+  base = torch.arange(3 * 70_000, dtype=torch.float32)
+  x = base.to("jax")
+  for start in (0, 1, 65_537, 139_999):
+    torch.testing.assert_close(x[start : start + 70_001].cpu(), base[start : start + 70_001])
+  hlo = bt._gather_at.lower(jnp.zeros(10), 3, (4,)).as_text()
+  assert "dynamic_slice" in hlo and not _GATHER_OR_SCATTER.search(hlo), hlo
+
+
 def test_linear_weight_reads_as_a_transpose_under_jit():
   lin = torch.nn.Linear(6, 3).to("jax")
   x = torch.randn(2, 6, device="jax")
