@@ -248,12 +248,15 @@ def test_writes_through_views_on_the_jax_device(name):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
 def test_rows_at_every_offset_share_one_program(dtype):
-  """Reading and writing `x[i]` (and other contiguous views) for each `i` compiles one program
-  for all of them, the offset traced: it compiled one per row (about 25 ms each)."""
+  """Reading and writing `x[i]`, `x[:, j]` and other views at each position compiles one
+  program for all positions, the position traced: it compiled one per row or column (25-35 ms
+  each)."""
   cpu = (torch.arange(8 * 5) % 7).reshape(8, 5).to(dtype)
   x = cpu.clone().to("jax")
-  x[0].cpu(), x.narrow(0, 1, 3).cpu()  # (each shape's program compiled once)
-  x[0] = cpu[0].to("jax")
+  x[0].cpu(), x.narrow(0, 1, 3).cpu(), x[:, 0].cpu(), x[1:, 0:2].cpu(), x[::2, 1].cpu()
+  x[0] = cpu[0].to("jax")  # (each view shape's program compiled once)
+  x[:, 0] = cpu[:, 0].to("jax")
+  x[1::2, 0] = cpu[1::2, 0].to("jax")
   compiles = []
 
   def listen(event: str, duration: float, **kwargs) -> None:
@@ -264,8 +267,15 @@ def test_rows_at_every_offset_share_one_program(dtype):
   try:
     rows = [x[i].cpu() for i in range(8)]
     blocks = [x.narrow(0, i, 3).cpu() for i in range(6)]
+    columns = [x[:, j].cpu() for j in range(5)]
+    panes = [x[1:, j : j + 2].cpu() for j in range(4)]
+    steps = [x[::2, j].cpu() for j in range(5)]
     for i in range(8):
       x[i] = cpu[(i + 3) % 8].to("jax")
+    rows_written = x.cpu()
+    for j in range(5):
+      x[:, j] = cpu[:, 4 - j].to("jax")
+      x[1::2, j] = cpu[1::2, j].to("jax")
     written = x.cpu()
   finally:
     jax.monitoring.unregister_event_duration_listener(listen)
@@ -274,7 +284,18 @@ def test_rows_at_every_offset_share_one_program(dtype):
     torch.testing.assert_close(rows[i], cpu[i], rtol=0, atol=0)
   for i in range(6):
     torch.testing.assert_close(blocks[i], cpu.narrow(0, i, 3), rtol=0, atol=0)
-  torch.testing.assert_close(written, cpu[[(i + 3) % 8 for i in range(8)]], rtol=0, atol=0)
+  for j in range(5):
+    torch.testing.assert_close(columns[j], cpu[:, j], rtol=0, atol=0)
+    torch.testing.assert_close(steps[j], cpu[::2, j], rtol=0, atol=0)
+  for j in range(4):
+    torch.testing.assert_close(panes[j], cpu[1:, j : j + 2], rtol=0, atol=0)
+  shuffled = cpu[[(i + 3) % 8 for i in range(8)]]
+  torch.testing.assert_close(rows_written, shuffled, rtol=0, atol=0)
+  want = shuffled.clone()
+  for j in range(5):
+    want[:, j] = cpu[:, 4 - j]
+    want[1::2, j] = cpu[1::2, j]
+  torch.testing.assert_close(written, want, rtol=0, atol=0)
 
 
 def test_contiguous_views_of_a_large_flat_storage_take_their_offset_exactly():

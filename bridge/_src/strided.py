@@ -2,9 +2,9 @@
 
 A `bridge.Tensor` view is torch's (size, stride, storage offset) over its storage's
 array (the base, contiguous in its own shape). `gather` reads it and `scatter`
-writes into it; both are jitted with the view's metadata static (but for a contiguous
-view's offset, which is traced), and work on tracers (under `jax.jit`, `jax.grad`,
-`jax.vmap`) as on arrays.
+writes into it; both are jitted with the view's shape static and, where its plan
+allows, its position (offset) traced, so that a row or column at each index shares one
+program; they work on tracers (under `jax.jit`, `jax.grad`, `jax.vmap`) as on arrays.
 """
 
 from __future__ import annotations
@@ -237,6 +237,75 @@ def _write_at(base: Any, new: Any, offset: Any, size: tuple) -> Any:
   return lax.dynamic_update_slice(base.reshape(-1), new, (offset,)).reshape(base.shape)
 
 
+class _Shape(NamedTuple):
+  """A `_Strided` plan without its position: what its program depends on (static), while the
+  window's first element and the slice's start are traced (`_where`)."""
+
+  size: tuple
+  window: int | None  # the window's length; None: the whole flat base
+  shape: tuple
+  extent: tuple  # limit - start
+  step: tuple
+  kept: tuple
+  perm: tuple
+  expanded: tuple
+
+
+def _split(plan: _Strided, size: tuple, numel: int) -> tuple[_Shape, int, tuple]:
+  """`plan` as its static shape and its traced position (window's first element, start)."""
+  window = plan.window
+  if window is not None and window[1] == numel:
+    window = None
+  extent = tuple(b - a for a, b in zip(plan.start, plan.limit))
+  shape = _Shape(
+    size,
+    None if window is None else window[1],
+    plan.shape,
+    extent,
+    plan.step,
+    plan.kept,
+    plan.perm,
+    plan.expanded,
+  )
+  return shape, 0 if window is None else window[0], plan.start
+
+
+def _region(base: Any, first: Any, how: _Shape) -> Any:
+  """The window of the flat base, reshaped to the plan's shape."""
+  flat = base.reshape(-1)
+  if how.window is not None:
+    flat = lax.dynamic_slice(flat, (first,), (how.window,))
+  return flat.reshape(how.shape)
+
+
+def _read_strided_at(base: Any, first: Any, start: tuple, how: _Shape) -> Any:
+  """`read` of a strided view whose position (`first`, `start`) is traced."""
+  x = lax.dynamic_slice(_region(base, first, how), start, how.extent)
+  x = lax.slice(x, (0,) * len(how.extent), how.extent, how.step).reshape(how.kept)
+  if how.perm != tuple(range(len(how.perm))):
+    x = lax.transpose(x, how.perm)
+  return jnp.broadcast_to(x.reshape(how.expanded), how.size)
+
+
+def _write_strided_at(base: Any, new: Any, first: Any, start: tuple, how: _Shape) -> Any:
+  """`write` of a strided view (no broadcast dims) whose position is traced: the view's
+  bounding box is cut out, written as `_set_strided` writes a box starting at 0, put back."""
+  new = jnp.broadcast_to(new, how.size).astype(base.dtype)
+  region = _region(base, first, how)
+  box = lax.dynamic_slice(region, start, how.extent)
+  zero = (0,) * len(how.extent)
+  box = _set_strided(
+    box,
+    new,
+    _Strided(None, how.extent, zero, how.extent, how.step, how.kept, how.perm, how.expanded),
+  )
+  region = lax.dynamic_update_slice(region, box, start)
+  flat = region.reshape(-1)
+  if how.window is not None:
+    flat = lax.dynamic_update_slice(base.reshape(-1), flat, (first,))
+  return flat.reshape(base.shape)
+
+
 def _is_contiguous(size: tuple, stride: tuple) -> bool:
   """Whether the view is one contiguous run of the storage (its offset aside)."""
   return math.prod(size) > 0 and all(
@@ -246,13 +315,15 @@ def _is_contiguous(size: tuple, stride: tuple) -> bool:
 
 # Jitted forms for concrete arrays; a tracer (JAX is already building a program) calls
 # `read`/`write` directly, so the ops land in that program instead of nested programs. A
-# contiguous view (a row `x[i]`, `narrow(0, i, n)`, a chunk along the first dim) takes its
-# offset traced: one program serves every row, where a static offset compiled one per row
-# (about 25 ms each on this CPU).
+# view's position is traced where its plan allows (a row `x[i]`, a column `x[:, j]`,
+# `narrow`, a chunk): one program serves every position, where a static offset compiled one
+# per row or column (25-35 ms each on this CPU). The flat-index fallback keeps it static.
 _gather = jax.jit(read, static_argnums=(1, 2, 3))
 _scatter = jax.jit(write, static_argnums=(2, 3, 4))
 _gather_at = jax.jit(_read_at, static_argnums=(2,))
 _scatter_at = jax.jit(_write_at, static_argnums=(3,))
+_gather_strided_at = jax.jit(_read_strided_at, static_argnums=(3,))
+_scatter_strided_at = jax.jit(_write_strided_at, static_argnums=(4,))
 _x64_state = _jax_config.enable_x64
 
 
@@ -262,6 +333,10 @@ def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   try:
     if _is_contiguous(size, stride):
       return _gather_at(base, offset, size)
+    plan = _plan(tuple(base.shape), size, stride, offset) if math.prod(size) else None
+    if isinstance(plan, _Strided):
+      how, first, start = _split(plan, size, math.prod(base.shape))
+      return _gather_strided_at(base, first, start, how)
     return _gather(base, size, stride, offset)
   finally:
     _x64_state.set_local(prev)
@@ -273,6 +348,10 @@ def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any
   try:
     if _is_contiguous(size, stride):
       return _scatter_at(base, new, offset, size)
+    plan = _plan(tuple(base.shape), size, stride, offset) if math.prod(size) else None
+    if isinstance(plan, _Strided) and plan.expanded == size:
+      how, first, start = _split(plan, size, math.prod(base.shape))
+      return _scatter_strided_at(base, new, first, start, how)
     return _scatter(base, new, size, stride, offset)
   finally:
     _x64_state.set_local(prev)
