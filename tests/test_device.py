@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import bridge
+from tests import xla
 
 JAX0 = torch.device("jax", 0)
 
@@ -143,22 +144,13 @@ def test_module_to_jax_keeps_parameters_and_moves_buffers():
 def test_empty_and_moves_compile_nothing_and_are_zero_filled():
   """`torch.empty` (and so every `.to("jax")`, which is empty + copy) allocates host zeros:
   no XLA compile per new shape (tens of milliseconds each, ~0.4 s for a GPT-2's weights)."""
-  compiles = []
-
-  def listen(event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiles.append(duration)
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
+  with xla.counting_compiles() as compiles:
     small = torch.empty(7, 13, dtype=torch.float64, device="jax")  # shapes no test used before
     large = torch.empty(517, 1031, dtype=torch.bfloat16, device="jax")  # a mapped buffer
     none = torch.empty(0, 11, dtype=torch.int64, device="jax")
     model = torch.nn.Linear(519, 1033)
     expected = model.weight.detach().clone()
     model.to("jax")
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
   assert compiles == []
   for t, dtype, shape in (
     (small, torch.float64, (7, 13)),

@@ -19,6 +19,7 @@ import torch
 
 import bridge  # (registers the jax device)
 from bridge._src import strided as bt
+from tests import xla
 
 # name: (base shape, view of the base, lowers without gather/scatter)
 CASES = {
@@ -257,14 +258,7 @@ def test_rows_at_every_offset_share_one_program(dtype):
   x[0] = cpu[0].to("jax")  # (each view shape's program compiled once)
   x[:, 0] = cpu[:, 0].to("jax")
   x[1::2, 0] = cpu[1::2, 0].to("jax")
-  compiles = []
-
-  def listen(event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiles.append(event)
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
+  with xla.counting_compiles() as compiles:
     rows = [x[i].cpu() for i in range(8)]
     blocks = [x.narrow(0, i, 3).cpu() for i in range(6)]
     columns = [x[:, j].cpu() for j in range(5)]
@@ -277,8 +271,6 @@ def test_rows_at_every_offset_share_one_program(dtype):
       x[:, j] = cpu[:, 4 - j].to("jax")
       x[1::2, j] = cpu[1::2, j].to("jax")
     written = x.cpu()
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
   assert compiles == []
   for i in range(8):
     torch.testing.assert_close(rows[i], cpu[i], rtol=0, atol=0)

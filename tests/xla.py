@@ -13,7 +13,11 @@ uses XLA's defaults. `BRIDGE_TEST_XLA_DEFAULTS=1` runs the suite with XLA's defa
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
+
+import jax
 
 FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 
@@ -30,3 +34,19 @@ def use_fast_compile() -> None:
   current = os.environ.get("XLA_FLAGS", "")
   if FAST_COMPILE not in current:
     os.environ["XLA_FLAGS"] = with_flags(FAST_COMPILE)
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[list[float]]:
+  """A list that gathers the duration of every XLA compile while the block runs."""
+  compiles: list[float] = []
+
+  def listen(event: str, duration: float, **kwargs: object) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(duration)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield compiles
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
