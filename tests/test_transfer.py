@@ -163,6 +163,12 @@ def test_copy_false_says_why(name):
   assert "copy=None" in msg
   reason = "aligned" if name == "unaligned_offset" else "strided view"
   assert reason in msg
+  # the advice that works: `contiguous()` returns a dense view at an unaligned offset as it is
+  advice = "`t.clone()`" if name == "unaligned_offset" else "`t.contiguous()`"
+  assert f"or pass {advice}." in msg
+  if name == "unaligned_offset":
+    assert t.contiguous().data_ptr() == t.data_ptr()
+    bridge.to_jax(t.clone(), copy=False)
 
 
 @pytest.mark.parametrize("name", [n for n, (_, zc) in LAYOUTS.items() if zc])

@@ -239,7 +239,7 @@ def _write_at(base: Any, new: Any, offset: Any, size: tuple) -> Any:
 
 class _Shape(NamedTuple):
   """A `_Strided` plan without its position: what its program depends on (static), while the
-  window's first element and the slice's start are traced (`_where`)."""
+  window's first element and the slice's start are traced (see `_split`)."""
 
   size: tuple
   window: int | None  # the window's length; None: the whole flat base

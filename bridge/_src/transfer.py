@@ -139,6 +139,12 @@ def is_dense(t: torch.Tensor) -> bool:
   return True
 
 
+def _copy_advice(t: torch.Tensor) -> str:
+  """What to pass instead of `t` for a zero-copy move: a strided view becomes dense with
+  `contiguous()`, which returns a dense view at an unaligned offset as it is."""
+  return "`t.contiguous()`" if not is_dense(t) else "`t.clone()`"
+
+
 def _not_zero_copy_reason(
   t: torch.Tensor, alignment: int = _ALIGNMENT, where: str = "JAX on CPU aliases"
 ) -> str | None:
@@ -165,7 +171,7 @@ def _cpu_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str, where: Wher
       if copy is False:
         raise TransferError(
           f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: "
-          f"{reason}. {_STRICT}, or pass `t.contiguous()`."
+          f"{reason}. {_STRICT}, or pass {_copy_advice(t)}."
         )
       t = t.clone(memory_format=torch.contiguous_format)
   if _dlpack_to_buffer is None:  # pragma: no cover
@@ -230,7 +236,7 @@ def _accelerator_tensor_to_jax(
     if reason is not None and copy is False:
       raise TransferError(
         f"`{api}`: {where()} ({_describe(t)}) cannot be moved without a copy: {reason}. "
-        f"{_STRICT}, or pass `t.contiguous()`."
+        f"{_STRICT}, or pass {_copy_advice(t)}."
       )
     if copy or reason is not None:
       # a copy made by torch, on its current stream, then shared: JAX's own copying import
