@@ -306,11 +306,21 @@ def _write_strided_at(base: Any, new: Any, first: Any, start: tuple, how: _Shape
   return flat.reshape(base.shape)
 
 
-def _is_contiguous(size: tuple, stride: tuple) -> bool:
-  """Whether the view is one contiguous run of the storage (its offset aside)."""
-  return math.prod(size) > 0 and all(
-    n == 1 or s == c for n, s, c in zip(size, stride, contiguous_strides(size))
-  )
+@functools.lru_cache(maxsize=4096)
+def _placed(shape: tuple, size: tuple, stride: tuple, offset: int) -> tuple | None:
+  """The view's plan as (strided, static key, traced position, writable) for the jitted
+  forms below, once per view layout and position; None for an empty view or the flat-index
+  fallback (static throughout). Contiguous: the key is the view's size, the position its
+  offset. Strided: `_split`; writable where it has no broadcast dim (else `write`'s fallback)."""
+  if not math.prod(size):
+    return None
+  plan = _plan(shape, size, stride, offset)
+  if isinstance(plan, _Contiguous):
+    return False, size, (plan.offset,), True
+  if plan is None:
+    return None
+  how, first, start = _split(plan, size, math.prod(shape))
+  return True, how, (first, start), plan.expanded == size
 
 
 # Jitted forms for concrete arrays; a tracer (JAX is already building a program) calls
@@ -331,13 +341,11 @@ def gather(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
   """`read`, jitted, with 64-bit types on (a float64 storage stays float64)."""
   prev = _x64_state.swap_local(True)
   try:
-    if _is_contiguous(size, stride):
-      return _gather_at(base, offset, size)
-    plan = _plan(tuple(base.shape), size, stride, offset) if math.prod(size) else None
-    if isinstance(plan, _Strided):
-      how, first, start = _split(plan, size, math.prod(base.shape))
-      return _gather_strided_at(base, first, start, how)
-    return _gather(base, size, stride, offset)
+    placed = _placed(tuple(base.shape), size, stride, offset)
+    if placed is None:
+      return _gather(base, size, stride, offset)
+    strided, key, position, _ = placed
+    return (_gather_strided_at if strided else _gather_at)(base, *position, key)
   finally:
     _x64_state.set_local(prev)
 
@@ -346,12 +354,10 @@ def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any
   """`write`, jitted, with 64-bit types on (a float64 storage stays float64)."""
   prev = _x64_state.swap_local(True)
   try:
-    if _is_contiguous(size, stride):
-      return _scatter_at(base, new, offset, size)
-    plan = _plan(tuple(base.shape), size, stride, offset) if math.prod(size) else None
-    if isinstance(plan, _Strided) and plan.expanded == size:
-      how, first, start = _split(plan, size, math.prod(base.shape))
-      return _scatter_strided_at(base, new, first, start, how)
-    return _scatter(base, new, size, stride, offset)
+    placed = _placed(tuple(base.shape), size, stride, offset)
+    if placed is None or not placed[3]:
+      return _scatter(base, new, size, stride, offset)
+    strided, key, position, _ = placed
+    return (_scatter_strided_at if strided else _scatter_at)(base, new, *position, key)
   finally:
     _x64_state.set_local(prev)
