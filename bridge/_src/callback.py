@@ -228,7 +228,7 @@ def _fake_run(
 
 
 def _note_fake_run(e: BaseException, name: str, api: str) -> None:
-  who = FALLBACK if api == FALLBACK else f"`{api}(..., mode='callback')`"
+  who = FALLBACK if api == FALLBACK else _speaker(api)
   e.add_note(
     f"(bridge: this happened while {who} ran {name} on torch's "
     "fake tensors, which have shapes and dtypes but no data, to find its outputs' "
