@@ -18,6 +18,7 @@ afterwards drops the array's claim only, and the tensor stays valid.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 import jax
@@ -211,6 +212,29 @@ def current_cuda_stream(index: int) -> Any:
   return torch.cuda.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
+# torch's stream objects by (GPU, stream pointer): a stream lives as long as the process (torch's
+# pool streams, and external streams their owner keeps), and building one costs 2 us a call
+_cuda_streams: dict[tuple[int, int], Any] = {}
+# one event per thread and GPU, recorded anew by each import: a wait is bound to the record
+# made before it, and no other thread records in between (an event belongs to one GPU)
+_events = threading.local()
+
+
+def _cuda_ready_event(index: int, raw: int) -> Any:
+  """An event recorded on torch's current stream `raw` of GPU `index`, for one wait."""
+  stream = _cuda_streams.get((index, raw))
+  if stream is None:
+    stream = _cuda_streams[(index, raw)] = current_cuda_stream(index)
+  events = getattr(_events, "by_gpu", None)
+  if events is None:
+    events = _events.by_gpu = {}
+  event = events.get(index)
+  if event is None:
+    event = events[index] = torch.cuda.Event()
+  event.record(stream)
+  return event
+
+
 def _cuda_tensor_to_jax(t: torch.Tensor, target: tuple[Any, int, Any]) -> jax.Array:
   """A dense CUDA tensor as a JAX array on the same GPU, sharing its memory.
 
@@ -219,12 +243,23 @@ def _cuda_tensor_to_jax(t: torch.Tensor, target: tuple[Any, int, Any]) -> jax.Ar
   with no host synchronization), then JAX takes the buffer as ready on that stream."""
   device, stream, jax_stream = target
   index = t.device.index or 0
-  if torch._C._cuda_getCurrentRawStream(index) != stream:
-    event = torch.cuda.Event()
-    event.record(current_cuda_stream(index))
-    jax_stream.wait_event(event)
+  raw = torch._C._cuda_getCurrentRawStream(index)
+  if raw != stream:
+    jax_stream.wait_event(_cuda_ready_event(index, raw))
   capsule = torch._C._to_dlpack(t)
   return _dlpack_to_buffer(capsule, device, stream, False, _KDL_CUDA)
+
+
+def cuda_tensor_arg(t: torch.Tensor) -> jax.Array | None:
+  """A CUDA tensor as a zero-copy argument of a compiled call on its GPU, or None where
+  `tensor_to_jax` must decide (a copy, an error, no direct import): the shortcut of a call
+  the general path already took once with a tensor of this shape and dtype."""
+  if t.is_conj() or t.is_neg() or not is_dense(t) or t.data_ptr() % _GPU_ALIGNMENT:
+    return None
+  target = _cuda_target(t.device.index or 0)
+  if target is None:
+    return None
+  return _cuda_tensor_to_jax(t.detach() if t.requires_grad else t, target)
 
 
 def _accelerator_tensor_to_jax(
@@ -418,7 +453,7 @@ def _cpu_array_to_torch(a: jax.Array) -> torch.Tensor:
   return torch._C._from_dlpack(_buffer_to_dlpack(a.addressable_data(0)))
 
 
-def _gpu_array_to_torch(a: jax.Array) -> torch.Tensor:
+def gpu_array_to_torch(a: jax.Array) -> torch.Tensor:
   """A single-GPU array as a zero-copy CUDA tensor: torch's current stream on that GPU waits
   for the array (no host synchronization). As `torch.from_dlpack(a)`, without its Python
   layers; the reference is taken on `a.addressable_data(0)` (see `_cpu_array_to_torch`)."""
@@ -470,7 +505,7 @@ def array_to_torch(
     out = _cpu_array_to_torch(a)
     return out.clone() if copy else out
   if platform in ("gpu", "cuda", "rocm") and torch.cuda.is_available():
-    out = _gpu_array_to_torch(a)
+    out = gpu_array_to_torch(a)
     return out.clone() if copy else out
   if copy is False:
     raise TransferError(
