@@ -417,11 +417,20 @@ def _fast_call(
 
 
 def _fast_cpu_call(
-  compiled: "Compiled", program: "_Program", sig: tuple, imported: list, fixed_key: Any
+  compiled: "Compiled",
+  program: "_Program",
+  sig: tuple,
+  imported: list,
+  fixed_key: Any,
+  gpu: int | None = None,
 ) -> Callable[..., Any]:
   """`_fast_call` for plain CPU tensors: the parameters' zero-copy arrays as recorded (each
   parameter must be the same tensor, unchanged since: same version counter and data
-  pointer), the arguments shared with JAX through NumPy, the outputs through DLPack."""
+  pointer), the arguments shared with JAX through NumPy, the outputs through DLPack.
+
+  With `gpu`, the same for plain tensors on CUDA GPU `gpu` (JAX on the same GPU): the
+  arguments are imported through DLPack in the order of torch's current stream
+  (`transfer.cuda_tensor_arg`), the outputs handed back in that order."""
   slots = tuple(compiled._slots or ())
   entries: tuple[Any, ...] = tuple(
     [(table, attr, t, version, a) for (table, attr), (t, version, a) in zip(slots, imported)]
@@ -442,7 +451,8 @@ def _fast_cpu_call(
   to_dlpack = (
     transfer.buffer_to_dlpack
     if (
-      lean is not None
+      gpu is None
+      and lean is not None
       and transfer.buffer_to_dlpack is not None
       and hasattr(out_info, "dtype")
       and hasattr(out_info, "sharding")
@@ -452,6 +462,17 @@ def _fast_cpu_call(
     else None
   )
   from_dlpack = torch._C._from_dlpack
+  # on a GPU: the lean output (one array on that GPU, of a dtype torch has) straight back
+  on_gpu = (
+    gpu is not None
+    and lean is not None
+    and hasattr(out_info, "dtype")
+    and isinstance(getattr(out_info, "sharding", None), jax.sharding.SingleDeviceSharding)
+    and all(d.platform == "gpu" for d in out_info.sharding.device_set)
+    and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID
+  )
+  cuda_arg, gpu_to_torch = transfer.cuda_tensor_arg, transfer.gpu_array_to_torch
+  amp_type = "cpu" if gpu is None else "cuda"
   parameter = torch.nn.Parameter
   # A parameter passed as an argument (torch.compile's graphs take them so) keeps its JAX
   # array while it is the same tensor, unchanged (version counter and data pointer), as a
@@ -468,7 +489,7 @@ def _fast_cpu_call(
     return a
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
-    if refused(self, args, kwargs, "cpu") or not on_cpu():
+    if refused(self, args, kwargs, amp_type) or (gpu is None and not on_cpu()):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
@@ -505,6 +526,28 @@ def _fast_cpu_call(
       finally:
         restore(prev)
       return from_dlpack(to_dlpack(o))
+    if on_gpu:  # lean, on the GPU: tensors of the recorded shapes and dtypes, shared
+      prev = swap(True)
+      try:
+        for a, (shape, dtype) in zip(args, sig):
+          if (
+            type(a) not in plain
+            or a.get_device() != gpu
+            or a.dtype is not dtype
+            or a.shape != shape
+            or (grad and a.requires_grad)
+          ):
+            return general(self, args, kwargs)
+          arg = parameter_array(a) if type(a) is parameter else cuda_arg(a)
+          if arg is None:  # a view to copy, a lazy conjugate: the general path
+            return general(self, args, kwargs)
+          arrays.append(arg)
+        o = lean_call(*arrays)
+      except (TypeError, ValueError, RuntimeError):  # the general path explains or retries
+        return general(self, args, kwargs)
+      finally:
+        restore(prev)
+      return gpu_to_torch(o)
     if lean is None:
       key = fixed_key if fixed_key is not None else rng._key
       arrays.append(key if key is not None else current_key())
@@ -513,7 +556,7 @@ def _fast_cpu_call(
         type(a) not in plain
         or a.dtype is not dtype
         or a.shape != shape
-        or not a.is_cpu
+        or (not a.is_cpu if gpu is None else a.get_device() != gpu)
         or (grad and a.requires_grad)
       ):
         return general(self, args, kwargs)
@@ -845,8 +888,8 @@ class Compiled:
               self._record_fast(program, state, args, device, outs, arrays)
           else:
             outs = [_to_torch(o, None) for o in outs]
-            if fast and amp is None and device is None:
-              self._record_fast_cpu(program, state, args, arrays)
+            if fast and amp is None and (device is None or device.type == "cuda"):
+              self._record_fast_cpu(program, state, args, arrays, device)
       except ValueError as e:
         if "incompatible devices" not in str(e):
           raise
@@ -900,8 +943,11 @@ class Compiled:
     else:
       self._record(None)
 
-  def _record_fast_cpu(self, program: _Program, state: list, args: tuple, arrays: list) -> None:
-    """Records this call for the shortcut if it was a plain one with CPU tensors."""
+  def _record_fast_cpu(
+    self, program: _Program, state: list, args: tuple, arrays: list, device: Any = None
+  ) -> None:
+    """Records this call for the shortcut if it was a plain one with CPU tensors, or with
+    tensors of one CUDA GPU (`device`)."""
     imported = self._imported
     if (
       len(imported) == len(state)
@@ -909,12 +955,13 @@ class Compiled:
       and all([type(a) in _PLAIN for a in args])
     ):
       sig = tuple([(a.shape, a.dtype) for a in args])
+      gpu = None if device is None else device.index or 0
       self._record(
         _locked(
           self,
           program,
           _fast_cpu_call(
-            self, program, sig, list(imported), _fixed_key(program, arrays, len(state))
+            self, program, sig, list(imported), _fixed_key(program, arrays, len(state)), gpu
           ),
         )
       )

@@ -140,6 +140,40 @@ def test_torch_write_on_a_side_stream_is_seen_by_jax_without_a_synchronize():
   torch.cuda.synchronize()
 
 
+def test_threads_writing_on_their_own_streams_are_each_waited_for():
+  # each import waits on an event recorded on its own thread's stream: one thread's record may
+  # not stand in for another's (a slow write on one stream, a fast one on the other)
+  import threading
+
+  n, rounds = 1 << 20, 6
+  errors: list[BaseException] = []
+  barrier = threading.Barrier(2)
+
+  def work(slow: bool, value: float) -> None:
+    try:
+      side = torch.cuda.Stream()
+      for _ in range(rounds):
+        with torch.cuda.stream(side):
+          t = torch.zeros(n, device=CUDA)
+          barrier.wait()
+          if slow:
+            _spin(20)
+          t.fill_(value)
+          a = bridge.to_jax(t)
+        assert float(jnp.sum(a)) == value * n
+        torch.cuda.synchronize()
+    except BaseException as e:  # noqa: BLE001 - reported by the main thread
+      errors.append(e)
+      barrier.abort()
+
+  threads = [threading.Thread(target=work, args=(i == 0, 2.0 + i)) for i in range(2)]
+  for th in threads:
+    th.start()
+  for th in threads:
+    th.join(60)
+  assert not errors, errors
+
+
 def test_jax_result_read_by_torch_on_a_side_stream_without_a_synchronize():
   x = jnp.full((2048, 2048), 1.0 / 2048, jnp.float32)
   y = x
@@ -388,6 +422,42 @@ def test_bridge_compile_with_cuda_tensors_in_and_out():
   x.grad = None
   want.sum().backward()
   torch.testing.assert_close(gx, x.grad, **TOL)
+
+
+def test_bridge_compile_shortcut_on_cuda_tensors_follows_new_inputs_and_parameters():
+  # the second plain call records the shortcut (CUDA tensors straight to the executable);
+  # new values, parameters changed in place, views and other shapes stay right
+  torch.manual_seed(0)
+  model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+  model = model.to(CUDA)
+  compiled = bridge.compile(model)
+  two = bridge.compile(lambda a, b: (a @ b, (a * 2).sum(0)))
+  side = torch.cuda.Stream()
+  with torch.no_grad():
+    for step in range(4):
+      x = torch.randn(5, 8, device=CUDA)
+      torch.testing.assert_close(compiled(x), model(x), **TOL)
+      if step == 1:
+        assert compiled._fast is not None  # the shortcut is what runs from here on
+      model[0].weight.mul_(0.5)  # in place: the next call must see it
+      with torch.cuda.stream(side):  # written on another stream, then read by the program
+        y = torch.zeros(5, 8, device=CUDA)
+        _spin(20)
+        y.add_(x)
+        got = compiled(y)
+      side.synchronize()
+      torch.testing.assert_close(got, model(x), **TOL)
+    strided = torch.randn(5, 7, 8, device=CUDA)[:, 3]  # the recorded shape, not dense
+    torch.testing.assert_close(compiled(strided), model(strided), **TOL)
+    unaligned = torch.randn(41, device=CUDA)[1:].view(5, 8)  # 4 bytes past an alignment
+    torch.testing.assert_close(compiled(unaligned), model(unaligned), **TOL)
+    torch.testing.assert_close(compiled(x[:3]), model(x[:3]), **TOL)
+    a, b = torch.randn(4, 8, device=CUDA), torch.randn(8, 3, device=CUDA)
+    for _ in range(3):
+      got_mm, got_sum = two(a, b)
+      torch.testing.assert_close(got_mm, a @ b, **TOL)
+      torch.testing.assert_close(got_sum, (a * 2).sum(0), **TOL)
+      a.add_(1.0)
 
 
 def test_torch_compile_backend_jax_with_cuda_tensors():
