@@ -202,6 +202,12 @@ def main(out_path: str) -> int:
     _profile(lambda: (compiled(x_c), sync()), stem + "_compile_profile.txt")
 
   # callback mode on the GPU: buffers (XLA's stream) vs host memory vs torch directly
+  from jax.experimental.buffer_callback import buffer_callback
+
+  def _nothing(ctx, outs, a):
+    pass
+
+  nothing = jax.jit(lambda a: buffer_callback(_nothing, jax.ShapeDtypeStruct(a.shape, a.dtype))(a))
   for n in (256, 512) if DRY else (256, 2048):
     w = torch.randn(n, n, device=DEV) / n**0.5
 
@@ -246,6 +252,14 @@ def main(out_path: str) -> int:
       )
     )
     rows.append((f"  of which inside the torch function ({thread})", f"{in_f:.1f} us", ""))
+    if n == 256:  # JAX's own floor: a program of one buffer callback that does nothing
+      rows.append(
+        (
+          "  a program of one no-op JAX buffer callback (JAX's fixed cost)",
+          f"{_median_us(lambda: nothing(x_j).block_until_ready()):.1f} us",
+          "",
+        )
+      )
 
   gpu = "the CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
   lines = [

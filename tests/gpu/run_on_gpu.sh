@@ -56,7 +56,15 @@ cat "$OUT/versions.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.txt" 2>&1 || true
 elapsed "versions"
 
-# 3. the GPU tests
+# 3. the GPU tests (PYTEST_S=0 skips them); PROBE_S=N first runs tests/gpu/probe.py (where a
+#    GPU call's fixed cost goes) for at most N seconds
+if [ "${PROBE_S:-0}" != 0 ]; then
+  timeout "$PROBE_S" python tests/gpu/probe.py "$OUT" > "$OUT/probe.log" 2>&1
+  echo "[run_on_gpu] probe rc=$?"
+  tail -n 5 "$OUT/probe.log"
+  elapsed "probe"
+fi
+[ "${PYTEST_S:-240}" = 0 ] || {
 timeout "${PYTEST_S:-240}" python -m pytest tests/gpu -m gpu $PYTEST_ARGS -v -p no:cacheprovider \
   -o addopts="" -rfEs --timeout 150 > "$OUT/pytest.log" 2>&1
 echo "[run_on_gpu] pytest rc=$?"
@@ -65,6 +73,7 @@ echo "[run_on_gpu] $(grep -cE '^tests/gpu/.* PASSED' "$OUT/pytest.log") tests pa
 grep -E "^tests/gpu/.* (FAILED|ERROR|SKIPPED|XFAIL|XPASS)" "$OUT/pytest.log" | head -n 30
 tail -n 25 "$OUT/pytest.log"
 elapsed "tests"
+}
 
 # 4. the figures benchmarks/ has no rows for (MEASURE_S=0 skips them)
 if [ "${MEASURE_S:-90}" != 0 ]; then
@@ -90,8 +99,9 @@ elapsed "done"
 #    and the figures goes into one archive (PACK=0 keeps the files as they are)
 if [ "${PACK:-1}" = 1 ]; then
   PACKED=$(mktemp -d)
-  (cd "$OUT" && tar -czf "$PACKED/gpu-out.tgz" --exclude=pytest.log --exclude=gpu_figures.md . \
-    && find . -mindepth 1 ! -name pytest.log ! -name gpu_figures.md -delete \
+  (cd "$OUT" && tar -czf "$PACKED/gpu-out.tgz" --exclude=pytest.log --exclude=gpu_figures.md \
+    --exclude=probe.txt . \
+    && find . -mindepth 1 ! -name pytest.log ! -name gpu_figures.md ! -name probe.txt -delete \
     && mv "$PACKED/gpu-out.tgz" .)
   ls "$OUT"
 fi
