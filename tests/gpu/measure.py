@@ -264,7 +264,11 @@ def main(out_path: str) -> int:
   gpu = "the CPU (dry run)" if DRY else torch.cuda.get_device_name(0)
   lines = [
     f"GPU figures on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}; JAX "
-    f"{jax.__version__}); medians of 50 calls (host path: 20) after warm-up.",
+    f"{jax.__version__}); medians of 50 calls (host path: 20) after warm-up "
+    f"(tests/gpu/measure.py, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, one "
+    "process; the tables above come from the same run of tests/gpu/run_on_gpu.sh on the "
+    "same machine, in worker processes). A row whose label starts with spaces takes the row "
+    "above it apart.",
     "",
     "| what | bridge | baseline (same run) |",
     "|---|---|---|",
