@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -160,6 +161,51 @@ def test_batchnorm_running_stats_are_written_back():
   model.eval(), ref.eval()  # eval switches programs: running statistics are used
   x = torch.randn(8, 6)
   torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def _writes_its_arguments(x, stats, out):
+  stats.mul_(0.9).add_(x.mean(0) * 0.1)  # running statistics passed as an argument
+  out[:, 1:].copy_(x[:, :-1])  # through a view of the argument
+  return x * 2
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_arguments_written_in_place_are_written_back(device):
+  # as in eager torch, an in-place write into an argument is seen by the caller: on the first
+  # call (traced), on later ones (the same program), and under torch.no_grad()
+  compiled = bridge.compile(_writes_its_arguments)
+  stats, out = torch.zeros(4, device=device), torch.zeros(3, 4, device=device)
+  ref_stats, ref_out = torch.zeros(4), torch.zeros(3, 4)
+  for i in range(3):
+    x = torch.randn(3, 4)
+    with torch.no_grad() if i == 2 else contextlib.nullcontext():
+      got = compiled(x.to(device), stats, out)
+    want = _writes_its_arguments(x, ref_stats, ref_out)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(stats.cpu(), ref_stats)
+    torch.testing.assert_close(out.cpu(), ref_out)
+  assert stats.device.type == device and stats.dtype == torch.float32
+  # a function that only reads its arguments leaves them alone and keeps its shortcut
+  reads = bridge.compile(lambda x, s: x * s)
+  s = torch.ones(4, device=device)
+  for _ in range(2):
+    reads(torch.ones(3, 4, device=device), s)
+  assert reads._fast is not None and s._version == 0
+
+
+def test_in_place_write_into_an_argument_that_requires_grad_raises():
+  compiled = bridge.compile(lambda x, w: (w.add_(1), x * w)[1])
+  x = torch.randn(2, 3)
+  leaf = torch.zeros(3, requires_grad=True)
+  with pytest.raises(RuntimeError) as info:
+    leaf.add_(1)
+  with pytest.raises(RuntimeError, match=str(info.value).replace(".", r"\.")):
+    compiled(x, leaf)
+  with pytest.raises(bridge.BridgeError, match="writes in place into its tensor argument 1"):
+    compiled(x, leaf * 1)
+  w = torch.zeros(3)
+  compiled(x, w)  # no grad asked: written back
+  torch.testing.assert_close(w, torch.ones(3))
 
 
 def test_batchnorm_on_jax_device():

@@ -43,6 +43,7 @@ from bridge._src import tree as tree_lib
 from bridge._src import vjp
 from bridge._src.config import get_config
 from bridge._src.arrays import array_to_tensor
+from bridge._src.dispatch import special
 from bridge._src.errors import BridgeError, BridgeTypeError, DeviceMismatchError, TransferError
 from bridge._src.module_state import module_of
 from bridge._src.placement import placement_lines
@@ -99,11 +100,24 @@ def _on_cpu(arrays: list) -> bool:
 class _Info:
   """What tracing one program found out: its output structure, updates and randomness."""
 
-  __slots__ = ("out_spec", "out_statics", "mutated", "draws", "out_plain", "out_single")
+  __slots__ = (
+    "out_spec",
+    "out_statics",
+    "mutated",
+    "written",
+    "draws",
+    "out_plain",
+    "out_single",
+  )
 
-  def __init__(self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool):
+  def __init__(
+    self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool, written: tuple = ()
+  ):
     self.out_spec, self.out_statics = out_spec, out_statics
     self.mutated, self.draws = mutated, draws
+    # the positions (among the tensor arguments) of those the forward writes in place: their
+    # new values follow the state's updates, and the call copies them into the arguments
+    self.written = written
     # every output leaf a tensor and no dataclass: the treedef alone rebuilds the output
     self.out_plain = not out_spec.nodes and all(s is _DYN for s in out_statics)
     self.out_single = self.out_plain and out_spec.treedef.num_nodes == 1  # one bare tensor
@@ -151,7 +165,7 @@ class _Program:
     traced = self.jitted.trace(*flat)  # runs `apply` once; `jax.jit` reuses this trace
     if _equations(traced.jaxpr.jaxpr) < _TIER_MIN_EQUATIONS or not _on_cpu(list(flat)):
       info = self.traced
-      if info.out_single and not info.mutated and not info.draws:
+      if info.out_single and not info.mutated and not info.draws and not info.written:
         self._compile_lean(traced.jaxpr, flat)
         return self.forward(*flat)
       self.forward = self.jitted
@@ -210,10 +224,13 @@ class _Program:
     the call writes back in place afterwards: torch autograd must not hold that write
     against the call's own node (see `vjp._JaxFunction`)."""
     info = self.info
-    if info is None or not info.mutated:
+    if info is None or not (info.mutated or info.written):
       return frozenset()
     index = {name: i for i, name in enumerate(self.names)}
-    return frozenset(index[name] for name in info.mutated if name in index)
+    n = self.n_state + 1  # (the key sits between the state and the arguments)
+    return frozenset(
+      [index[name] for name in info.mutated if name in index] + [n + i for i in info.written]
+    )
 
   def mismatch(self) -> bool:
     """The arguments do not fit the ahead-of-time compiled program (the user replaced a
@@ -228,8 +245,9 @@ class _Program:
     """(state..., key, dyn...) -> (outputs, updated state, next key or None)."""
     n = self.n_state
     state, key, dyn = flat[:n], flat[n], flat[n + 1 :]
-    tensors = (array_to_tensor(a, lambda: "an argument", API) for a in dyn)
-    leaves = tree_lib.merge(self.statics, tensors)
+    tensors = [array_to_tensor(a, lambda: "an argument", API) for a in dyn]
+    storages = [t._storage for t in tensors]
+    leaves = tree_lib.merge(self.statics, iter(tensors))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
@@ -256,15 +274,20 @@ class _Program:
       else:
         statics.append(leaf)
     names = tuple(sorted(mutated))
-    self.info = _Info(out_spec, tuple(statics), names, box.used)
-    return tuple(arrays), tuple(mutated[k] for k in names), box.key if box.used else None
+    # an argument written in place (as `x.add_(1)`, or through a view of it): its new value
+    written = tuple([i for i, storage in enumerate(storages) if storage.version])
+    self.info = _Info(out_spec, tuple(statics), names, box.used, written)
+    updates = tuple([mutated[k] for k in names] + [storages[i].array for i in written])
+    return tuple(arrays), updates, box.key if box.used else None
 
 
 def _single(program: "_Program") -> bool:
   """Whether the output is one bare tensor with no updates or key (for a shortcut being
   recorded)."""
   info = program.traced
-  return info.out_plain and info.out_single and not info.mutated and not info.draws
+  return (
+    info.out_plain and info.out_single and not info.mutated and not info.draws and not info.written
+  )
 
 
 def _locked(
@@ -878,17 +901,20 @@ class Compiled:
           )
           if self._traces != traces:
             self._retake()
+          if program.traced.written:
+            _check_written(program.traced.written, dyn, self.name)
         else:
           outs, updates, new_key = self._forward(program, arrays, len(state))
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
+          plain = fast and amp is None and not program.traced.written
           if type(device) is torch.device and device.type == tensor_lib.device_type():
             outs = [tensor_lib.make_result(o, device) for o in outs]
-            if fast and amp is None:
+            if plain:
               self._record_fast(program, state, args, device, outs, arrays)
           else:
             outs = [_to_torch(o, None) for o in outs]
-            if fast and amp is None and (device is None or device.type == "cuda"):
+            if plain and (device is None or device.type == "cuda"):
               self._record_fast_cpu(program, state, args, arrays, device)
       except ValueError as e:
         if "incompatible devices" not in str(e):
@@ -896,7 +922,7 @@ class Compiled:
         raise self._placement_error(arrays, len(state)) from e
     finally:
       _x64_state.set_local(prev)
-    return self._finish(program, outs, updates, new_key)
+    return self._finish(program, outs, updates, new_key, dyn)
 
   def _record(self, call: Callable[..., Any] | None) -> None:
     """Makes `call` (a `_fast_call` / `_fast_cpu_call` closure, or None to forget the last
@@ -968,11 +994,20 @@ class Compiled:
     else:
       self._record(None)
 
-  def _finish(self, program: _Program, outs: list, updates: tuple, new_key: Any) -> Any:
-    """Writes back the key and the updated buffers; the outputs in the forward's structure."""
+  def _finish(
+    self, program: _Program, outs: list, updates: tuple, new_key: Any, dyn: Sequence[Any] = ()
+  ) -> Any:
+    """Writes back the key, the updated buffers and the arguments written in place (`dyn`:
+    the call's tensors; shortcuts take no program that writes them); the outputs in the
+    forward's structure."""
     info = program.traced
     if new_key is not None:
       rng.set_key(new_key)
+    if info.written:
+      n = len(info.mutated)
+      for i, new in zip(info.written, updates[n:]):
+        special.copy_into(dyn[i], array_to_tensor(new, lambda: "an argument", API))
+      updates = updates[:n]
     if updates:  # (only a module's forward has state to update)
       modules_lib.write_back(self.module, dict(zip(info.mutated, updates)))  # type: ignore[arg-type]
     if info.out_plain:
@@ -1137,6 +1172,25 @@ _NO_DEVICE = object()  # no tensor seen yet
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _check_written(written: tuple, dyn: Sequence[Any], name: str) -> None:
+  """A forward that writes in place into an argument torch autograd records: torch's error for
+  a leaf that requires grad; for another tensor that requires grad, the write would not join
+  its graph, so it is refused too (the values would be right and the gradients not)."""
+  for i in written:
+    t = dyn[i]
+    if t.requires_grad:
+      if t.is_leaf:
+        raise RuntimeError(
+          "a leaf Variable that requires grad is being used in an in-place operation."
+        )
+      raise BridgeError(
+        f"`{API}`: {name} writes in place into its tensor argument {i} (shape "
+        f"{tuple(t.shape)}), which requires grad: the compiled program cannot record that "
+        "write in torch's autograd graph. Write into a copy (`x = x.clone()` first), or call "
+        "it under `torch.no_grad()`."
+      )
+
+
 def _device_error(name: str, first: Any, other: Any) -> TransferError:
   first, other = first or torch.device("cpu"), other or torch.device("cpu")
   return TransferError(
@@ -1210,7 +1264,9 @@ def compile(
   (a call counter) are its own business, not guarded. Hooks and other Python side
   effects of the forward run when it is traced, not on every call. Module backward
   hooks cannot run in the compiled backward (JAX's derivative of the trace): a call
-  that torch autograd records raises instead of skipping them.
+  that torch autograd records raises instead of skipping them. A tensor argument the
+  forward writes in place is written back after the call, as in eager torch (torch's
+  error for a leaf that requires grad; a `BridgeError` for another that does).
 
   The guards cannot see: what the forward reads outside the module (globals,
   closures, attributes of other objects); changes inside a container or object
