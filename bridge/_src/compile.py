@@ -120,7 +120,9 @@ class _Info:
     self.written = written
     # every output leaf a tensor and no dataclass: the treedef alone rebuilds the output
     self.out_plain = not out_spec.nodes and all(s is _DYN for s in out_statics)
-    self.out_single = self.out_plain and out_spec.treedef.num_nodes == 1  # one bare tensor
+    self.out_single = (  # one bare tensor (not an empty tuple: also one node)
+      self.out_plain and out_spec.treedef.num_nodes == 1 and out_spec.treedef.num_leaves == 1
+    )
 
 
 class _Program:
