@@ -193,6 +193,20 @@ def test_arguments_written_in_place_are_written_back(device):
   assert reads._fast is not None and s._version == 0
 
 
+@pytest.mark.parametrize("empty", [(), [], {}])
+def test_a_forward_that_returns_nothing_but_writes(empty):
+  # (an optimizer step: no outputs, only in-place writes)
+  def step(x, total):
+    total.add_(x.sum())
+    return empty
+
+  compiled = bridge.compile(step)
+  total = torch.zeros(())
+  for _ in range(2):
+    assert compiled(torch.ones(3), total) == empty
+  assert float(total) == 6.0
+
+
 def test_in_place_write_into_an_argument_that_requires_grad_raises():
   compiled = bridge.compile(lambda x, w: (w.add_(1), x * w)[1])
   x = torch.randn(2, 3)
