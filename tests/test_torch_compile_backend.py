@@ -299,6 +299,50 @@ def test_no_grad_compiles_a_forward_only_program():
   torch.testing.assert_close(out, model(torch.ones(2, 4)))
 
 
+def _no_aot(*args, **kwargs):
+  raise AssertionError("aot_autograd was called for a graph that records no gradient")
+
+
+def test_graphs_that_record_no_gradient_run_without_aot_autograd(monkeypatch):
+  # dynamo's own graph becomes the program: its in-place writes (BatchNorm's running
+  # statistics in train mode) land in the module as in eager, and each call matches eager
+  import torch._dynamo.backends.common as common
+
+  torch.manual_seed(0)
+  model = ConvNet()
+  eager = copy.deepcopy(model)
+  compiled = torch.compile(model, backend="jax")
+  monkeypatch.setattr(common, "aot_autograd", _no_aot)
+  with torch.no_grad():
+    for _ in range(3):
+      x = torch.randn(4, 3, 8, 8)
+      torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+      torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name), msg=name)
+    model.eval(), eager.eval()
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+  with torch.inference_mode():
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+  # inputs that require no grad, with grad mode on: no gradient to record either
+  plain = torch.compile(lambda a, b: torch.tanh(a @ b), backend="jax")
+  a, b = torch.randn(3, 4), torch.randn(4, 2)
+  torch.testing.assert_close(plain(a, b), torch.tanh(a @ b))
+
+
+def test_an_output_that_is_a_view_of_an_input_stays_one_as_in_eager():
+  # aot_autograd rebuilds such views; the backend leaves those graphs to it
+  view = torch.compile(lambda x: x.view(-1)[:3], backend="jax")
+  same = torch.compile(lambda x: x.add_(1), backend="jax")
+  x, y = torch.arange(6.0).reshape(2, 3), torch.zeros(3)
+  with torch.no_grad():
+    out = view(x)
+    assert out.data_ptr() == x.data_ptr()
+    out.mul_(10)  # written through the view, as in eager
+    torch.testing.assert_close(x.view(-1)[:3], torch.tensor([0.0, 10.0, 20.0]))
+    assert same(y).data_ptr() == y.data_ptr()
+  torch.testing.assert_close(y, torch.ones(3))
+
+
 def test_autocast_region():
   model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
   compiled = torch.compile(model, backend="jax")

@@ -7,7 +7,8 @@ only) becomes one `bridge.compile` program (`bridge._src.compile`): traced once 
 structure and shapes by running the graph on `bridge.Tensor`s, each aten op through the
 bridge's dispatch (a lowering, torch's decomposition, or the per-op callback fallback), then
 cached by `jax.jit`. Its inputs and outputs cross zero-copy; outputs come back on the inputs'
-device.
+device. A graph that records no gradient skips aot_autograd: dynamo's graph itself, torch-level
+ops and all, is the program (`_direct`), which saves aot's tracing and its per-call wrapper.
 
 What torch does around the graphs stays torch's: aot_autograd's runtime applies buffer
 updates (BatchNorm's running statistics) and accumulates gradients into `.grad`, dynamo
@@ -262,30 +263,52 @@ def wait_optimized() -> None:
     graph.compiled.wait_optimized()
 
 
-class _Graph:
-  """One aot_autograd graph as a `bridge.compile` program, called with aot's flat arguments."""
+class _Direct(torch.nn.Module):
+  """Dynamo's own graph as the module `bridge.compile` runs (an inference graph, no
+  aot_autograd): its tensors attributes, if any, are module state, threaded through each call.
+  One bare output comes back bare (`bridge.compile`'s leanest program and its shortcut)."""
 
-  def __init__(self, gm: torch.fx.GraphModule, kind: str, number: int, settings: dict):
+  def __init__(self, gm: torch.fx.GraphModule, single: bool):
+    super().__init__()
+    self.gm, self.single = gm, single
+
+  def forward(self, *args: Any) -> Any:
+    out = self.gm.forward(*args)  # (not `gm.__call__`: see `_Graph`)
+    return out[0] if self.single else out
+
+
+class _Graph:
+  """One graph as a `bridge.compile` program, called with its flat arguments: an aot_autograd
+  graph (forward, backward or inference, aten ops only), or dynamo's own for a call that
+  records no gradient (`direct`: torch-level ops, each run through the bridge's dispatch as
+  `bridge.compile` runs a module)."""
+
+  def __init__(
+    self, gm: torch.fx.GraphModule, kind: str, number: int, settings: dict, direct: bool = False
+  ):
     self.gm, self.kind, self.number, self.settings = gm, kind, number, settings
     _graphs.add(self)
-    _for_the_jax_device(gm)
-    forward = gm.forward
-    # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
-    # generated code and drops the traceback)
     outputs = gm.graph.find_nodes(op="output")[0].args[0]
     self.single = isinstance(outputs, (tuple, list)) and len(outputs) == 1
-    if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
-
-      def graph(*args: Any) -> Any:
-        return forward(*args)[0]
-
+    if direct:
+      self.compiled = compile_lib.compile(_Direct(gm, self.single))
     else:
+      _for_the_jax_device(gm)
+      forward = gm.forward
+      # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
+      # generated code and drops the traceback)
+      if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
 
-      def graph(*args: Any) -> Any:
-        return forward(*args)
+        def graph(*args: Any) -> Any:
+          return forward(*args)[0]
 
-    graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
-    self.compiled = compile_lib.compile(graph)
+      else:
+
+        def graph(*args: Any) -> Any:
+          return forward(*args)
+
+      graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
+      self.compiled = compile_lib.compile(graph)
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     self.traced: dict[str, Any] | None = None  # the input signature of the last trace
 
@@ -485,12 +508,67 @@ def backend(
   settings = _settings(options, mode)
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
+  if _direct(gm, example_inputs):  # no gradient to record: dynamo's graph as it is
+    return _Graph(gm, "inference", number, settings, direct=True)
   return aot_autograd(
     decompositions=_DECOMPOSITIONS,
     fw_compiler=_compiler("forward", number, settings),
     bw_compiler=_compiler("backward", number, settings),
     inference_compiler=_compiler("inference", number, settings),
   )(gm, example_inputs)
+
+
+def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+  """Whether dynamo's graph can run as it is, without aot_autograd (whose tracing is most of
+  a small graph's compile time, and whose runtime wrapper a share of each call): a graph that
+  records no gradient (compiled under `torch.no_grad()` / `inference_mode()`, which dynamo
+  guards, or with no input that requires grad), whose outputs share no input's memory (aot
+  rebuilds such views of the inputs; a program's outputs are new tensors), and with no
+  operator of a kind only aot takes apart (higher-order operators, autocast and grad-mode
+  switches, symbolic sizes and numbers read from tensors, as dynamo passes a changing float)."""
+  from torch.multiprocessing.reductions import StorageWeakRef  # (lazy: see `_compiler`)
+
+  if torch.is_grad_enabled() and any(
+    isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+  ):
+    return False
+  storages = set()
+  for node in gm.graph.nodes:
+    value = node.meta.get("example_value")
+    if node.op == "placeholder":
+      if not isinstance(value, torch.Tensor):
+        return False  # a SymInt or another input aot handles
+      storages.add(StorageWeakRef(value.untyped_storage()))
+    elif node.op in ("call_function", "call_method", "call_module"):
+      target = node.target
+      if isinstance(target, torch._ops.HigherOrderOperator) or target in _AOT_ONLY:
+        return False
+      if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+        isinstance(value, torch.Tensor) and not _static_shape(value)
+      ):
+        return False
+    elif node.op == "output":
+      outs: list[torch.fx.Node] = []
+      torch.fx.node.map_arg(node.args[0], outs.append)
+      for out in outs:
+        value = out.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in storages:
+          return False
+  return True
+
+
+def _static_shape(t: torch.Tensor) -> bool:
+  return all(isinstance(n, int) for n in t.shape)
+
+
+# Graph nodes that switch torch's global state: aot_autograd functionalizes them away.
+_AOT_ONLY = frozenset(
+  [
+    torch._C._set_grad_enabled,
+    torch.amp.autocast_mode._enter_autocast,
+    torch.amp.autocast_mode._exit_autocast,
+  ]
+)
 
 
 def _code_name(gm: torch.fx.GraphModule) -> str:
