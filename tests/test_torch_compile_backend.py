@@ -299,20 +299,13 @@ def test_no_grad_compiles_a_forward_only_program():
   torch.testing.assert_close(out, model(torch.ones(2, 4)))
 
 
-def _no_aot(*args, **kwargs):
-  raise AssertionError("aot_autograd was called for a graph that records no gradient")
-
-
-def test_graphs_that_record_no_gradient_run_without_aot_autograd(monkeypatch):
+def test_graphs_that_record_no_gradient_run_without_aot_autograd():
   # dynamo's own graph becomes the program: its in-place writes (BatchNorm's running
   # statistics in train mode) land in the module as in eager, and each call matches eager
-  import torch._dynamo.backends.common as common
-
   torch.manual_seed(0)
   model = ConvNet()
   eager = copy.deepcopy(model)
   compiled = torch.compile(model, backend="jax")
-  monkeypatch.setattr(common, "aot_autograd", _no_aot)
   with torch.no_grad():
     for _ in range(3):
       x = torch.randn(4, 3, 8, 8)
@@ -327,6 +320,33 @@ def test_graphs_that_record_no_gradient_run_without_aot_autograd(monkeypatch):
   plain = torch.compile(lambda a, b: torch.tanh(a @ b), backend="jax")
   a, b = torch.randn(3, 4), torch.randn(4, 2)
   torch.testing.assert_close(plain(a, b), torch.tanh(a @ b))
+  s = bridge.compile_stats()
+  assert s.graphs == s.direct == 4, s  # train, eval, inference mode, the function
+  # a graph that records gradients goes through aot_autograd
+  model.train()
+  compiled(x).sum().backward()
+  s = bridge.compile_stats()
+  assert (s.graphs, s.direct) == (5, 4), s
+
+
+def test_moves_to_the_inputs_own_device_in_a_graph_without_aot():
+  # dynamo writes `y.to(x.device)` with the device as a constant: inside the program it moves
+  # nothing (a move to the CPU would leave the program)
+  f = torch.compile(
+    lambda x, y: x + y.to(x.device) + y.to(device=x.device, dtype=torch.float64).float(),
+    backend="jax",
+  )
+  x, y = torch.randn(3), torch.randn(3)
+  torch.testing.assert_close(f(x, y), x + 2 * y)
+  config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32)
+  model = transformers.GPT2LMHeadModel(config).eval()
+  ids = torch.randint(0, 100, (2, 8))
+  with torch.no_grad():
+    torch.testing.assert_close(
+      torch.compile(model, backend="jax")(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5
+    )
+  s = bridge.compile_stats()
+  assert s.graphs == s.direct, s
 
 
 def test_an_output_that_is_a_view_of_an_input_stays_one_as_in_eager():

@@ -58,6 +58,8 @@ class CompileStats:
   Attributes:
     graphs: graphs dynamo handed to the backend (each graph break and each dynamo
       recompile makes one more).
+    direct: those of them that record no gradient and so became programs as dynamo
+      captured them, without `aot_autograd`.
     programs: JAX programs traced: one per forward, backward or inference graph and
       input shapes/dtypes/static values.
     calls: calls of the compiled graphs.
@@ -67,6 +69,7 @@ class CompileStats:
   """
 
   graphs: int = 0
+  direct: int = 0
   programs: int = 0
   calls: int = 0
   cache_hits: int = 0
@@ -291,6 +294,7 @@ class _Graph:
     outputs = gm.graph.find_nodes(op="output")[0].args[0]
     self.single = isinstance(outputs, (tuple, list)) and len(outputs) == 1
     if direct:
+      _same_device_moves(gm)
       self.compiled = compile_lib.compile(_Direct(gm, self.single))
     else:
       _for_the_jax_device(gm)
@@ -348,6 +352,33 @@ class _Graph:
     else:
       log.info("program: %s, %d inputs", where, len(args))
     self.traced = sig
+
+
+def _same_device_moves(gm: torch.fx.GraphModule) -> None:
+  """Drops `device` from the `Tensor.to` calls of dynamo's graph that name the inputs' own
+  device (`x.to(y.device)`: dynamo writes the device it saw as a constant). Inside the
+  program such a call moves nothing, and a move to the CPU would leave the program."""
+  devices = {
+    node.meta["example_value"].device
+    for node in gm.graph.find_nodes(op="placeholder")
+    if isinstance(node.meta.get("example_value"), torch.Tensor)
+  }
+
+  def same(d: Any) -> bool:
+    try:
+      return isinstance(d, (torch.device, str)) and torch.device(d) in devices
+    except (RuntimeError, TypeError):  # a string that names no device (a dtype's name)
+      return False
+
+  changed = False
+  for node in gm.graph.find_nodes(op="call_method", target="to"):
+    args = [node.args[0], *[a for a in node.args[1:] if not same(a)]]
+    kwargs = {k: v for k, v in node.kwargs.items() if not (k == "device" and same(v))}
+    if len(args) != len(node.args) or len(kwargs) != len(node.kwargs):
+      node.args, node.kwargs = tuple(args), kwargs
+      changed = True
+  if changed:
+    gm.recompile()
 
 
 def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
@@ -509,7 +540,10 @@ def backend(
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
   if _direct(gm, example_inputs):  # no gradient to record: dynamo's graph as it is
-    return _Graph(gm, "inference", number, settings, direct=True)
+    graph = _Graph(gm, "inference", number, settings, direct=True)
+    with _stats_lock:
+      _stats.direct += 1
+    return graph
   return aot_autograd(
     decompositions=_DECOMPOSITIONS,
     fw_compiler=_compiler("forward", number, settings),
@@ -528,8 +562,10 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
   switches, symbolic sizes and numbers read from tensors, as dynamo passes a changing float)."""
   from torch.multiprocessing.reductions import StorageWeakRef  # (lazy: see `_compiler`)
 
-  if torch.is_grad_enabled() and any(
-    isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+  if (
+    not _DIRECT_TRAINING
+    and torch.is_grad_enabled()
+    and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
   ):
     return False
   storages = set()
@@ -555,6 +591,9 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in storages:
           return False
   return True
+
+
+_DIRECT_TRAINING = __import__("os").environ.get("BRIDGE_DIRECT_TRAINING") == "1"
 
 
 def _static_shape(t: torch.Tensor) -> bool:
