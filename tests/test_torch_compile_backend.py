@@ -349,6 +349,16 @@ def test_moves_to_the_inputs_own_device_in_a_graph_without_aot():
   assert s.graphs == s.direct, s
 
 
+def test_symbolic_sizes_without_aot_make_one_program_per_shape():
+  f = torch.compile(lambda x: torch.tanh(x * 2).sum(-1), backend="jax", dynamic=True)
+  with torch.no_grad():
+    for n in (3, 4, 5, 4):
+      x = torch.randn(2, n)
+      torch.testing.assert_close(f(x), torch.tanh(x * 2).sum(-1))
+  s = bridge.compile_stats()
+  assert (s.graphs, s.direct, s.programs, s.cache_hits) == (1, 1, 3, 1), s
+
+
 def test_an_output_that_is_a_view_of_an_input_stays_one_as_in_eager():
   # aot_autograd rebuilds such views; the backend leaves those graphs to it
   view = torch.compile(lambda x: x.view(-1)[:3], backend="jax")

@@ -295,9 +295,12 @@ class _Graph:
     self.single = isinstance(outputs, (tuple, list)) and len(outputs) == 1
     if direct:
       _same_device_moves(gm)
-      self.compiled = compile_lib.compile(_Direct(gm, self.single))
     else:
       _for_the_jax_device(gm)
+    if direct and (any(True for _ in gm.parameters()) or any(True for _ in gm.buffers())):
+      # state kept on the graph module (dynamo lifts a module's own as inputs): threaded
+      self.compiled = compile_lib.compile(_Direct(gm, self.single))
+    else:
       forward = gm.forward
       # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
       # generated code and drops the traceback)
@@ -553,36 +556,37 @@ def backend(
 
 
 def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-  """Whether dynamo's graph can run as it is, without aot_autograd (whose tracing is most of
-  a small graph's compile time, and whose runtime wrapper a share of each call): a graph that
-  records no gradient (compiled under `torch.no_grad()` / `inference_mode()`, which dynamo
-  guards, or with no input that requires grad), whose outputs share no input's memory (aot
-  rebuilds such views of the inputs; a program's outputs are new tensors), and with no
+  """Whether dynamo's graph can run as it is, without aot_autograd (whose tracing is a share
+  of a small graph's compile time, and whose runtime wrapper a share of each call): a graph
+  that records no gradient (compiled under `torch.no_grad()` / `inference_mode()`, which
+  dynamo guards, or with no input that requires grad), whose outputs share no input's memory
+  (aot rebuilds such views of the inputs; a program's outputs are new tensors), and with no
   operator of a kind only aot takes apart (higher-order operators, autocast and grad-mode
-  switches, symbolic sizes and numbers read from tensors, as dynamo passes a changing float)."""
-  from torch.multiprocessing.reductions import StorageWeakRef  # (lazy: see `_compiler`)
+  switches, numbers read from tensors, as dynamo passes a changing float). Symbolic sizes
+  are fine: dynamo passes them as ints, each its own program (`bridge.compile`'s static ints).
+  """
+  from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols  # (lazy: `_compiler`)
+  from torch.multiprocessing.reductions import StorageWeakRef
 
-  if (
-    not _DIRECT_TRAINING
-    and torch.is_grad_enabled()
-    and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+  if torch.is_grad_enabled() and any(
+    isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
   ):
     return False
   storages = set()
   for node in gm.graph.nodes:
     value = node.meta.get("example_value")
     if node.op == "placeholder":
+      if isinstance(value, torch.SymInt):
+        continue  # a size
       if not isinstance(value, torch.Tensor):
-        return False  # a SymInt or another input aot handles
+        return False  # a float dynamo made symbolic, or another input aot handles
       storages.add(StorageWeakRef(value.untyped_storage()))
     elif node.op in ("call_function", "call_method", "call_module"):
       target = node.target
       if isinstance(target, torch._ops.HigherOrderOperator) or target in _AOT_ONLY:
         return False
-      if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
-        isinstance(value, torch.Tensor) and not _static_shape(value)
-      ):
-        return False
+      if isinstance(value, (torch.SymFloat, torch.SymBool)) or free_unbacked_symbols(value):
+        return False  # a number read from a tensor's values
     elif node.op == "output":
       outs: list[torch.fx.Node] = []
       torch.fx.node.map_arg(node.args[0], outs.append)
@@ -591,13 +595,6 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in storages:
           return False
   return True
-
-
-_DIRECT_TRAINING = __import__("os").environ.get("BRIDGE_DIRECT_TRAINING") == "1"
-
-
-def _static_shape(t: torch.Tensor) -> bool:
-  return all(isinstance(n, int) for n in t.shape)
 
 
 # Graph nodes that switch torch's global state: aot_autograd functionalizes them away.
