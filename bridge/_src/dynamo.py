@@ -266,20 +266,6 @@ def wait_optimized() -> None:
     graph.compiled.wait_optimized()
 
 
-class _Direct(torch.nn.Module):
-  """Dynamo's own graph as the module `bridge.compile` runs (an inference graph, no
-  aot_autograd): its tensors attributes, if any, are module state, threaded through each call.
-  One bare output comes back bare (`bridge.compile`'s leanest program and its shortcut)."""
-
-  def __init__(self, gm: torch.fx.GraphModule, single: bool):
-    super().__init__()
-    self.gm, self.single = gm, single
-
-  def forward(self, *args: Any) -> Any:
-    out = self.gm.forward(*args)  # (not `gm.__call__`: see `_Graph`)
-    return out[0] if self.single else out
-
-
 class _Graph:
   """One graph as a `bridge.compile` program, called with its flat arguments: an aot_autograd
   graph (forward, backward or inference, aten ops only), or dynamo's own for a call that
@@ -297,25 +283,21 @@ class _Graph:
       _same_device_moves(gm)
     else:
       _for_the_jax_device(gm)
-    if direct and (any(True for _ in gm.parameters()) or any(True for _ in gm.buffers())):
-      # state kept on the graph module (dynamo lifts a module's own as inputs): threaded
-      self.compiled = compile_lib.compile(_Direct(gm, self.single))
+    forward = gm.forward
+    # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
+    # generated code and drops the traceback)
+    if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
+
+      def graph(*args: Any) -> Any:
+        return forward(*args)[0]
+
     else:
-      forward = gm.forward
-      # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
-      # generated code and drops the traceback)
-      if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
 
-        def graph(*args: Any) -> Any:
-          return forward(*args)[0]
+      def graph(*args: Any) -> Any:
+        return forward(*args)
 
-      else:
-
-        def graph(*args: Any) -> Any:
-          return forward(*args)
-
-      graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
-      self.compiled = compile_lib.compile(graph)
+    graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
+    self.compiled = compile_lib.compile(graph)
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     self.traced: dict[str, Any] | None = None  # the input signature of the last trace
 
@@ -572,6 +554,8 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
   ):
     return False
+  if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
+    return False  # state kept on the graph module (dynamo lifts a module's own as inputs)
   storages = set()
   for node in gm.graph.nodes:
     value = node.meta.get("example_value")
