@@ -416,6 +416,25 @@ def test_new_shape_recompiles_and_the_stats_say_which_input_changed():
   assert s.recompiles and any("shape" in r and "5" in r for r in s.recompiles), s.recompiles
 
 
+def test_a_recompile_for_another_model_counts_the_new_inputs():
+  def run(m, x):
+    return m(x)
+
+  f = torch.compile(run, backend="jax")
+  small = torch.nn.Sequential(torch.nn.Linear(4, 4))
+  deep = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])
+  x = torch.randn(2, 4)
+  mid = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(2)])
+  with torch.no_grad():
+    f(small, x)
+    torch.testing.assert_close(f(deep, x), deep(x))
+    torch.testing.assert_close(f(mid, x), mid(x))
+  first, second = bridge.compile_stats().recompiles[-2:]
+  assert "6 inputs are new: L_m_modules_1_parameters_weight_, " in first, first
+  assert "and 3 more" in first, first
+  assert "4 inputs are gone: L_m_modules_2_parameters_weight_, " in second, second
+
+
 @pytest.mark.parametrize("dynamic", [True, "mark"])
 def test_dynamic_shapes(dynamic):
   def f(x, w):

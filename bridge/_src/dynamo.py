@@ -206,11 +206,15 @@ def _signature(names: Sequence[str], inputs: Sequence[Any]) -> dict[str, Any]:
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+  """What differs between two input signatures, input by input; inputs that are new or gone
+  are counted, with the first few named (another model through the same code: a hundred)."""
   out = []
+  added = [name for name in new if name not in old]
+  gone = [name for name in old if name not in new]
   for name in new:
     if name not in old:
-      out.append(f"{name} is new")
-    elif old[name] != new[name]:
+      continue
+    if old[name] != new[name]:
       a, b = old[name], new[name]
       if a[0] == "value" or b[0] == "value":
         out.append(f"{name}: value {a[-1]} -> {b[-1]}")
@@ -218,8 +222,17 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         out.append(f"{name}: shape ({', '.join(a[0])}) -> ({', '.join(b[0])})")
       else:
         out.append(f"{name}: dtype {a[1]} -> {b[1]}")
-  out += [f"{name} is gone" for name in old if name not in new]
+  for names, what in ((added, "new"), (gone, "gone")):
+    if len(names) == 1:
+      out.append(f"{names[0]} is {what}")
+    elif names:
+      shown = ", ".join(names[:_NAMED])
+      more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+      out.append(f"{len(names)} inputs are {what}: {shown}{more}")
   return out
+
+
+_NAMED = 3  # inputs named in a recompile's "new"/"gone" line
 
 
 def _note_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
