@@ -26,21 +26,29 @@ DRY = os.environ.get("MEASURE_DRY_RUN") == "1"  # the same steps on the CPU, to 
 DEV = "cpu" if DRY else "cuda"
 
 
-def _median_us(fn, *, reps: int = 50, warmup: int = 5) -> float:
+def samples(fn, *, reps: int = 50, warmup: int = 5, after_warmup=None) -> list[float]:
+  """The seconds of `reps` calls of `fn`, one by one, after `warmup` untimed ones (2 and 1 in a
+  dry run); `after_warmup()` runs between the two."""
   if DRY:
     reps, warmup = 2, 1
   for _ in range(warmup):
     fn()
+  if after_warmup is not None:
+    after_warmup()
   times = []
   for _ in range(reps):
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
-  return statistics.median(times) * 1e6
+  return times
 
 
-def _profile(fn, path: str, calls: int = 200) -> None:
-  """Where a call's host time goes (cProfile, by cumulative and by own time), written to `path`."""
+def _median_us(fn, *, reps: int = 50, warmup: int = 5) -> float:
+  return statistics.median(samples(fn, reps=reps, warmup=warmup)) * 1e6
+
+
+def profile_text(fn, calls: int = 200) -> str:
+  """Where `calls` calls of `fn` spend their host time: cProfile, by own and cumulative time."""
   import cProfile
   import io
   import pstats
@@ -51,10 +59,14 @@ def _profile(fn, path: str, calls: int = 200) -> None:
     fn()
   profiler.disable()
   text = io.StringIO()
-  pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
-  pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+  pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+  pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+  return f"{calls} calls\n" + text.getvalue()
+
+
+def _profile(fn, path: str, calls: int = 200) -> None:
   with open(path, "w") as fh:
-    fh.write(f"{calls} calls\n" + text.getvalue())
+    fh.write(profile_text(fn, calls))
 
 
 def _plus_one(x):

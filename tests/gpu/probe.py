@@ -17,6 +17,7 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 
@@ -39,16 +40,9 @@ def say(line: str) -> None:
 
 
 def timed(what: str, fn, *, reps: int = 200, after=None) -> float:
-  reps = 3 if DRY else reps
-  for _ in range(5):
-    fn()
-  if after:
-    after()
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
+  from measure import samples  # (tests/gpu/measure.py, beside this file)
+
+  times = samples(fn, reps=reps, after_warmup=after)
   if after:
     after()
   us = statistics.median(times) * 1e6
@@ -65,25 +59,56 @@ def inner(what: str, fn, *, reps: int = 200) -> None:
   say(f"{what:<72} {statistics.median(times) * 1e6:9.1f} us  (min {min(times) * 1e6:.1f})")
 
 
+def _deleted(make, program, kept: list):
+  """A call timing `del a` for a fresh `a = make()` (read by a pending `program(a)` if given)."""
+
+  def one() -> float:
+    a = make()
+    y = program(a) if program is not None else None
+    start = time.perf_counter()
+    del a
+    took = time.perf_counter() - start
+    kept.append(y)
+    return took
+
+  return one
+
+
+def _dispatched(make, program, kept: list):
+  """A call timing the dispatch of `program(a)` alone, for a fresh `a = make()` (kept)."""
+
+  def one() -> float:
+    a = make()
+    start = time.perf_counter()
+    y = program(a)
+    took = time.perf_counter() - start
+    kept.append((a, y))
+    return took
+
+  return one
+
+
+def _handed_back(make, to_torch):
+  """A call timing `to_torch(o)` alone, for a fresh (just dispatched) `o = make()`."""
+
+  def one() -> float:
+    o = make()
+    start = time.perf_counter()
+    to_torch(o)
+    return time.perf_counter() - start
+
+  return one
+
+
 PROFILES: list[str] = []
 
 
 def profile(what: str, fn, calls: int = 300) -> None:
-  import cProfile
-  import io
-  import pstats
+  from measure import profile_text  # (tests/gpu/measure.py, beside this file)
 
   calls = 3 if DRY else calls
   fn()
-  p = cProfile.Profile()
-  p.enable()
-  for _ in range(calls):
-    fn()
-  p.disable()
-  text = io.StringIO()
-  pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(30)
-  pstats.Stats(p, stream=text).sort_stats("cumulative").print_stats(40)
-  PROFILES.append(f"===== {what}: {calls} calls\n{text.getvalue()}")
+  PROFILES.append(f"===== {what}: {profile_text(fn, calls)}")
 
 
 def main(out_dir: str) -> int:
@@ -124,24 +149,13 @@ def main(out_dir: str) -> int:
       timed(
         "transfer._cuda_tensor_to_jax(x, target)", lambda: transfer._cuda_tensor_to_jax(x, target)
       )
-      timed(
-        "  its import: _to_dlpack + dlpack_to_buffer(stream)",
-        lambda: to_buffer(torch._C._to_dlpack(x), device, stream, False, kdl),
-      )
-      timed(
-        "  its import, kept alive",
-        lambda: kept.append(to_buffer(torch._C._to_dlpack(x), device, stream, False, kdl)),
-        after=clear,
-      )
-      timed(
-        "  the import with no stream (None)",
-        lambda: to_buffer(torch._C._to_dlpack(x), device, None, False, kdl),
-      )
-      timed(
-        "  the import with no stream, kept alive",
-        lambda: kept.append(to_buffer(torch._C._to_dlpack(x), device, None, False, kdl)),
-        after=clear,
-      )
+      for label, on in (
+        ("its import: _to_dlpack + dlpack_to_buffer(stream)", stream),
+        ("the import with no stream (None)", None),
+      ):
+        imp = lambda on=on: to_buffer(torch._C._to_dlpack(x), device, on, False, kdl)
+        timed(f"  {label}", imp)
+        timed(f"  {label}, kept alive", lambda imp=imp: kept.append(imp()), after=clear)
       timed("  _cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0))
       timed("  current_cuda_stream(0)", lambda: transfer.current_cuda_stream(0))
       cur = transfer.current_cuda_stream(0)
@@ -166,109 +180,35 @@ def main(out_dir: str) -> int:
       timed("  torch.cuda.Event() alone", lambda: torch.cuda.Event())
 
       say("--- deleting an imported array: does it wait for the GPU?")
-
-      def del_idle():
-        a = bridge.to_jax(x)
-        start = time.perf_counter()
-        del a
-        return time.perf_counter() - start
-
-      inner("del of an idle imported array", del_idle)
-
-      def del_busy():
-        a = bridge.to_jax(x)
-        y = jitted(a)
-        start = time.perf_counter()
-        del a
-        t = time.perf_counter() - start
-        kept.append(y)
-        return t
-
-      inner("del of an imported array a pending program reads", del_busy)
-      clear()
-
-      def del_busy_nostream():
-        a = to_buffer(torch._C._to_dlpack(x), device, None, False, kdl)
-        y = jitted(a)
-        start = time.perf_counter()
-        del a
-        t = time.perf_counter() - start
-        kept.append(y)
-        return t
-
-      inner("the same, imported with no stream", del_busy_nostream)
-      clear()
-
-      def del_native_busy():
-        a = jitted(x_j)
-        y = jitted(a)
-        start = time.perf_counter()
-        del a
-        t = time.perf_counter() - start
-        kept.append(y)
-        return t
-
-      inner("del of a JAX-made array a pending program reads", del_native_busy)
-      clear()
-
-      def dispatch_imported():
-        a = bridge.to_jax(x)
-        start = time.perf_counter()
-        y = jitted(a)
-        t = time.perf_counter() - start
-        kept.append((a, y))
-        return t
-
-      inner("jitted(a) dispatch alone, a imported (kept)", dispatch_imported)
-      clear()
-
-      def dispatch_imported_nostream():
-        a = to_buffer(torch._C._to_dlpack(x), device, None, False, kdl)
-        start = time.perf_counter()
-        y = jitted(a)
-        t = time.perf_counter() - start
-        kept.append((a, y))
-        return t
-
-      inner(
-        "jitted(a) dispatch alone, a imported with no stream (kept)", dispatch_imported_nostream
-      )
-      clear()
-
-      def dispatch_native():
-        start = time.perf_counter()
-        y = jitted(x_j)
-        t = time.perf_counter() - start
-        kept.append(y)
-        return t
-
-      inner("jitted(x_j) dispatch alone, JAX's array", dispatch_native)
-      clear()
+      imported = lambda: bridge.to_jax(x)
+      no_stream = lambda: to_buffer(torch._C._to_dlpack(x), device, None, False, kdl)
+      for what, make, busy in (
+        ("del of an idle imported array", imported, False),
+        ("del of an imported array a pending program reads", imported, True),
+        ("the same, imported with no stream", no_stream, True),
+        ("del of a JAX-made array a pending program reads", lambda: jitted(x_j), True),
+      ):
+        inner(what, _deleted(make, jitted if busy else None, kept))
+        clear()
+      for what, make in (
+        ("jitted(a) dispatch alone, a imported (kept)", imported),
+        ("jitted(a) dispatch alone, a imported with no stream (kept)", no_stream),
+        ("jitted(x_j) dispatch alone, JAX's array", lambda: x_j),
+      ):
+        inner(what, _dispatched(make, jitted, kept))
+        clear()
       timed("jitted(to_jax(x)), all dropped", lambda: jitted(bridge.to_jax(x)))
       timed(
         "jitted(to_jax(x)), input kept", lambda: kept.append(jitted(bridge.to_jax(x))), after=clear
       )
 
-      def to_torch_pending():
-        o = jitted(x_j)
-        start = time.perf_counter()
-        t = transfer.gpu_array_to_torch(o)
-        t = time.perf_counter() - start
-        return t
-
-      inner("gpu_array_to_torch of a just-dispatched output", to_torch_pending)
-      sync()
-
-      def to_torch_pending_small():
-        o = jitted(small_j)
-        start = time.perf_counter()
-        t = transfer.gpu_array_to_torch(o)
-        t = time.perf_counter() - start
-        return t
-
       small_j = bridge.to_jax(small.clone())
-      inner("the same, 16x16", to_torch_pending_small)
-      sync()
+      for what, a in (
+        ("gpu_array_to_torch of a just-dispatched output", x_j),
+        ("the same, 16x16", small_j),
+      ):
+        inner(what, _handed_back(lambda a=a: jitted(a), transfer.gpu_array_to_torch))
+        sync()
       timed(
         "chain by hand: tensor_to_jax, jitted, gpu_array_to_torch (16x16)",
         lambda: transfer.gpu_array_to_torch(jitted(transfer.tensor_to_jax(small))),
