@@ -220,6 +220,14 @@ def test_in_place_write_into_an_argument_that_requires_grad_raises():
   w = torch.zeros(3)
   compiled(x, w)  # no grad asked: written back
   torch.testing.assert_close(w, torch.ones(3))
+  # a gradient through the call, the written argument needing none: written back, and the
+  # gradient is eager's
+  xg = x.clone().requires_grad_()
+  out = compiled(xg, w)
+  out.sum().backward()
+  torch.testing.assert_close(w, torch.full((3,), 2.0))
+  torch.testing.assert_close(out, x * 2)
+  torch.testing.assert_close(xg.grad, torch.full((2, 3), 2.0))
 
 
 def test_batchnorm_on_jax_device():
