@@ -207,6 +207,22 @@ def test_a_forward_that_returns_nothing_but_writes(empty):
   assert float(total) == 6.0
 
 
+def test_a_write_into_an_argument_that_shares_memory_with_another_raises():
+  def f(a, b):
+    a.add_(1)
+    return b * 2
+
+  compiled = bridge.compile(f)
+  base = torch.zeros(2, 3)
+  with pytest.raises(bridge.BridgeError, match="argument 0, which shares memory with tensor"):
+    compiled(base, base[0])
+  a, b = torch.zeros(2, 3), torch.ones(3)
+  torch.testing.assert_close(compiled(a, b), b * 2)  # independent tensors: fine
+  torch.testing.assert_close(a, torch.ones(2, 3))
+  # a function that only reads may take the same tensor twice
+  torch.testing.assert_close(bridge.compile(lambda a, b: a + b)(base, base), base * 2)
+
+
 def test_in_place_write_into_an_argument_that_requires_grad_raises():
   compiled = bridge.compile(lambda x, w: (w.add_(1), x * w)[1])
   x = torch.randn(2, 3)

@@ -905,10 +905,13 @@ class Compiled:
             self._retake()
           if program.traced.written:
             _check_written(program.traced.written, dyn, self.name)
+            _check_unshared(program.traced.written, dyn, self.name)
         else:
           outs, updates, new_key = self._forward(program, arrays, len(state))
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
+          if program.traced.written:
+            _check_unshared(program.traced.written, dyn, self.name)
           plain = fast and amp is None and not program.traced.written
           if type(device) is torch.device and device.type == tensor_lib.device_type():
             outs = [tensor_lib.make_result(o, device) for o in outs]
@@ -1190,6 +1193,27 @@ def _check_written(written: tuple, dyn: Sequence[Any], name: str) -> None:
         f"{tuple(t.shape)}), which requires grad: the compiled program cannot record that "
         "write in torch's autograd graph. Write into a copy (`x = x.clone()` first), or call "
         "it under `torch.no_grad()`."
+      )
+
+
+def _check_unshared(written: tuple, dyn: Sequence[Any], name: str) -> None:
+  """A forward that writes into an argument that shares memory with another (`f(x, x[0])`):
+  the program saw two independent tensors, so what it read through the other is not what
+  eager torch would read. Refused rather than answered wrongly."""
+  owners: dict[Any, int] = {}
+  for i, t in enumerate(dyn):
+    if not isinstance(t, torch.Tensor):
+      continue
+    key = (
+      id(t._storage) if type(t) is tensor_lib.Tensor else (t.device, t.untyped_storage().data_ptr())
+    )
+    j = owners.setdefault(key, i)
+    if j != i and (i in written or j in written):
+      raise BridgeError(
+        f"`{API}`: {name} writes in place into tensor argument {j if j in written else i}, "
+        f"which shares memory with tensor argument {i if j in written else j}: the compiled "
+        "program takes them as independent tensors, so it would not see the write through "
+        "the other. Pass tensors that do not share memory (`.clone()` one of them)."
       )
 
 
