@@ -577,10 +577,17 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         continue  # a size
       if not isinstance(value, torch.Tensor):
         return False  # a float dynamo made symbolic, or another input aot handles
-      storages.add(StorageWeakRef(value.untyped_storage()))
+      storage = StorageWeakRef(value.untyped_storage())
+      if storage in storages:
+        return False  # two inputs sharing memory (a tensor and a view of it): aot's aliasing
+      storages.add(storage)
     elif node.op in ("call_function", "call_method", "call_module"):
       target = node.target
-      if isinstance(target, torch._ops.HigherOrderOperator) or target in _AOT_ONLY:
+      if (
+        isinstance(target, torch._ops.HigherOrderOperator)
+        or target in _AOT_ONLY
+        or target == "requires_grad_"
+      ):
         return False
       if isinstance(value, (torch.SymFloat, torch.SymBool)) or free_unbacked_symbols(value):
         return False  # a number read from a tensor's values
