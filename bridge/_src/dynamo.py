@@ -293,7 +293,7 @@ class _Graph:
     outputs = gm.graph.find_nodes(op="output")[0].args[0]
     self.single = isinstance(outputs, (tuple, list)) and len(outputs) == 1
     if direct:
-      _same_device_moves(gm)
+      _for_the_program(gm)
     else:
       _for_the_jax_device(gm)
     forward = gm.forward
@@ -352,10 +352,14 @@ class _Graph:
     self.traced = sig
 
 
-def _same_device_moves(gm: torch.fx.GraphModule) -> None:
-  """Drops `device` from the `Tensor.to` calls of dynamo's graph that name the inputs' own
-  device (`x.to(y.device)`: dynamo writes the device it saw as a constant). Inside the
-  program such a call moves nothing, and a move to the CPU would leave the program."""
+def _for_the_program(gm: torch.fx.GraphModule) -> None:
+  """Rewrites dynamo's own graph for its run as a program (no aot_autograd).
+
+  * `Tensor.to` calls that name the inputs' own device lose that device (`x.to(y.device)`:
+    dynamo writes the device it saw as a constant): inside the program such a call moves
+    nothing, and a move to the CPU would leave the program.
+  * inductor's `prims.fma` (`_fma_to_mul_add`).
+  """
   devices = {
     node.meta["example_value"].device
     for node in gm.graph.find_nodes(op="placeholder")
@@ -368,7 +372,7 @@ def _same_device_moves(gm: torch.fx.GraphModule) -> None:
     except (RuntimeError, TypeError):  # a string that names no device (a dtype's name)
       return False
 
-  changed = False
+  changed = _fma_to_mul_add(gm)
   for node in gm.graph.find_nodes(op="call_method", target="to"):
     args = [node.args[0], *[a for a in node.args[1:] if not same(a)]]
     kwargs = {k: v for k, v in node.kwargs.items() if not (k == "device" and same(v))}
@@ -388,11 +392,8 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     the `jax` device's results are always contiguous, so that `view` would be refused.
   * `_to_copy(x, device=<the inputs' device>)` loses its `device`: in the graph it moves
     nothing (`mask.to(device=x.device)`), in the program it would leave the program.
-  * inductor's `prims.fma(a, b, c)` -> `a * b + c`: dynamo writes `addcmul_` and `lerp_`
-    (an optimizer step) with it, importing it as it traces, so it may not exist yet when the
-    plugin registers its lowerings.
+  * inductor's `prims.fma` (`_fma_to_mul_add`).
   """
-  fma = getattr(torch.ops.prims, "fma", None)
   devices = {
     node.meta["val"].device
     for node in gm.graph.find_nodes(op="placeholder")
@@ -408,14 +409,26 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     elif node.target is torch.ops.aten._to_copy.default and node.kwargs.get("device") in devices:
       node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
       changed = True
-    elif fma is not None and node.target is fma.default and not node.kwargs:
+  if _fma_to_mul_add(gm) or changed:
+    gm.recompile()
+
+
+def _fma_to_mul_add(gm: torch.fx.GraphModule) -> bool:
+  """Inductor's `prims.fma(a, b, c)` -> `a * b + c` (whether anything changed): dynamo writes
+  `addcmul_` and `lerp_` (an optimizer step) with it, importing it as it traces, so it may
+  not exist yet when the plugin registers its lowerings (aot's graphs and dynamo's alike)."""
+  fma = getattr(torch.ops.prims, "fma", None)
+  if fma is None:
+    return False
+  changed = False
+  for node in gm.graph.find_nodes(op="call_function", target=fma.default):
+    if not node.kwargs:
       a, b, c = node.args
       with gm.graph.inserting_before(node):
         product = gm.graph.call_function(torch.ops.aten.mul.Tensor, (a, b))
       node.target, node.args = torch.ops.aten.add.Tensor, (product, c)
       changed = True
-  if changed:
-    gm.recompile()
+  return changed
 
 
 def user_frame(node: torch.fx.Node) -> tuple[str, str] | None:
