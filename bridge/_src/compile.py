@@ -905,13 +905,10 @@ class Compiled:
             self._retake()
           if program.traced.written:
             _check_written(program.traced.written, dyn, self.name)
-            _check_unshared(program.traced.written, dyn, self.name)
         else:
           outs, updates, new_key = self._forward(program, arrays, len(state))
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
-          if program.traced.written:
-            _check_unshared(program.traced.written, dyn, self.name)
           plain = fast and amp is None and not program.traced.written
           if type(device) is torch.device and device.type == tensor_lib.device_type():
             outs = [tensor_lib.make_result(o, device) for o in outs]
@@ -1009,6 +1006,7 @@ class Compiled:
     if new_key is not None:
       rng.set_key(new_key)
     if info.written:
+      _check_unshared(info.written, dyn, self.name)
       n = len(info.mutated)
       for i, new in zip(info.written, updates[n:]):
         special.copy_into(dyn[i], array_to_tensor(new, lambda: "an argument", API))

@@ -360,11 +360,7 @@ def _for_the_program(gm: torch.fx.GraphModule) -> None:
     nothing, and a move to the CPU would leave the program.
   * inductor's `prims.fma` (`_fma_to_mul_add`).
   """
-  devices = {
-    node.meta["example_value"].device
-    for node in gm.graph.find_nodes(op="placeholder")
-    if isinstance(node.meta.get("example_value"), torch.Tensor)
-  }
+  devices = _input_devices(gm, "example_value")
 
   def same(d: Any) -> bool:
     try:
@@ -394,11 +390,7 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     nothing (`mask.to(device=x.device)`), in the program it would leave the program.
   * inductor's `prims.fma` (`_fma_to_mul_add`).
   """
-  devices = {
-    node.meta["val"].device
-    for node in gm.graph.find_nodes(op="placeholder")
-    if isinstance(node.meta.get("val"), torch.Tensor)
-  }
+  devices = _input_devices(gm, "val")
   changed = False
   for node in gm.graph.nodes:
     if node.op != "call_function":
@@ -411,6 +403,16 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
       changed = True
   if _fma_to_mul_add(gm) or changed:
     gm.recompile()
+
+
+def _input_devices(gm: torch.fx.GraphModule, key: str) -> set[torch.device]:
+  """The devices of the graph's tensor inputs, from each placeholder's fake value (`key`:
+  dynamo keeps it as "example_value", aot_autograd as "val")."""
+  return {
+    node.meta[key].device
+    for node in gm.graph.find_nodes(op="placeholder")
+    if isinstance(node.meta.get(key), torch.Tensor)
+  }
 
 
 def _fma_to_mul_add(gm: torch.fx.GraphModule) -> bool:

@@ -254,7 +254,7 @@ def cuda_tensor_arg(t: torch.Tensor) -> jax.Array | None:
   """A CUDA tensor as a zero-copy argument of a compiled call on its GPU, or None where
   `tensor_to_jax` must decide (a copy, an error, no direct import): the shortcut of a call
   the general path already took once with a tensor of this shape and dtype."""
-  if t.is_conj() or t.is_neg() or not is_dense(t) or t.data_ptr() % _GPU_ALIGNMENT:
+  if t.is_conj() or t.is_neg() or _not_zero_copy_reason(t, _GPU_ALIGNMENT, "") is not None:
     return None
   target = _cuda_target(t.device.index or 0)
   if target is None:
