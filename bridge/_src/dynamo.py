@@ -48,6 +48,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
   "tiered_compile": (bool, "compile a large CPU program quickly first, then fully"),
   "check_indices": (bool, "check indices inside the programs (a host call per indexing op)"),
   "debug_print_each_op": (bool, "print each aten op as the programs trace it"),
+  "cpu_convolution": (str, "who convolves in a CPU program: 'torch' (its kernel) or 'xla'"),
 }
 
 
@@ -538,7 +539,7 @@ def backend(
     example_inputs: its inputs as dynamo saw them.
     options: `torch.compile(..., options={...})`: settings of `bridge.config` for the
       compiled graphs (`OPTIONS`: "fallback", "decompose_missing_ops", "tiered_compile",
-      "check_indices", "debug_print_each_op"). Unknown names raise.
+      "check_indices", "debug_print_each_op", "cpu_convolution"). Unknown names raise.
     mode: `torch.compile`'s `mode`: only the default (inductor's modes do not apply).
 
   Example:

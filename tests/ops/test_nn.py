@@ -52,6 +52,31 @@ CONV = [
   ("2d_depthwise", (1, 4, 8, 8), (8, 1, 3, 3), True, [1, 1], [1, 1], [1, 1], False, [0, 0], 4),
   ("2d_one_elem_lists", (2, 3, 8, 8), (4, 3, 3, 3), True, [2], [1], [1], False, [0], 1),
   ("2d_1x1", (2, 5, 4, 4), (3, 5, 1, 1), True, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+  # the kernel larger than the unpadded input (padded before the convolution, see below)
+  (
+    "2d_kernel_over_input",
+    (2, 4, 2, 2),
+    (5, 4, 3, 3),
+    True,
+    [1, 1],
+    [1, 1],
+    [1, 1],
+    False,
+    [0, 0],
+    1,
+  ),
+  (
+    "2d_kernel_over_input_dil",
+    (1, 4, 3, 5),
+    (4, 2, 3, 2),
+    False,
+    [2, 1],
+    [2, 1],
+    [2, 1],
+    False,
+    [0, 0],
+    2,
+  ),
   (
     "3d",
     (1, 2, 5, 6, 7),
@@ -97,6 +122,35 @@ def _conv_args(cfg, dtype, g):
 def test_convolution(cfg, dtype):
   x, w, b, rest = _conv_args(cfg, dtype, _gen())
   check(aten.convolution.default, x, w, b, *rest)
+
+
+@pytest.mark.parametrize(
+  "xs,ws,padding,dilation,padded",
+  [
+    ((8, 16, 2, 2), (16, 16, 3, 3), [1, 1], [1, 1], True),  # ResNet's last stage, at 64x64
+    ((1, 4, 2, 9), (4, 4, 2, 2), [1, 1], [2, 1], True),  # dilated: the extent is 3 rows
+    ((1, 2, 5), (2, 2, 7), [3], [1], True),
+    ((8, 16, 4, 4), (16, 16, 3, 3), [1, 1], [1, 1], False),  # the kernel fits: left to XLA
+    ((8, 16, 2, 2), (16, 16, 3, 3), [0, 0], [1, 1], False),  # nothing to pad (empty output)
+  ],
+)
+def test_convolution_pads_first_where_the_kernel_exceeds_the_input(
+  xs, ws, padding, dilation, padded
+):
+  """XLA:CPU convolves with a naive loop (60x slower than torch on ResNet's 3x3 convolutions of
+  2x2 maps) when the kernel is larger than the unpadded input: the lowering then pads the
+  input itself and convolves without padding."""
+  fn = lowering_of(aten.convolution.default).fn
+  nd = len(xs) - 2
+  hlo = (
+    jax.jit(lambda x, w: fn(x, w, None, [1] * nd, padding, dilation, False, [0] * nd, 1))
+    .lower(jnp.zeros(xs), jnp.zeros(ws))
+    .as_text()
+  )
+  conv = next(line for line in hlo.splitlines() if "stablehlo.convolution" in line)
+  zero_pad = "pad = [" + ", ".join(["[0, 0]"] * nd) + "]"
+  assert ("stablehlo.pad" in hlo) is padded
+  assert (zero_pad in conv or "pad" not in conv) is (padded or not any(padding)), conv
 
 
 # Every configuration with all gradients (a bias gradient needs a bias, i.e. bias_sizes); the

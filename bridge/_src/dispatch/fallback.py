@@ -13,9 +13,13 @@ function that fell back. `bridge.config(fallback="error")` turns the fallback of
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import threading
 import warnings
 from typing import Any, NoReturn
+
+import jax
+import torch
 
 from bridge._src import callback, ffi, registry
 from bridge._src import config as config_lib
@@ -96,6 +100,49 @@ def lowering(func: Any) -> registry.Lowering | None:
   # (`dynamic_shape`: not jitted per op, so that the policy is looked at on every call;
   # callback mode caches its own programs)
   return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
+
+
+# Ops whose torch CPU kernel beats XLA:CPU's code for them (oneDNN's convolutions): in a
+# program for the CPU they run as torch's kernel through a host call, as a fallback op does
+# (`bridge.config(cpu_convolution=...)`).
+TORCH_ON_CPU = frozenset(
+  {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
+)
+
+
+def _convolution_backward(*args: Any, **kwargs: Any) -> tuple:
+  """torch's CPU kernel of `convolution_backward`, with the gradients `output_mask` leaves out
+  as None, as its meta kernel (and the lowering) has them (the CPU kernel computes a weight
+  gradient for a bias-only mask)."""
+  out = torch.ops.aten.convolution_backward.default(*args, **kwargs)
+  mask = kwargs["output_mask"] if "output_mask" in kwargs else args[10]
+  return tuple(o if m else None for o, m in zip(out, mask))
+
+
+_HOST_KERNELS = {torch.ops.aten.convolution_backward.default: _convolution_backward}
+
+
+def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
+  """`lowering`, except where programs run on one CPU device and `cpu_convolution="torch"`:
+  there torch's own kernel, called from inside the program on XLA's buffers (no warning:
+  not a missing lowering). Several devices (sharding) keep the lowering: XLA would gather
+  a host call's inputs and replicate its result. Decided at each trace (not jitted per
+  op), so the setting in force when a program is built is the one it gets."""
+  xla, host = lowering.fn, _HOST_KERNELS.get(func, func)
+
+  def run(*args: Any, **kwargs: Any) -> Any:
+    if (
+      config_lib.get_config().cpu_convolution == "torch"
+      and ffi.platform() == "cpu"
+      and jax.local_device_count() == 1
+    ):
+      return callback.call(
+        host, args, kwargs, name=f"torch's CPU kernel of {op_name(func)}", api=callback.FALLBACK
+      )
+    return xla(*args, **kwargs)
+
+  run.__name__ = f"torch_on_cpu_{func._schema.name.split('::')[-1]}"
+  return dataclasses.replace(lowering, fn=run, dynamic_shape=True)
 
 
 def raise_not_found(func: Any) -> NoReturn:

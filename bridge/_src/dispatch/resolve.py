@@ -23,6 +23,8 @@ def lowering_fn(func: Any) -> tuple[Callable, Any]:
   """(function of jax arrays, Lowering or None) for `func`: a lowering, or a decomposition."""
   lowering = REGISTRY.lookup(func)
   if lowering is not None:
+    if func in fallback.TORCH_ON_CPU:
+      lowering = fallback.torch_on_cpu(func, lowering)
     return lowering.fn, lowering
   REGISTRY.require_plugins()
   decomp = decomposition(func) if config_lib.get_config().decompose_missing_ops else None
