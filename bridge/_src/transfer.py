@@ -326,10 +326,12 @@ def _default_backend_is_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def fast_tensor_arg(t: torch.Tensor) -> Any:
+def fast_tensor_arg(t: torch.Tensor, index: tuple | None = None) -> Any:
   """A CPU tensor as a zero-copy NumPy view for a jitted call, or None if that does not apply.
 
   Only for calls whose uncommitted arguments land on the CPU (`default_device_is_cpu()`).
+  `index`: a basic index (slices) taken of the view, which must then be contiguous (an
+  expanded tensor's one distinct row, cheaper through NumPy than torch's indexing).
 
   `Tensor.numpy()` itself refuses every tensor the fast path must not take: other
   devices, sparse, nested, quantized, conjugate/negative views, and dtypes NumPy
@@ -337,12 +339,19 @@ def fast_tensor_arg(t: torch.Tensor) -> Any:
   """
   if t.requires_grad:
     t = t.detach()
-  if (t.dtype in dtypes.TORCH_X64 and not dtypes.x64_enabled()) or not t.is_contiguous():
+  if t.dtype in dtypes.TORCH_X64 and not dtypes.x64_enabled():
+    return None
+  if index is None and not t.is_contiguous():
     return None  # a transposed tensor: DLPack shares it, a NumPy argument would be copied
   try:
-    return t.numpy()
+    a = t.numpy()
   except (RuntimeError, TypeError):
     return None
+  if index is not None:
+    a = a[index]
+    if not a.flags.c_contiguous:
+      return None
+  return a
 
 
 def tensor_to_jax_arg(t: torch.Tensor, *, api: str, where: Where) -> Any:

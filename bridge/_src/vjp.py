@@ -180,13 +180,21 @@ class _Call:
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
     self.positions: tuple[int, ...] = ()  # each tensor's position among the arrays
     self.tensor_mask: tuple[bool, ...] = ()  # which tensors require grad
+    self.all_tensors_differentiated = False
 
   def forward(self) -> list[torch.Tensor]:
     # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
     # module gets the caller's mode (on) back, so that its own `torch.no_grad()` blocks stand
-    # out (their results are constants for the VJP, as for torch autograd)
-    with torch.enable_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(True):
+    # out (their results are constants for the VJP, as for torch autograd). (torch's own
+    # switches, not its context managers: this is every differentiable call's hot path.)
+    fwd_grad = _fwd_grad_enabled()
+    _set_grad_enabled(True)
+    _set_fwd_grad_enabled(True)
+    try:
       return self._forward()
+    finally:
+      _set_grad_enabled(False)
+      _set_fwd_grad_enabled(fwd_grad)
 
   def _forward(self) -> list[torch.Tensor]:
     cache: VjpCache = self.entry.vjp
@@ -309,7 +317,11 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
     return jnp.conj(ct) if g.is_complex() else ct
   strides = g.stride()
   if 0 in strides and g.dim():  # an expanded gradient (e.g. of .sum()): pass what is distinct
-    g = g[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
+    index = tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)
+    arg = transfer.fast_tensor_arg(g, index) if transfer.default_device_is_cpu() else None
+    if arg is not None:
+      return np.conj(arg) if g.is_complex() else arg
+    g = g[index]
   ct = transfer.tensor_to_jax_arg(g, api=_API, where=lambda: "an output gradient")
   return np.conj(ct) if g.is_complex() else ct
 
@@ -341,7 +353,10 @@ class _JaxFunction(torch.autograd.Function):
     else:
       ctx.unchecked = None
       ctx.save_for_backward(*tensors)
-    ctx.mark_non_differentiable(*(o for o in outs if not (o.is_floating_point() or o.is_complex())))
+    if not all(o.is_floating_point() or o.is_complex() for o in outs):
+      ctx.mark_non_differentiable(
+        *(o for o in outs if not (o.is_floating_point() or o.is_complex()))
+      )
     return tuple(outs)
 
   @staticmethod
@@ -359,14 +374,21 @@ class _JaxFunction(torch.autograd.Function):
       in_grads = iter(call.backward(grads, _keep_graph()))
     # One gradient per tensor given to forward(); the mask picked exactly the
     # tensors that require grad, in the same order.
+    if call.all_tensors_differentiated:
+      return (None, *in_grads)
     return (None, *(next(in_grads) if m else None for m in call.tensor_mask))
+
+
+_get_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+_set_grad_enabled = torch._C._set_grad_enabled
+_set_fwd_grad_enabled = torch._C._set_fwd_grad_enabled
+_fwd_grad_enabled = torch._C._is_fwd_grad_enabled
 
 
 def _keep_graph() -> bool:
   """Whether the running backward retains the graph (`retain_graph=True`); True if this
   torch cannot tell, so residuals are then kept as long as the graph."""
-  get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-  return True if get is None else bool(get())
+  return True if _get_keep_graph is None else bool(_get_keep_graph())
 
 
 def call_with_grad(
@@ -385,5 +407,6 @@ def call_with_grad(
   call.device = device
   call.positions = tuple(pos for pos, _, _ in tensors)
   call.tensor_mask = tuple(t.requires_grad for _, _, t in tensors)
+  call.all_tensors_differentiated = all(call.tensor_mask)
   outs = _JaxFunction.apply(call, *(t for _, _, t in tensors))
   return list(outs), call.out_def
