@@ -32,6 +32,15 @@ HF_WORKLOADS = (
   "gpt2_train_step_s64",
   "gpt2_first_call_s64",
 )
+# The conv nets of issue 28 (torchvision's resnet18 and mobilenet_v3_small, models.py): eval
+# forwards on 1x3x224x224 and 8x3x64x64, fine-tuning steps (BatchNorm frozen) on 8x3x64x64.
+CONV_WORKLOADS = (
+  "resnet18_forward_224",
+  "resnet18_forward_64x8",
+  "mobilenet_v3_small_forward_224",
+  "resnet18_train_step_64x8",
+  "mobilenet_v3_small_train_step_64x8",
+)
 # torch called from JAX (bridge.call_torch(..., mode="callback")): f(x) = x*2+1 on a (16, 16)
 # float32 JAX array under jax.jit, and a jitted jax.grad step through it.
 CALLBACK_WORKLOADS = ("torch_from_jax_call", "torch_from_jax_grad")
@@ -87,6 +96,7 @@ WORKLOADS = (
   + tuple(f"{direction}_{size}" for direction in ("to_jax", "to_torch") for size in SIZES)
   + MODULE_WORKLOADS
   + HF_WORKLOADS
+  + CONV_WORKLOADS
   + CALLBACK_WORKLOADS
   + CALL_TORCH_WORKLOADS
   + SHARDED_WORKLOADS

@@ -92,6 +92,160 @@ def dp_mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
   return _relu_mlp(DP_SIZES, DP_BATCH, 70)
 
 
+# The conv nets of issue 28: torchvision's resnet18 and mobilenet_v3_small, written out here
+# layer for layer (torchvision's wheel for this torch does not load its C ops on this machine),
+# 1000 classes; forwards on 1x3x224x224 and 8x3x64x64, training steps on 8x3x64x64.
+CONV_SHAPES = {"224": (1, 3, 224, 224), "64x8": (8, 3, 64, 64)}
+CONV_CLASSES = 1000
+
+
+class _BasicBlock(torch.nn.Module):
+  def __init__(self, c_in: int, c_out: int, stride: int):
+    super().__init__()
+    nn = torch.nn
+    self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+    self.bn1 = nn.BatchNorm2d(c_out)
+    self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+    self.bn2 = nn.BatchNorm2d(c_out)
+    self.downsample = (
+      nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+      if stride != 1 or c_in != c_out
+      else None
+    )
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    y = torch.relu(self.bn1(self.conv1(x)))
+    y = self.bn2(self.conv2(y))
+    return torch.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet18(torch.nn.Module):
+  """torchvision's `resnet18()`: the same layers, shapes and initialization scheme."""
+
+  def __init__(self, classes: int = CONV_CLASSES):
+    super().__init__()
+    nn = torch.nn
+    self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+    self.bn1 = nn.BatchNorm2d(64)
+    self.maxpool = nn.MaxPool2d(3, 2, 1)
+    blocks, c_in = [], 64
+    for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+      blocks += [_BasicBlock(c_in, c_out, stride), _BasicBlock(c_out, c_out, 1)]
+      c_in = c_out
+    self.layers = nn.Sequential(*blocks)
+    self.fc = nn.Linear(512, classes)
+    for m in self.modules():
+      if isinstance(m, nn.Conv2d):
+        nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
+    x = torch.nn.functional.adaptive_avg_pool2d(self.layers(x), 1)
+    return self.fc(torch.flatten(x, 1))
+
+
+def _divisible(v: float, divisor: int = 8) -> int:
+  new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+  return new + divisor if new < 0.9 * v else new
+
+
+class _SqueezeExcite(torch.nn.Module):
+  def __init__(self, channels: int):
+    super().__init__()
+    squeeze = _divisible(channels // 4)
+    self.fc1 = torch.nn.Conv2d(channels, squeeze, 1)
+    self.fc2 = torch.nn.Conv2d(squeeze, channels, 1)
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    s = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+    s = torch.nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+    return x * s
+
+
+def _conv_bn(c_in: int, c_out: int, k: int, stride: int, groups: int, act: Any) -> list:
+  nn = torch.nn
+  layers = [
+    nn.Conv2d(c_in, c_out, k, stride, (k - 1) // 2, groups=groups, bias=False),
+    nn.BatchNorm2d(c_out, eps=0.001, momentum=0.01),
+  ]
+  return layers + ([act()] if act is not None else [])
+
+
+class _InvertedResidual(torch.nn.Module):
+  def __init__(self, c_in: int, k: int, expanded: int, c_out: int, se: bool, act: Any, stride: int):
+    super().__init__()
+    layers: list = []
+    if expanded != c_in:
+      layers += _conv_bn(c_in, expanded, 1, 1, 1, act)
+    layers += _conv_bn(expanded, expanded, k, stride, expanded, act)
+    if se:
+      layers.append(_SqueezeExcite(expanded))
+    layers += _conv_bn(expanded, c_out, 1, 1, 1, None)
+    self.block = torch.nn.Sequential(*layers)
+    self.residual = stride == 1 and c_in == c_out
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    y = self.block(x)
+    return x + y if self.residual else y
+
+
+class MobileNetV3Small(torch.nn.Module):
+  """torchvision's `mobilenet_v3_small()` (its configuration table; dropout 0 here, so that
+  every system's training step can be checked against torch's)."""
+
+  def __init__(self, classes: int = CONV_CLASSES):
+    super().__init__()
+    nn = torch.nn
+    re, hs = nn.ReLU, nn.Hardswish
+    table = [  # c_in, kernel, expanded, c_out, squeeze-excite, activation, stride
+      (16, 3, 16, 16, True, re, 2),
+      (16, 3, 72, 24, False, re, 2),
+      (24, 3, 88, 24, False, re, 1),
+      (24, 5, 96, 40, True, hs, 2),
+      (40, 5, 240, 40, True, hs, 1),
+      (40, 5, 240, 40, True, hs, 1),
+      (40, 5, 120, 48, True, hs, 1),
+      (48, 5, 144, 48, True, hs, 1),
+      (48, 5, 288, 96, True, hs, 2),
+      (96, 5, 576, 96, True, hs, 1),
+      (96, 5, 576, 96, True, hs, 1),
+    ]
+    layers = _conv_bn(3, 16, 3, 2, 1, hs) + [_InvertedResidual(*row) for row in table]
+    self.features = nn.Sequential(*layers, *_conv_bn(96, 576, 1, 1, 1, hs))
+    self.classifier = nn.Sequential(nn.Linear(576, 1024), hs(), nn.Linear(1024, classes))
+    for m in self.modules():
+      if isinstance(m, nn.Conv2d):
+        nn.init.kaiming_normal_(m.weight, mode="fan_out")
+        if m.bias is not None:
+          nn.init.zeros_(m.bias)
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    x = torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+    return self.classifier(torch.flatten(x, 1))
+
+
+CONV_NETS = {"resnet18": (ResNet18, 80), "mobilenet_v3_small": (MobileNetV3Small, 90)}
+
+
+def conv_net(name: str, shape: str) -> tuple[torch.nn.Module, torch.Tensor]:
+  """One of `CONV_NETS` in eval mode and an input of `CONV_SHAPES[shape]`."""
+  build, seed = CONV_NETS[name]
+  with seeded(seed):
+    net = build().eval()
+  return net, torch.randn(*CONV_SHAPES[shape], generator=_gen(seed + 1))
+
+
+def conv_net_train(name: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+  """`conv_net(name, "64x8")` for a fine-tuning step: BatchNorm in eval mode (frozen running
+  statistics, so that every system's step is checked against torch's on parameters alone)."""
+  net, x = conv_net(name, "64x8")
+  return (
+    net,
+    x,
+    torch.randint(0, CONV_CLASSES, (x.shape[0],), generator=_gen(CONV_NETS[name][1] + 2)),
+  )
+
+
 def transformer() -> tuple[torch.nn.Module, torch.Tensor]:
   """`nn.TransformerEncoderLayer(128, 4, 256, batch_first, dropout=0)` in eval mode, (4, 32, 128) input."""
   with seeded(30):
@@ -252,25 +406,35 @@ def torch_sgd_reference(
 
 
 def jax_train_step(
-  forward: Callable[[Any, Any], Any], params: Any, x: torch.Tensor, y: torch.Tensor
+  forward: Callable[[Any, Any], Any],
+  params: Any,
+  x: torch.Tensor,
+  y: torch.Tensor,
+  module: torch.nn.Module | None = None,
 ) -> tuple[Callable[[], Any], Callable[[Any], tuple[float, dict]]]:
   """A `train_step` capability built on a pure JAX `forward(params, x) -> logits`.
 
   The step is ``jax.jit(jax.value_and_grad(loss))`` followed by the SGD update,
   all in one jitted function; `params` (a dict by state-dict name) is carried
-  from call to call. run() returns ``(loss, params)`` as JAX arrays.
+  from call to call. run() returns ``(loss, params)`` as JAX arrays. With `module`, only
+  its parameters are differentiated and updated (its buffers, such as BatchNorm's running
+  statistics, stay as they are, as in torch's SGD step); otherwise every entry is.
   """
   import jax
   import jax.numpy as jnp
 
-  def loss_fn(p, xs, ys):
-    logp = jax.nn.log_softmax(forward(p, xs))
+  names = set(params) if module is None else {n for n, _ in module.named_parameters()}
+
+  def loss_fn(train, rest, xs, ys):
+    logp = jax.nn.log_softmax(forward({**rest, **train}, xs))
     return -jnp.mean(jnp.take_along_axis(logp, ys[:, None], axis=1))
 
   @jax.jit
   def step(p, xs, ys):
-    loss, grads = jax.value_and_grad(loss_fn)(p, xs, ys)
-    return loss, jax.tree_util.tree_map(lambda w, g: w - LR * g, p, grads)
+    train = {k: v for k, v in p.items() if k in names}
+    rest = {k: v for k, v in p.items() if k not in names}
+    loss, grads = jax.value_and_grad(loss_fn)(train, rest, xs, ys)
+    return loss, {**rest, **jax.tree_util.tree_map(lambda w, g: w - LR * g, train, grads)}
 
   # (on JAX's default device: the GPU in the CUDA workloads' worker)
   xs, ys = jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype("int32"))

@@ -11,6 +11,7 @@ from pathlib import Path
 from .common import (
   CALL_TORCH_WORKLOADS,
   CALLBACK_WORKLOADS,
+  CONV_WORKLOADS,
   GPU_WORKLOADS,
   HF_WORKLOADS,
   MODULE_WORKLOADS,
@@ -51,6 +52,10 @@ GROUPS = {
   "Hugging Face GPT-2 training step: the same model, sequence 64, next-token cross-entropy, SGD": (
     "gpt2_train_step_s64",
   ),
+  "Conv nets (torchvision's resnet18 and mobilenet_v3_small, 1000 classes), eval, "
+  "torch.no_grad(): 1x3x224x224 and 8x3x64x64": tuple(w for w in CONV_WORKLOADS if "forward" in w),
+  "Conv net fine-tuning step: the same nets on 8x3x64x64, BatchNorm frozen (eval), "
+  "cross-entropy, SGD": tuple(w for w in CONV_WORKLOADS if "train" in w),
   CALLBACK_TITLE: CALLBACK_WORKLOADS,
   CALL_TORCH_TITLE: CALL_TORCH_WORKLOADS,
   SHARDED_TITLE: SHARDED_WORKLOADS,
@@ -151,6 +156,8 @@ GOALS = (
     for other in ("torch_eager", "torchax")
   ),
   ("gpt2_first_call_s64", "bridge", "torchax", 0.5),
+  # Issue 28: conv net forwards under bridge.compile at least as fast as torch eager on the CPU.
+  *((w, "bridge", "torch_eager", 1.0) for w in CONV_WORKLOADS if "forward" in w),
   # Callback mode: torch called from JAX at most as costly as wrap-torch2jax's FFI call.
   *((w, "bridge", "wrap_torch2jax", 1.0) for w in CALLBACK_WORKLOADS),
   # Data parallel: the sharded step at most 1.05x the same program run by plain JAX.

@@ -27,6 +27,7 @@ from .common import (
   CALLBACK_WORKLOADS,
   FIRST_CALL_WORKLOADS,
   GPU_WORKLOADS,
+  CONV_WORKLOADS,
   HF_WORKLOADS,
   MODULE_WORKLOADS,
   SHARDED_WORKLOADS,
@@ -43,6 +44,7 @@ NO_GPU = "needs a CUDA GPU: this machine has no NVIDIA driver (/dev/nvidiactl)"
 WORKLOAD_GROUPS = {
   "modules": MODULE_WORKLOADS,
   "hf": HF_WORKLOADS,
+  "conv": CONV_WORKLOADS,
   "callback": CALLBACK_WORKLOADS,
   "call_torch": CALL_TORCH_WORKLOADS,
   "sharded": SHARDED_WORKLOADS,
@@ -356,8 +358,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument(
     "--workloads",
     help="comma-separated workload names, 'modules' for "
-    "the module workloads, 'hf' for the Hugging Face ones, 'callback' for "
-    "torch called from JAX in callback mode, 'call_torch' for it in trace "
+    "the module workloads, 'hf' for the Hugging Face ones, 'conv' for the conv "
+    "nets, 'callback' for torch called from JAX in callback mode, 'call_torch' for it in trace "
     "mode, 'sharded' for data parallel on 8 simulated CPU devices, 'gpu' for "
     "the CUDA rows (skipped without a CUDA GPU) (default: all)",
   )

@@ -11,6 +11,7 @@ import torch
 
 from . import first_call, models
 from .common import (
+  CONV_WORKLOADS,
   FULL,
   FULL_BIG,
   FULL_SHARDED,
@@ -373,6 +374,21 @@ def hf_workloads() -> dict[str, Callable[[System, bool], dict]]:
   return table
 
 
+def conv_workloads() -> dict[str, Callable[[System, bool], dict]]:
+  """The conv nets (issue 28): eval forwards and fine-tuning steps, `models.CONV_NETS`."""
+  table: dict[str, Callable[[System, bool], dict]] = {}
+  for name in CONV_WORKLOADS:
+    net, kind, shape = name.rsplit("_", 2)
+    if kind == "forward":
+      build = lambda n=net, s=shape: models.conv_net(n, s)
+      table[name] = lambda system, q, w=name, b=build: _forward(system, q, w, b)
+    else:
+      net = name.removesuffix("_train_step_64x8")
+      build = lambda n=net: models.conv_net_train(n)
+      table[name] = lambda system, q, w=name, b=build: _train_step(system, q, w, b)
+  return table
+
+
 # --- data parallel on simulated CPU devices (their worker runs with SHARDED_XLA_FLAGS) --------
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
@@ -480,6 +496,7 @@ def all_workloads(quick: bool) -> dict[str, Callable[[System, bool], dict]]:
     }
   )
   table.update(hf_workloads())
+  table.update(conv_workloads())
   table.update(
     {"torch_from_jax_call": torch_from_jax_call, "torch_from_jax_grad": torch_from_jax_grad}
   )

@@ -104,3 +104,25 @@ def test_the_jax_device_runs_torchs_kernel_with_its_gradients_mask():
 def test_an_unknown_setting_is_refused():
   with pytest.raises(bridge.BridgeTypeError, match="cpu_convolution='onednn' is not one of"):
     bridge.config(cpu_convolution="onednn")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+  "make,shape",
+  [
+    (lambda: torch.nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2), (2, 3, 11)),
+    (
+      lambda: torch.nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
+      (2, 4, 5, 5),
+    ),
+    (lambda: torch.nn.Conv3d(2, 4, 2, groups=2, bias=False), (1, 2, 3, 4, 4)),
+  ],
+  ids=["conv1d", "conv_transpose2d", "conv3d_groups_no_bias"],
+)
+def test_gradients_of_every_input_match_torch(make, shape):
+  torch.manual_seed(5)
+  conv = make().double()
+  x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+  g = torch.randn_like(conv(x))
+  expected = torch.autograd.grad(conv(x), [x, *conv.parameters()], g)
+  got = torch.autograd.grad(bridge.compile(conv)(x), [x, *conv.parameters()], g)
+  torch.testing.assert_close(got, expected)

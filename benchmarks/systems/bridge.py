@@ -29,7 +29,7 @@ def _train_step(module, x, y):
   import bridge
 
   params, fn = bridge.extract_jax(module)
-  return models.jax_train_step(fn, params, x, y)
+  return models.jax_train_step(fn, params, x, y, module)
 
 
 def _sharded_train_step(module, x, y, params_sharding, batch_sharding):

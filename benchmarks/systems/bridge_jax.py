@@ -6,7 +6,7 @@ already runs on the jax device).
 
 import jax
 
-from ..common import NON_MODULE_CAPABILITIES, System
+from ..common import CONV_WORKLOADS, NON_MODULE_CAPABILITIES, System
 
 NOT_HERE = "bridge_jax runs only the module workloads (see bridge)"
 
@@ -45,7 +45,7 @@ def make() -> System:
     unsupported={
       **dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
       **dict.fromkeys(
-        ("mlp_train_step", "gpt2_train_step_s64"),
+        ("mlp_train_step", "gpt2_train_step_s64", *(w for w in CONV_WORKLOADS if "train" in w)),
         "same as bridge: bridge.extract_jax returns JAX arrays wherever the module lives",
       ),
     },

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import models
-from ..common import System
+from ..common import CONV_WORKLOADS, System
 
 NO_BLOCK = "no hand-written JAX transformer block (issue 4 compares it across torch front ends)"
 NO_HF = (
@@ -167,5 +167,6 @@ def make() -> System:
         ),
         NO_HF,
       ),
+      **dict.fromkeys(CONV_WORKLOADS, "not measured: no JAX-written ResNet or MobileNet here"),
     },
   )

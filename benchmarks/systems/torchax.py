@@ -118,7 +118,7 @@ def make() -> System:
     import torchax
 
     states, fn = torchax.extract_jax(module)
-    return models.jax_train_step(lambda p, xs: fn(p, (xs,)), states, x, y)
+    return models.jax_train_step(lambda p, xs: fn(p, (xs,)), states, x, y, module)
 
   def placed(fn):
     """fn's torch code bound to its weights on torchax's jax device: torchax refuses math

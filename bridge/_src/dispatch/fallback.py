@@ -16,7 +16,7 @@ import contextvars
 import dataclasses
 import threading
 import warnings
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import jax
 import torch
@@ -102,14 +102,6 @@ def lowering(func: Any) -> registry.Lowering | None:
   return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
 
 
-# Ops whose torch CPU kernel beats XLA:CPU's code for them (oneDNN's convolutions): in a
-# program for the CPU they run as torch's kernel through a host call, as a fallback op does
-# (`bridge.config(cpu_convolution=...)`).
-TORCH_ON_CPU = frozenset(
-  {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
-)
-
-
 def _convolution_backward(*args: Any, **kwargs: Any) -> tuple:
   """torch's CPU kernel of `convolution_backward`, with the gradients `output_mask` leaves out
   as None, as its meta kernel (and the lowering) has them (the CPU kernel computes a weight
@@ -119,7 +111,64 @@ def _convolution_backward(*args: Any, **kwargs: Any) -> tuple:
   return tuple(o if m else None for o, m in zip(out, mask))
 
 
-_HOST_KERNELS = {torch.ops.aten.convolution_backward.default: _convolution_backward}
+def _host_call(func: Any, host: Any, args: tuple, kwargs: dict) -> Any:
+  return callback.call(
+    host, args, kwargs, name=f"torch's CPU kernel of {op_name(func)}", api=callback.FALLBACK
+  )
+
+
+def _convolution(
+  input: Any,
+  weight: Any,
+  bias: Any,
+  stride: Any,
+  padding: Any,
+  dilation: Any,
+  transposed: bool,
+  output_padding: Any,
+  groups: int,
+) -> Any:
+  """torch's convolution with its own backward: the gradient is one host call of torch's
+  `convolution_backward` on the saved input and weight (callback mode's generic backward
+  would run the convolution again under torch autograd first). The backward is itself a
+  host call in callback mode, so it differentiates again (torch's double backward)."""
+  conv, conv_bwd = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
+  params = (stride, padding, dilation, transposed, output_padding, groups)
+  c_out = weight.shape[1] * groups if transposed else weight.shape[0]
+
+  def forward(x: Any, w: Any, b: Any) -> Any:
+    return _host_call(conv, conv, (x, w, b, *params), {})
+
+  @jax.custom_vjp
+  def f(x: Any, w: Any, b: Any) -> Any:
+    return forward(x, w, b)
+
+  def fwd(x: Any, w: Any, b: Any) -> tuple:
+    mask = [x.perturbed, w.perturbed, b is not None and b.perturbed]
+    bias = None if b is None else b.value
+    return forward(x.value, w.value, bias), (x.value, w.value, bias is not None, mask)
+
+  def bwd(res: tuple, g: Any) -> tuple:
+    x, w, has_bias, mask = res
+    if isinstance(g, jax.custom_derivatives.SymbolicZero) or not any(mask):
+      return (None, None, None)
+    sizes = [c_out] if has_bias else None
+    grads = _host_call(conv_bwd, _convolution_backward, (g, x, w, sizes, *params, mask), {})
+    return tuple(grads[:2]) + ((grads[2],) if has_bias else (None,))
+
+  f.defvjp(fwd, bwd, symbolic_zeros=True)
+  return f(input, weight, bias)
+
+
+# Ops whose torch CPU kernel beats XLA:CPU's code for them (oneDNN's convolutions): in a
+# program for one CPU device they run as torch's kernel through a host call, as a fallback
+# op does (`bridge.config(cpu_convolution=...)`), each op by the function here.
+TORCH_ON_CPU: dict[Any, Callable[..., Any]] = {
+  torch.ops.aten.convolution.default: _convolution,
+  torch.ops.aten.convolution_backward.default: lambda *args, **kwargs: _host_call(
+    torch.ops.aten.convolution_backward.default, _convolution_backward, args, kwargs
+  ),
+}
 
 
 def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
@@ -128,7 +177,7 @@ def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
   not a missing lowering). Several devices (sharding) keep the lowering: XLA would gather
   a host call's inputs and replicate its result. Decided at each trace (not jitted per
   op), so the setting in force when a program is built is the one it gets."""
-  xla, host = lowering.fn, _HOST_KERNELS.get(func, func)
+  xla, host = lowering.fn, TORCH_ON_CPU[func]
 
   def run(*args: Any, **kwargs: Any) -> Any:
     if (
@@ -136,9 +185,7 @@ def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
       and ffi.platform() == "cpu"
       and jax.local_device_count() == 1
     ):
-      return callback.call(
-        host, args, kwargs, name=f"torch's CPU kernel of {op_name(func)}", api=callback.FALLBACK
-      )
+      return host(*args, **kwargs)
     return xla(*args, **kwargs)
 
   run.__name__ = f"torch_on_cpu_{func._schema.name.split('::')[-1]}"
