@@ -126,3 +126,24 @@ def test_gradients_of_every_input_match_torch(make, shape):
   expected = torch.autograd.grad(conv(x), [x, *conv.parameters()], g)
   got = torch.autograd.grad(bridge.compile(conv)(x), [x, *conv.parameters()], g)
   torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize(
+  "conv,host_calls",
+  [
+    (torch.nn.Conv2d(4, 8, 1), 0),  # a matrix product: XLA fuses it with its neighbours
+    (torch.nn.Conv2d(4, 8, 1, stride=2), 1),
+    (torch.nn.Conv2d(4, 8, 1, padding=1), 1),
+    (torch.nn.Conv2d(4, 4, 3, padding=1, groups=4), 1),  # depthwise
+  ],
+  ids=["pointwise", "strided_1x1", "padded_1x1", "depthwise_3x3"],
+)
+def test_pointwise_convolutions_stay_in_xla(conv, host_calls):
+  params, fn = bridge.extract_jax(conv)
+  text = jax.jit(fn).lower(params, jnp.ones((2, 4, 6, 6))).as_text()
+  assert text.count(ffi.TARGET) == host_calls
+  assert text.count("stablehlo.convolution") == 1 - host_calls
+  x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(6), requires_grad=True)
+  expected = torch.autograd.grad(conv(x).pow(2).sum(), [x, *conv.parameters()])
+  got = torch.autograd.grad(bridge.compile(conv)(x).pow(2).sum(), [x, *conv.parameters()])
+  torch.testing.assert_close(got, expected)

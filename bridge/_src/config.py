@@ -57,13 +57,14 @@ class Config:
       (CPU, GPU). Read when a program is traced: a program built without it stays unchecked.
     cpu_convolution: who runs a convolution (`aten.convolution` and its backward) in a
       program for the CPU: "torch" (the default) calls torch's own CPU kernel (oneDNN)
-      from inside the program, on XLA's buffers, as the fallback runs an op (no warning);
-      "xla" uses the JAX lowering. On this project's 2-core CPU a ResNet-18 forward ran
-      about 2x faster with "torch" and its training step about 3x (XLA:CPU's convolutions
-      and their gradients are slower than oneDNN's). Choose "xla" to keep convolutions
-      inside XLA, e.g. under `jax.vmap` (where the host call runs once per batch element).
-      Only where JAX has one CPU device: with several (sharding), on other platforms and
-      in `bridge.export`'s artifacts the lowering is used. Read when a program is traced.
+      from inside the program, on XLA's buffers, as the fallback runs an op (no warning),
+      except for a 1x1 convolution with stride 1 and no padding (a matrix product, which
+      XLA fuses with its neighbours); "xla" uses the JAX lowering. XLA:CPU's convolutions,
+      and more so their gradients, are slower than oneDNN's (docs/sharp_edges.md has the
+      figures). Choose "xla" to keep convolutions inside XLA, e.g. under `jax.vmap` (where
+      the host call runs once per batch element). Only where JAX has one CPU device: with
+      several (sharding), on other platforms and in `bridge.export`'s artifacts the
+      lowering is used. Read when a program is traced.
   """
 
   debug_print_each_op: bool = False
