@@ -171,11 +171,10 @@ TORCH_ON_CPU: dict[Any, Callable[..., Any]] = {
 }
 
 
-_CONV_ARGS = {  # where each op's weight and geometry sit among its positional arguments
-  torch.ops.aten.convolution.default: ("weight", 1, "stride", 3, "padding", 4, "transposed", 6),
-  torch.ops.aten.convolution_backward.default: (
-    *("weight", 2, "stride", 4, "padding", 5, "transposed", 7),
-  ),
+# where each op's weight and geometry sit among its positional arguments
+_CONV_ARGS = {
+  torch.ops.aten.convolution.default: dict(weight=1, stride=3, padding=4, transposed=6),
+  torch.ops.aten.convolution_backward.default: dict(weight=2, stride=4, padding=5, transposed=7),
 }
 
 
@@ -183,8 +182,7 @@ def _pointwise(func: Any, args: tuple, kwargs: dict) -> bool:
   """A 1x1 convolution with stride 1 and no padding: a matrix product, which XLA fuses with
   its neighbours (MobileNetV3-small's forward: 7.8 ms with these in XLA, 17 ms with every
   convolution a host call; torch eager 15-18 ms in the same process)."""
-  names = _CONV_ARGS[func]
-  get = {n: kwargs[n] if n in kwargs else args[i] for n, i in zip(names[::2], names[1::2])}
+  get = {n: kwargs[n] if n in kwargs else args[i] for n, i in _CONV_ARGS[func].items()}
   return (
     not get["transposed"]
     and all(k == 1 for k in get["weight"].shape[2:])
@@ -195,10 +193,11 @@ def _pointwise(func: Any, args: tuple, kwargs: dict) -> bool:
 
 def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
   """`lowering`, except where programs run on one CPU device and `cpu_convolution="torch"`:
-  there, unless the convolution is a pointwise matrix product, torch's own kernel, called from inside the program on XLA's buffers (no warning:
-  not a missing lowering). Several devices (sharding) keep the lowering: XLA would gather
-  a host call's inputs and replicate its result. Decided at each trace (not jitted per
-  op), so the setting in force when a program is built is the one it gets."""
+  there, unless the convolution is a pointwise matrix product, torch's own kernel, called
+  from inside the program on XLA's buffers (no warning: not a missing lowering). Several
+  devices (sharding) keep the lowering: XLA would gather a host call's inputs and replicate
+  its result. Decided at each trace (not jitted per op), so the setting in force when a
+  program is built is the one it gets."""
   xla, host = lowering.fn, TORCH_ON_CPU[func]
 
   def run(*args: Any, **kwargs: Any) -> Any:
