@@ -15,7 +15,8 @@ so the machine's drift falls on both alike):
 - ``transformer_first_call_dropout``: the first call of a compiled 2-layer
   `TransformerEncoder(128, 4)` in training mode with `dropout=0.1`, against `dropout=0`.
 
-Prints one table (medians, with the samples); nothing is written to RESULTS.md.
+Prints one table (medians, with the samples) and the goals; `--write` also puts them into
+RESULTS.md's "Cold start" section (stored in results.json, kept by later benchmark runs).
 """
 
 from __future__ import annotations
@@ -88,11 +89,21 @@ def _sample(code: tuple | None, autoload: str) -> float:
   return float(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="fewer rounds")
-  rounds = 3 if parser.parse_args().quick else 7
-  print(f"{'row':34s} {'case':22s} {'median s':>9s}  samples")
+# Issue 28's targets: (row, what is compared, goal, unit): the difference to the baseline in
+# seconds, the measured case's median in seconds, or its ratio to the baseline.
+GOALS = {
+  "import_torch_autoload": ("difference", 0.1),
+  "import_bridge": ("difference", 0.3),
+  "first_compile_mlp": ("median", 0.5),
+  "first_call_torch_mlp": ("median", 0.5),
+  "demo": ("median", 5.0),
+  "transformer_first_call_dropout": ("ratio", 1.3),
+}
+
+
+def measure(rounds: int) -> dict:
+  """Every row's cases, taking turns `rounds` times: {"cases": [...], "goals": [...]}."""
+  cases_out, goals_out = [], []
   for row, (baseline, measured) in ROWS.items():
     cases = [c for c in (baseline, measured) if c is not None]
     samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
@@ -101,12 +112,55 @@ def main() -> None:
         samples[label].append(_sample(code, autoload))
     medians = {label: statistics.median(v) for label, v in samples.items()}
     for label, values in samples.items():
-      shown = ", ".join(f"{v:.2f}" for v in values)
-      print(f"{row:34s} {label:22s} {medians[label]:9.3f}  [{shown}]")
-    if baseline is not None:
-      base, meas = medians[baseline[0]], medians[measured[0]]
-      ratio = f"ratio {meas / base:.2f}" if base > 0.05 else ""
-      print(f"{row:34s} {'difference':22s} {meas - base:+9.3f}  {ratio}")
+      cases_out.append({"row": row, "case": label, "median_s": medians[label], "samples": values})
+    meas = medians[measured[0]]
+    base = medians[baseline[0]] if baseline is not None else None
+    kind, goal = GOALS[row]
+    value = {"difference": meas - (base or 0.0), "median": meas}.get(kind)
+    if kind == "ratio":
+      value = meas / base if base else float("nan")
+    goals_out.append({"row": row, "kind": kind, "value": value, "goal": goal})
+  return {"cases": cases_out, "goals": goals_out}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="fewer rounds")
+  parser.add_argument(
+    "--write",
+    action="store_true",
+    help="also store the figures in benchmarks/results.json and rewrite RESULTS.md's cold-start "
+    "section (later runs of `python -m benchmarks` keep it)",
+  )
+  args = parser.parse_args()
+  started = time.time()
+  figures = measure(3 if args.quick else 7)
+  print(f"{'row':34s} {'case':22s} {'median s':>9s}  samples")
+  for c in figures["cases"]:
+    shown = ", ".join(f"{v:.2f}" for v in c["samples"])
+    print(f"{c['row']:34s} {c['case']:22s} {c['median_s']:9.3f}  [{shown}]")
+  for g in figures["goals"]:
+    print(f"{g['row']:34s} {g['kind']:22s} {g['value']:9.3f}  goal <= {g['goal']}")
+  if args.write:
+    _write(figures, args.quick, time.time() - started)
+
+
+def _write(figures: dict, quick: bool, seconds: float) -> None:
+  import json
+
+  from . import report
+  from .run import HERE
+
+  path = HERE / "results.json"
+  results = json.loads(path.read_text())
+  info = report.machine_info(quick, seconds)
+  results["meta"]["cold_start"] = dict(figures, date=info["date"], mode=info["mode"])
+  path.write_text(json.dumps(results, indent=1))
+  markdown = report.markdown(
+    results["reports"], results["meta"], plots=report.plots(results["reports"], HERE / "plots")
+  )
+  (HERE / "RESULTS.md").write_text(markdown)
+  print(f"[benchmarks] wrote the cold-start section of {HERE / 'RESULTS.md'}")
 
 
 if __name__ == "__main__":

@@ -513,6 +513,50 @@ def _ran(reports: list[dict], workloads: tuple[str, ...]) -> bool:
   return any(w in r["results"] for r in reports for w in workloads)
 
 
+_COLD_KINDS = {
+  "difference": "seconds beyond the baseline",
+  "median": "seconds",
+  "ratio": "ratio to the baseline",
+}
+
+
+def _cold_start(figures: dict | None) -> list[str]:
+  """`python -m benchmarks.cold_start --write`'s figures: each case's median over fresh
+  processes taking turns, and issue 28's goals."""
+  if not figures:
+    return []
+  lines = [
+    "## Cold start (fresh processes)",
+    "",
+    f"Measured {figures['date']} ({figures['mode']}) by `python -m benchmarks.cold_start "
+    "--write`: every sample is a new interpreter, the cases of a row taking turns; see "
+    "benchmarks/cold_start.py for what each case runs.",
+    "",
+  ]
+  lines += _table(
+    ["row", "case", "median (s)", "samples (s)"],
+    [
+      [c["row"], c["case"], f"{c['median_s']:.3f}", ", ".join(f"{v:.2f}" for v in c["samples"])]
+      for c in figures["cases"]
+    ],
+  )
+  lines += [""]
+  lines += _table(
+    ["row", "measured", "value", "goal", "status"],
+    [
+      [
+        g["row"],
+        _COLD_KINDS[g["kind"]],
+        f"{g['value']:.3f}",
+        f"<= {g['goal']}",
+        "met" if g["value"] <= g["goal"] else "not met",
+      ]
+      for g in figures["goals"]
+    ],
+  )
+  return lines + [""]
+
+
 def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
   lines = _header(reports, meta)
   # the CUDA rows only where some system ran them (elsewhere one line says why not)
@@ -535,6 +579,7 @@ def markdown(reports: list[dict], meta: dict, plots: list[Path]) -> str:
   if GPU_TITLE not in groups and _present(reports, GPU_WORKLOADS):
     why = next((r["skipped"][w] for r in reports for w in GPU_WORKLOADS if w in r["skipped"]), "")
     lines += [f"## {GPU_TITLE}", "", f"Not measured in this run: {why}.", ""]
+  lines += _cold_start(meta.get("cold_start"))
   if plots:
     lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
   lines += _systems_section(reports)

@@ -440,7 +440,10 @@ def main(argv: list[str] | None = None) -> None:
   if old is not None:
     results = merge(old, reports, dict(meta, systems=names, workloads=workloads or "all"))
   elif (args.out / "results.json").exists():
-    results = keep_gpu_rows(json.loads((args.out / "results.json").read_text()), results)
+    previous = json.loads((args.out / "results.json").read_text())
+    results = keep_gpu_rows(previous, results)
+    if "cold_start" in previous["meta"]:  # (benchmarks.cold_start's figures: kept)
+      results["meta"]["cold_start"] = previous["meta"]["cold_start"]
   (args.out / "results.json").write_text(json.dumps(results, indent=1))
   reports, meta = results["reports"], results["meta"]
   drawn = report.plots(reports, args.out / "plots", required=not args.quick)

@@ -303,3 +303,25 @@ def test_a_run_without_a_gpu_keeps_the_cuda_rows_of_their_gpu_run():
   # a run that measured a CUDA row replaces them all
   measured = {"meta": {}, "reports": [_fake_report("bridge", {cuda: 90.0}, {})]}
   assert run.keep_gpu_rows(old, measured) is measured
+
+
+def test_cold_start_section_renders_cases_and_goals():
+  figures = {
+    "date": "2026-11-27 23:40 UTC",
+    "mode": "full",
+    "cases": [
+      {"row": "import_bridge", "case": "import torch, jax", "median_s": 0.0, "samples": [0.0]},
+      {"row": "import_bridge", "case": "+ import bridge", "median_s": 0.14, "samples": [0.14]},
+      {"row": "demo", "case": "python -m bridge", "median_s": 5.5, "samples": [5.5, 5.6]},
+    ],
+    "goals": [
+      {"row": "import_bridge", "kind": "difference", "value": 0.14, "goal": 0.3},
+      {"row": "demo", "kind": "median", "value": 5.5, "goal": 5.0},
+    ],
+  }
+  text = "\n".join(report._cold_start(figures))
+  assert "## Cold start (fresh processes)" in text
+  assert "| import_bridge | + import bridge | 0.140 | 0.14 |" in text
+  assert "| import_bridge | seconds beyond the baseline | 0.140 | <= 0.3 | met |" in text
+  assert "| demo | seconds | 5.500 | <= 5.0 | not met |" in text
+  assert report._cold_start(None) == []
