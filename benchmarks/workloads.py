@@ -378,13 +378,12 @@ def conv_workloads() -> dict[str, Callable[[System, bool], dict]]:
   """The conv nets (issue 28): eval forwards and fine-tuning steps, `models.CONV_NETS`."""
   table: dict[str, Callable[[System, bool], dict]] = {}
   for name in CONV_WORKLOADS:
-    net, kind, shape = name.rsplit("_", 2)
-    if kind == "forward":
+    if "_forward_" in name:  # <net>_forward_<shape>
+      net, shape = name.split("_forward_")
       build = lambda n=net, s=shape: models.conv_net(n, s)
       table[name] = lambda system, q, w=name, b=build: _forward(system, q, w, b)
-    else:
-      net = name.removesuffix("_train_step_64x8")
-      build = lambda n=net: models.conv_net_train(n)
+    else:  # <net>_train_step_64x8
+      build = lambda n=name.removesuffix("_train_step_64x8"): models.conv_net_train(n)
       table[name] = lambda system, q, w=name, b=build: _train_step(system, q, w, b)
   return table
 

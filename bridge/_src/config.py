@@ -88,6 +88,9 @@ class Settings(TypedDict, total=False):
   cpu_convolution: CpuConvolution
 
 
+# The settings that take one of a few names, and their choices.
+_CHOICES = {"fallback": Fallback, "cpu_convolution": CpuConvolution}
+
 _CURRENT: contextvars.ContextVar[Config] = contextvars.ContextVar("bridge_config", default=Config())
 
 
@@ -115,15 +118,13 @@ class config:  # (used like a function: `with bridge.config(...):`)
         f"`bridge.config`: unknown setting(s) {', '.join(unknown)}; the settings are "
         f"{', '.join(sorted(names))}."
       )
-    if "fallback" in changes and changes["fallback"] not in get_args(Fallback):
-      raise BridgeTypeError(
-        f"`bridge.config`: fallback={changes['fallback']!r} is not one of 'callback', 'error'."
-      )
-    if "cpu_convolution" in changes and changes["cpu_convolution"] not in get_args(CpuConvolution):
-      raise BridgeTypeError(
-        f"`bridge.config`: cpu_convolution={changes['cpu_convolution']!r} is not one of "
-        "'torch', 'xla'."
-      )
+    given: dict[str, Any] = dict(changes)
+    for name, kind in _CHOICES.items():
+      if name in given and given[name] not in get_args(kind):
+        raise BridgeTypeError(
+          f"`bridge.config`: {name}={given[name]!r} is not one of "
+          f"{', '.join(repr(c) for c in get_args(kind))}."
+        )
     if "check_indices" in changes and not isinstance(changes["check_indices"], bool):
       raise BridgeTypeError(
         f"`bridge.config`: check_indices={changes['check_indices']!r} is not a bool; pass "

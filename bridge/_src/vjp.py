@@ -180,20 +180,19 @@ class _Call:
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
     self.positions: tuple[int, ...] = ()  # each tensor's position among the arrays
     self.tensor_mask: tuple[bool, ...] = ()  # which tensors require grad
-    self.all_tensors_differentiated = False
 
   def forward(self) -> list[torch.Tensor]:
     # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
     # module gets the caller's mode (on) back, so that its own `torch.no_grad()` blocks stand
     # out (their results are constants for the VJP, as for torch autograd). (torch's own
     # switches, not its context managers: this is every differentiable call's hot path.)
-    fwd_grad = _fwd_grad_enabled()
+    grad, fwd_grad = torch.is_grad_enabled(), _fwd_grad_enabled()
     _set_grad_enabled(True)
     _set_fwd_grad_enabled(True)
     try:
       return self._forward()
     finally:
-      _set_grad_enabled(False)
+      _set_grad_enabled(grad)
       _set_fwd_grad_enabled(fwd_grad)
 
   def _forward(self) -> list[torch.Tensor]:
@@ -353,10 +352,9 @@ class _JaxFunction(torch.autograd.Function):
     else:
       ctx.unchecked = None
       ctx.save_for_backward(*tensors)
-    if not all(o.is_floating_point() or o.is_complex() for o in outs):
-      ctx.mark_non_differentiable(
-        *(o for o in outs if not (o.is_floating_point() or o.is_complex()))
-      )
+    integral = [o for o in outs if not (o.is_floating_point() or o.is_complex())]
+    if integral:
+      ctx.mark_non_differentiable(*integral)
     return tuple(outs)
 
   @staticmethod
@@ -374,7 +372,7 @@ class _JaxFunction(torch.autograd.Function):
       in_grads = iter(call.backward(grads, _keep_graph()))
     # One gradient per tensor given to forward(); the mask picked exactly the
     # tensors that require grad, in the same order.
-    if call.all_tensors_differentiated:
+    if all(call.tensor_mask):
       return (None, *in_grads)
     return (None, *(next(in_grads) if m else None for m in call.tensor_mask))
 
@@ -407,6 +405,5 @@ def call_with_grad(
   call.device = device
   call.positions = tuple(pos for pos, _, _ in tensors)
   call.tensor_mask = tuple(t.requires_grad for _, _, t in tensors)
-  call.all_tensors_differentiated = all(call.tensor_mask)
   outs = _JaxFunction.apply(call, *(t for _, _, t in tensors))
   return list(outs), call.out_def
