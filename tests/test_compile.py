@@ -676,6 +676,61 @@ def test_parameters_as_arguments_take_the_shortcut_and_stay_current():
   torch.testing.assert_close(w.grad, x.sum(0).expand(3, 4))
 
 
+class _TwoMatrices(torch.nn.Module):
+  def __init__(self, a, b):
+    super().__init__()
+    self.a, self.b = a, b
+
+  def forward(self, x):
+    return x @ self.a @ self.b
+
+
+@pytest.mark.parametrize("how", ["module", "argument"])
+def test_a_parameter_changed_in_place_is_imported_again_only_when_its_array_is_a_copy(
+  monkeypatch, how
+):
+  # An optimizer's step changes every parameter in place between two calls. A parameter whose
+  # array shares its memory (zero-copy) keeps that array: the update shows through. One whose
+  # array is a copy (a view at an unaligned offset) is imported again, or it would be stale.
+  from bridge._src import transfer
+
+  imports = []
+  real = transfer.tensor_to_jax
+
+  def counting(t, **kwargs):
+    imports.append(t.data_ptr())
+    return real(t, **kwargs)
+
+  monkeypatch.setattr(transfer, "tensor_to_jax", counting)
+  shared = torch.nn.Parameter(torch.randn(4, 4))
+  unaligned = torch.nn.Parameter(torch.randn(17)[1:].view(4, 4))  # 4 bytes past the start
+  assert unaligned.data_ptr() % 64 and not shared.data_ptr() % 64
+  x = torch.randn(2, 4)
+  if how == "module":
+    model = _TwoMatrices(shared, unaligned)
+    compiled = bridge.compile(model)
+
+    def call():
+      return compiled(x)
+
+  else:
+    compiled = bridge.compile(lambda a, b, x: x @ a @ b)
+
+    def call():
+      return compiled(shared, unaligned, x)
+
+  with torch.no_grad():
+    call(), call()  # traced, then recorded
+    imports.clear()
+    for step in range(3):
+      shared.mul_(0.5)
+      unaligned.add_(1.0)
+      torch.testing.assert_close(call(), x @ shared @ unaligned)
+  assert imports.count(shared.data_ptr()) == 0
+  assert imports.count(unaligned.data_ptr()) == 3
+  assert "__call__" in type(compiled).__dict__  # (the shortcut took the calls after the first)
+
+
 def test_torch_save_and_load_of_a_compiled_module():
   import io
 

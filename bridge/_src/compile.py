@@ -441,6 +441,34 @@ def _fast_call(
   return call
 
 
+# A torch tensor's JAX array as imported: (tensor, (version, data pointer, shape, dtype) then,
+# the array, whether the array shares the tensor's CPU memory).
+_Held = tuple[torch.Tensor, tuple, Any, bool]
+
+
+def _hold(t: torch.Tensor, what: str) -> _Held:
+  """`t` (a parameter or buffer) imported into JAX, with what `_current` checks later."""
+  a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: what)
+  shared = t.is_cpu and a.unsafe_buffer_pointer() == t.data_ptr()
+  return (t, (t._version, t.data_ptr(), t.shape, t.dtype), a, shared)
+
+
+def _current(held: _Held, t: torch.Tensor) -> bool:
+  """Whether the array `held` (made by `_hold` of the same tensor `t`) still has `t`'s values:
+  `t` unchanged since (its version), or changed in place only, while the array shares its CPU
+  memory (an optimizer's step between two calls, which would otherwise import every
+  parameter again: zero-copy on the CPU, but a few microseconds each). `t.data = ...` and
+  resizes change the pointer, shape or dtype. A copy, and a GPU tensor (whose in-place update
+  runs on torch's stream, which the import orders JAX after), go by the version."""
+  version, pointer, shape, dtype = held[1]
+  return (
+    t.data_ptr() == pointer
+    and (t._version == version or held[3])
+    and t.shape == shape
+    and t.dtype is dtype
+  )
+
+
 def _fast_cpu_call(
   compiled: "Compiled",
   program: "_Program",
@@ -458,7 +486,7 @@ def _fast_cpu_call(
   (`transfer.cuda_tensor_arg`), the outputs handed back in that order."""
   slots = tuple(compiled._slots or ())
   entries: tuple[Any, ...] = tuple(
-    [(table, attr, t, version, a) for (table, attr), (t, version, a) in zip(slots, imported)]
+    [(table, attr, held[0], held) for (table, attr), held in zip(slots, imported)]
   )
   single = _single(program)
   refused = _refusal(compiled, len(sig))
@@ -502,30 +530,24 @@ def _fast_cpu_call(
   # A parameter passed as an argument (torch.compile's graphs take them so) keeps its JAX
   # array while it is the same tensor, unchanged (version counter and data pointer), as a
   # module's own parameters do (`Compiled._state_arrays`); another argument is imported anew.
-  held: dict[int, tuple[Any, tuple, Any]] = {}
+  held: dict[int, _Held] = {}
 
   def parameter_array(t: Any) -> Any:
     hit = held.get(id(t))
-    version = (t._version, t.data_ptr())
-    if hit is not None and hit[0] is t and hit[1] == version:
+    if hit is not None and hit[0] is t and _current(hit, t):
       return hit[2]
-    a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: "a parameter argument")
-    held[id(t)] = (t, version, a)
-    return a
+    hit = held[id(t)] = _hold(t, "a parameter argument")
+    return hit[2]
 
   def call(self: "Compiled", *args: Any, **kwargs: Any) -> Any:
     if refused(self, args, kwargs, amp_type) or (gpu is None and not on_cpu()):
       return general(self, args, kwargs)
     grad = grad_on()
     arrays = []
-    for table, attr, t, version, a in entries:
-      if (
-        table.get(attr) is not t
-        or (t._version, t.data_ptr()) != version
-        or (grad and t.requires_grad)
-      ):
+    for table, attr, t, held in entries:
+      if table.get(attr) is not t or (grad and t.requires_grad) or not _current(held, t):
         return general(self, args, kwargs)
-      arrays.append(a)
+      arrays.append(held[2])
     if to_dlpack is not None:  # lean: it checks the arguments' shapes and dtypes itself
       prev = swap(True)  # int64/float64 arguments stay 64-bit
       try:
@@ -648,7 +670,7 @@ class Compiled:
       target, dynamic_argnums, dynamic_argnames
     )
     self._programs: dict[tuple, _Program] = {}
-    self._imported: list[tuple[torch.Tensor, tuple, Any] | None] = []  # see _state_arrays
+    self._imported: list[_Held | None] = []  # see _state_arrays
     self._slots: list[tuple[dict, str]] | None = None
     self._names: tuple[str, ...] = ()
     self._submodules: list[torch.nn.Module] = []
@@ -740,9 +762,9 @@ class Compiled:
     return state
 
   def _state_arrays(self, state: list) -> tuple[list, Any]:
-    """The state's JAX arrays and device (None: the CPU). A CPU tensor's zero-copy array is
-    kept until the tensor is replaced or changed in place (torch bumps its version), so
-    parameters are not imported again on every call."""
+    """The state's JAX arrays and device (None: the CPU). A torch tensor's array is kept
+    while it holds the tensor's values (`_current`), so parameters are not imported again
+    on every call."""
     cache = self._imported
     if len(cache) != len(state):
       cache[:] = [None] * len(state)
@@ -758,13 +780,9 @@ class Compiled:
         arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
         continue
       hit = cache[i]
-      version = (t._version, t.data_ptr())  # `t.data = ...` keeps the version, not the pointer
-      if hit is not None and hit[0] is t and hit[1] == version:
-        arrays.append(hit[2])
-        continue
-      a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: "a parameter or buffer")
-      cache[i] = (t, version, a)
-      arrays.append(a)
+      if hit is None or hit[0] is not t or not _current(hit, t):
+        hit = cache[i] = _hold(t, "a parameter or buffer")
+      arrays.append(hit[2])
     return arrays, device
 
   # --- arguments -------------------------------------------------------------------------
