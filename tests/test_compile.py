@@ -272,6 +272,52 @@ def test_dropout_draws_fresh_and_reproducible_randomness():
   torch.testing.assert_close(compiled(x), model(x))  # eval: no dropout
 
 
+class _PlainAttribute(torch.nn.Module):
+  """A tensor kept as a plain attribute (not a registered buffer), and CPU tensors made anew
+  by each forward: constants of the program."""
+
+  def __init__(self):
+    super().__init__()
+    self.scale = torch.full((3,), 2.0)
+    self.traces = 0
+
+  def forward(self, x):
+    self.traces += 1
+    return x * self.scale + torch.arange(3.0)
+
+
+def test_cpu_tensors_baked_into_the_program_changed_in_place_trace_again():
+  # A tensor a function closes over, or a module keeps as a plain attribute, is a constant of
+  # the program. Changed in place, the program is stale: the next call traces again (as
+  # torch.compile reads it on every call), on the shortcut and the general path alike, with
+  # and without autograd. A wrong number here is silent.
+  w = torch.randn(4, 4)
+  x = torch.randn(2, 4)
+  f = bridge.compile(lambda x: x @ w)
+  with torch.no_grad():
+    for _ in range(3):
+      torch.testing.assert_close(f(x), x @ w)
+      torch.testing.assert_close(f(x), x @ w)  # (recorded: the shortcut)
+      w.mul_(2)
+  xg = x.clone().requires_grad_(True)
+  torch.testing.assert_close(f(xg), x @ w)
+  w.add_(1)
+  out = f(xg)
+  torch.testing.assert_close(out, x @ w)
+  out.sum().backward()
+  torch.testing.assert_close(xg.grad, w.sum(1).expand(2, 4))
+  module = _PlainAttribute()
+  compiled = bridge.compile(module)
+  with torch.no_grad():
+    for _ in range(3):
+      torch.testing.assert_close(compiled(torch.ones(3)), module(torch.ones(3)))
+  # the forward's own CPU temporaries (arange) change nothing: one trace for three calls
+  assert module.traces == 1 + 3
+  module.scale.fill_(5.0)
+  torch.testing.assert_close(compiled(torch.ones(3)), torch.tensor([5.0, 6.0, 7.0]))
+  assert module.traces == 4 + 1
+
+
 def test_user_changes_to_parameters_are_seen():
   model = torch.nn.Linear(3, 2)
   compiled = bridge.compile(model)

@@ -36,6 +36,7 @@ from jax._src import config as _jax_config
 from bridge._src import dtypes
 from bridge._src import modules as modules_lib
 from bridge._src import rng
+from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import tracing
 from bridge._src import transfer
@@ -108,12 +109,22 @@ class _Info:
     "draws",
     "out_plain",
     "out_single",
+    "constants",
   )
 
   def __init__(
-    self, out_spec: Any, out_statics: tuple, mutated: tuple, draws: bool, written: tuple = ()
+    self,
+    out_spec: Any,
+    out_statics: tuple,
+    mutated: tuple,
+    draws: bool,
+    written: tuple = (),
+    constants: tuple = (),
   ):
     self.out_spec, self.out_statics = out_spec, out_statics
+    # the CPU tensors baked into the program (`scope.collecting_constants`): changed in place,
+    # the program is stale (`_constants_hold`)
+    self.constants = constants
     self.mutated, self.draws = mutated, draws
     # the positions (among the tensor arguments) of those the forward writes in place: their
     # new values follow the state's updates, and the call copies them into the arguments
@@ -258,7 +269,7 @@ class _Program:
       if self.amp is not None
       else contextlib.nullcontext()
     )
-    with rng.rng_key(key) as box, amp:
+    with rng.rng_key(key) as box, amp, scope.collecting_constants() as constants:
       if module is not None:
         out, mutated = modules_lib.apply(
           module, self.owner.call, dict(zip(self.names, state)), args, kwargs, API
@@ -278,7 +289,7 @@ class _Program:
     names = tuple(sorted(mutated))
     # an argument written in place (as `x.add_(1)`, or through a view of it): its new value
     written = tuple([i for i, storage in enumerate(storages) if storage.version])
-    self.info = _Info(out_spec, tuple(statics), names, box.used, written)
+    self.info = _Info(out_spec, tuple(statics), names, box.used, written, _as_traced(constants))
     updates = tuple([mutated[k] for k in names] + [storages[i].array for i in written])
     return tuple(arrays), updates, box.key if box.used else None
 
@@ -325,12 +336,36 @@ def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   return None if program.traced.draws else arrays[n_state]
 
 
-def _refusal(compiled: "Compiled", n_args: int) -> Callable[..., bool]:
+def _as_traced(constants: list) -> tuple:
+  """The CPU tensors a trace baked in, once each, with their version and data pointer as the
+  trace left them (a forward that changes one as it runs does not make its program stale)."""
+  held = {}
+  for ref, _, _ in constants:
+    t = ref()
+    if t is not None and ref not in held:
+      held[ref] = (ref, t._version, t.data_ptr())
+  return tuple(held.values())
+
+
+def _constants_hold(constants: tuple) -> bool:
+  """Whether the CPU tensors baked into a program (`_Info.constants`) are as they were: none
+  changed in place or given new memory (one that no longer exists cannot have changed)."""
+  for ref, version, pointer in constants:
+    t = ref()
+    if t is not None and (t._version != version or t.data_ptr() != pointer):
+      return False
+  return True
+
+
+def _refusal(compiled: "Compiled", n_args: int, program: "_Program") -> Callable[..., bool]:
   """The checks both shortcuts make first: whether a call must take the general path because
-  something the trace read changed (the module's guard: `modules.Guard.holds`), it passes
-  keywords or another number of arguments, it is another instance's, or autocast is on."""
+  something the trace read changed (the module's guard: `modules.Guard.holds`; a CPU tensor
+  baked into the program: `_constants_hold`), it passes keywords or another number of
+  arguments, it is another instance's, or autocast is on."""
   snap, live = compiled._guarded()
   autocast_on = torch.is_autocast_enabled
+  constants = program.traced.constants
+  holds = _constants_hold
 
   def refused(self: "Compiled", args: tuple, kwargs: dict, device_type: str) -> bool:
     try:
@@ -339,6 +374,7 @@ def _refusal(compiled: "Compiled", n_args: int) -> Callable[..., bool]:
       stale = True
     return (
       stale
+      or (bool(constants) and not holds(constants))
       or bool(kwargs)
       or len(args) != n_args
       or self is not compiled
@@ -370,7 +406,7 @@ def _fast_call(
     [(table, attr, table[attr], table[attr]._storage) for table, attr in compiled._slots or ()]
   )
   single = _single(program)
-  refused = _refusal(compiled, len(sig))
+  refused = _refusal(compiled, len(sig), program)
   n_state = len(entries)
   tensor_cls, storage_cls = tensor_lib.Tensor, tensor_lib.Storage
   new_tensor, make_result = torch.Tensor._make_wrapper_subclass, tensor_lib.make_result
@@ -489,7 +525,7 @@ def _fast_cpu_call(
     [(table, attr, held[0], held) for (table, attr), held in zip(slots, imported)]
   )
   single = _single(program)
-  refused = _refusal(compiled, len(sig))
+  refused = _refusal(compiled, len(sig), program)
   n_state = len(slots)
   plain = _PLAIN
   grad_on = torch.is_grad_enabled
@@ -878,7 +914,11 @@ class Compiled:
     amp = torch.get_autocast_dtype(amp_device) if torch.is_autocast_enabled(amp_device) else None
     key = (spec, statics, tuple([m.training for m in self._submodules]), sig, amp)
     program = self._programs.get(key)
-    if program is None:
+    if program is None or (
+      program.info is not None
+      and program.info.constants
+      and not _constants_hold(program.info.constants)
+    ):  # (a CPU tensor baked into the program changed: traced again, as for a new key)
       program = self._programs[key] = _Program(self, spec, statics, self._names, amp)
     info = program.info
     if info is None or info.draws:  # (`_locked`; not yet traced: it may draw and update)
@@ -1288,7 +1328,9 @@ def compile(
   VJP, so a torch optimizer can train the compiled module.
 
   A function (rather than a module) has no state threaded: tensors it closes over
-  are constants of the program as of its first call.
+  are constants of the program, as are CPU tensors a module keeps as plain
+  attributes; one changed in place makes the next call trace again with its new
+  values (binding the name to another tensor is not seen).
 
   As with `torch.compile`'s guards, each call checks that the module still computes
   what was traced, and traces again where it changed: its tree of submodules (one
@@ -1311,10 +1353,9 @@ def compile(
   error for a leaf that requires grad; a `BridgeError` for another that does).
 
   The guards cannot see: what the forward reads outside the module (globals,
-  closures, attributes of other objects); changes inside a container or object
-  kept as an attribute (`self.cfg["k"] = v`, a list appended to, `self.cfg.k = v`);
-  in-place changes to a tensor kept as a plain attribute rather than a registered
-  buffer (a constant of the program); a number replaced by an equal one of another
+  closures, attributes of other objects), other than CPU tensors changed in place;
+  changes inside a container or object kept as an attribute (`self.cfg["k"] = v`, a
+  list appended to, `self.cfg.k = v`); a number replaced by an equal one of another
   type (2 by 2.0, 1 by True) when nothing else changed; an assignment to a
   submodule's `__class__` or `__dict__`. After such a change, compile the module
   again.

@@ -4,7 +4,8 @@
 on `bridge.Tensor`s that hold JAX tracers. For the length of that call:
 
 * CPU tensors the code meets (factory calls without a device, constants kept on
-  a module) join the program as constants instead of raising a device mismatch;
+  a module) join the program as constants instead of raising a device mismatch
+  (noted for `bridge.compile`'s guard: `collecting_constants`);
 * torch's autograd engine runs backward passes on the calling thread, where the
   JAX trace lives (its device threads would not see the trace);
 * reading a traced value in Python (`.item()`, `if t:`) raises `TracedValueError`
@@ -13,6 +14,7 @@ on `bridge.Tensor`s that hold JAX tracers. For the length of that call:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import linecache
@@ -21,7 +23,8 @@ import sys
 import threading
 import types
 import warnings
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Iterator
 
 import torch
 from jax._src import core as _jax_core
@@ -57,6 +60,30 @@ _NONE = _Scope("", False, False)
 _ACTIVE: contextvars.ContextVar[_Scope] = contextvars.ContextVar(
   "bridge_trace_scope", default=_NONE
 )
+
+
+_constants = threading.local()  # .into: the list `collecting_constants` fills, or None
+
+
+@contextlib.contextmanager
+def collecting_constants() -> Iterator[list]:
+  """A list of the CPU tensors that join the program traced in the block as constants, each
+  as (weak reference, version, data pointer) when it joined: `bridge.compile` traces again
+  when one of them changes in place (as torch.compile, which reads them on every call)."""
+  outer = getattr(_constants, "into", None)
+  found: list[tuple[weakref.ref, int, int]] = []
+  _constants.into = found
+  try:
+    yield found
+  finally:
+    _constants.into = outer
+
+
+def note_constant(t: torch.Tensor) -> None:
+  """Note the CPU tensor `t` joining the program as a constant (see `collecting_constants`)."""
+  into = getattr(_constants, "into", None)
+  if into is not None:
+    into.append((weakref.ref(t), t._version, t.data_ptr()))
 
 
 def no_grad_inside() -> bool:

@@ -124,6 +124,8 @@ class FunctionalPlan:
           dynamic == 2 or (dynamic and leaf.dim() == 0) or scope.active()
         ):
           # (in a trace scope, CPU tensors are constants of the program being built)
+          if scope.active():
+            scope.note_constant(leaf)
           dyn.append(scalar_from_cpu(leaf))
           statics.append(_DYN)
         else:
