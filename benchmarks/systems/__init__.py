@@ -19,10 +19,11 @@ ALL = (
   "wrap_torch2jax",
   "pure_callback",
   "torch_compile_jax",
+  "bridge_autograd",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
-BRIDGE = frozenset({"bridge", "bridge_jax", "torch_compile_jax"})
+BRIDGE = frozenset({"bridge", "bridge_jax", "torch_compile_jax", "bridge_autograd"})
 
 # Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
 PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"})
@@ -32,6 +33,7 @@ PACKAGES = {
   "bridge": ("bridge",),
   "bridge_jax": ("bridge",),
   "torch_compile_jax": ("bridge",),
+  "bridge_autograd": ("bridge",),
   "torchax": ("torchax",),
   "torch_jax_interop": ("torch-jax-interop", "chex"),
   "jax2torch": ("jax2torch",),
