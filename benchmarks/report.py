@@ -156,6 +156,10 @@ GOALS = (
     for other in ("torch_eager", "torchax")
   ),
   ("gpt2_first_call_s64", "bridge", "torchax", 0.5),
+  # Issue 28: call_jax at most 2x a direct jitted call, its forward+backward at most 2x torch
+  # eager's own of the same function.
+  ("call_small", "bridge", "plain_jax", 2.0),
+  ("fwd_bwd_small", "bridge", "torch_eager", 2.0),
   # Issue 28: conv net forwards under bridge.compile at least as fast as torch eager on the CPU.
   *((w, "bridge", "torch_eager", 1.0) for w in CONV_WORKLOADS if "forward" in w),
   # Callback mode: torch called from JAX at most as costly as wrap-torch2jax's FFI call.

@@ -431,3 +431,45 @@ def test_a_torch_view_called_from_traced_jax_code_is_the_jax_function():
   )
   out = f(torch.arange(3.0))  # from torch: torch
   assert isinstance(out, torch.Tensor)
+
+
+def test_a_repeated_one_tensor_call_takes_the_short_route_with_the_same_results(monkeypatch):
+  # `call_jax(f, x)` again with one plain CPU tensor goes straight to f's jitted function;
+  # whatever that route cannot take (a gradient to record, a 64-bit tensor with JAX's 64-bit
+  # types off, a transposed tensor, another output structure) gets the general path's result.
+  sorted_calls = []
+  real = call_jax_lib._leaves
+
+  def counting(args, kwargs):
+    sorted_calls.append(len(args))
+    return real(args, kwargs)
+
+  monkeypatch.setattr(call_jax_lib, "_leaves", counting)
+
+  def double(x):
+    return x * 2
+
+  def parts(x):
+    return {"sum": x.sum(), "rows": [x[0], x[1]]}
+
+  x = torch.randn(3, 4)
+  jitted = jax.jit(lambda x: x + 1)
+  for _ in range(3):
+    torch.testing.assert_close(bridge.call_jax(double, x), x * 2)
+    out = bridge.call_jax(parts, x)
+    torch.testing.assert_close(out["sum"], x.sum())
+    torch.testing.assert_close(out["rows"][1], x[1])
+    torch.testing.assert_close(bridge.call_jax(jitted, x), x + 1)
+  assert sorted_calls == [1, 1, 1]  # each function's first call only
+  torch.testing.assert_close(bridge.call_jax(double, x.t()), x.t() * 2)  # transposed: general
+  w = x.clone().requires_grad_(True)
+  y = bridge.call_jax(double, w)  # a gradient to record: general, with a backward
+  y.sum().backward()
+  torch.testing.assert_close(w.grad, torch.full((3, 4), 2.0))
+  with torch.no_grad():
+    assert not bridge.call_jax(double, w).requires_grad
+  n = torch.arange(4)
+  with jax.enable_x64(True):
+    assert bridge.call_jax(double, n).dtype is torch.int64
+  with jax.enable_x64(False), pytest.raises(bridge.BridgeTypeError, match="int64"):
+    bridge.call_jax(double, n)

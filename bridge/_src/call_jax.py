@@ -42,6 +42,8 @@ _OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _tree_flatten = jax.tree_util.tree_flatten
 _FunctionType = types.FunctionType
 _ref = weakref.ref
+# The argument structure of the most common call, `call_jax(f, x)`: one positional leaf.
+_ONE_ARG = _tree_flatten(((0,), {}))[1]
 _DOUBLE = struct.Struct("<d")
 _COMPLEX = struct.Struct("<dd")
 
@@ -526,6 +528,27 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     >>> y.backward()
     >>> torch.testing.assert_close(x.grad, torch.sin(2 * x.detach()))
   """
+  if (
+    not kwargs
+    and len(args) == 1
+    and not _dead
+    and (type(fn) is _FunctionType or _KINDS.get(type(fn)) is _WEAK)
+  ):
+    # `call_jax(f, x)` on one plain CPU tensor, of a function (a jitted one, a partial...)
+    # called before, outside autograd: straight to its jitted function, skipping the general
+    # sorting of the arguments (which finds the same entry and does the same transfers)
+    x = args[0]
+    if type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled()):
+      entry = _cache_entries.get((_ref(fn), _ONE_ARG, ()))
+      if entry is not None and transfer.default_device_is_cpu():
+        a = transfer.fast_tensor_arg(x)
+        if a is not None:
+          out = entry.forward(a)
+          t = transfer.fast_array_out(out)  # one array out: the tensor itself
+          if t is not None:
+            return t
+          outs, out_def = outputs_to_torch(entry, out)
+          return out_def.unflatten(outs)
   try:
     split = _leaves(args, kwargs)
   except _HasFake:
