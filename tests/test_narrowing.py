@@ -115,6 +115,37 @@ def test_sums_without_a_proven_bound_are_checked_when_the_program_runs():
       jax.block_until_ready(step(huge, jnp.ones((4, 3))))
 
 
+def test_the_checks_of_new_traces_of_the_same_op_keep_memory_flat():
+  # Each run-time check's error is kept by its id for as long as a program may fail it. A new
+  # function traced each time (a fresh `jax.jit` of the same model) reuses its ops' entries
+  # instead of adding two per trace for as long as the process lives.
+  from bridge._src import ffi
+
+  bn = torch.nn.BatchNorm1d(3)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    params, fn = bridge.extract_jax(bn)
+    jax.jit(lambda p, x: fn(p, x))(params, jnp.ones((4, 3)))
+    before = len(ffi._CHECKS)
+    for _ in range(20):
+      jax.jit(lambda p, x: fn(p, x))(params, jnp.ones((4, 3)))
+  assert len(ffi._CHECKS) == before
+
+
+def test_checks_share_an_entry_only_where_their_errors_are_the_same():
+  from bridge._src import ffi
+
+  def message(n):
+    return lambda value, position: f"index {value} is out of bounds for size {n}"
+
+  assert ffi.check_name("index", "op", message(4)) == ffi.check_name("index", "op", message(4))
+  assert ffi.check_name("index", "op", message(4)) != ffi.check_name("index", "op", message(5))
+  assert ffi.check_name("index", "op", "text") != ffi.check_name("index", "other op", "text")
+  # values that cannot be hashed: by the function's identity
+  one, other = (lambda v, p, c=[1]: c), (lambda v, p, c=[1]: c)
+  assert ffi.check_name(one) == ffi.check_name(one) != ffi.check_name(other)
+
+
 def test_a_view_of_a_tracked_tensor_keeps_its_bound():
   def fn(x):
     p = torch.arange(10, device=x.device)

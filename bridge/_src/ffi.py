@@ -33,7 +33,7 @@ import itertools
 import os
 import threading
 import traceback
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Hashable, Literal, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -288,20 +288,49 @@ def _register_target(platform: str) -> None:
 
 
 # A staged check's id -> the function that makes its exception from the offending value and
-# its flat position (`stage_check`).
+# its flat position (`stage_check`); and the id of each check's name, so that the checks of
+# every trace of the same op share one entry (a program holds its id for as long as JAX keeps
+# it, which no hook tells: one entry per trace would grow with every new function traced).
 _CHECKS: dict[int, Callable[[Any, int], BaseException]] = {}
+_CHECK_IDS_BY_NAME: dict[Hashable, int] = {}
 _CHECK_IDS = itertools.count()
 _check_key: list[int] = []
 
 
-def stage_check(bad: Any, values: Any, error: Callable[[Any, int], BaseException]) -> None:
+def check_name(*parts: Any) -> Hashable:
+  """A name for `stage_check` from the parts its error depends on; a function among them
+  (a message made from the value and position) by its code and the values it closes over,
+  or by its identity where those cannot be hashed."""
+  named: list[Any] = []
+  for part in parts:
+    code = getattr(part, "__code__", None)
+    if code is not None:
+      cells = tuple(c.cell_contents for c in part.__closure__ or ())
+      by_value = (code, part.__defaults__, cells)
+      try:
+        hash(by_value)
+      except TypeError:
+        by_value = part
+      named.append(by_value)
+    else:
+      named.append(part)
+  return tuple(named)
+
+
+def stage_check(
+  bad: Any, values: Any, error: Callable[[Any, int], BaseException], name: Hashable
+) -> None:
   """A host call in the program being staged that fails its run with `error(value, position)`
   for the first True element of bool array `bad` (`values`: what to report there, broadcast
-  to `bad`'s shape; None reports the position). The caller checks `supported()` first."""
+  to `bad`'s shape; None reports the position). `name` (`check_name`) is the same exactly
+  for checks whose `error` is the same. The caller checks `supported()` first."""
   if not _check_key:
     _check_key.append(register(_raise_check, "a value check"))
-  ident = next(_CHECK_IDS)
-  _CHECKS[ident] = error
+  ident = _CHECK_IDS_BY_NAME.get(name)
+  if ident is None:
+    ident = next(_CHECK_IDS)
+    _CHECKS[ident] = error
+    _CHECK_IDS_BY_NAME[name] = ident
   flat = jnp.ravel(bad)
   position = jnp.argmax(flat)
   value = position if values is None else jnp.ravel(jnp.broadcast_to(values, bad.shape))[position]

@@ -182,6 +182,7 @@ def enter(array: Any, where: str) -> Any:
       "disabled, so it computes with int32. Enable 64-bit types "
       "(`jax.config.update('jax_enable_x64', True)`) to keep it exactly."
     ),
+    f"enter {dtype.name}",
   )
   return track(array, 2**31)
 
@@ -193,13 +194,13 @@ def _concrete(x: Any) -> Any:
 
 
 def _stage_or_refuse(
-  bad: Any, values: Any, what: str, error: Callable[[Any, int], BaseException]
+  bad: Any, values: Any, what: str, error: Callable[[Any, int], BaseException], kind: str
 ) -> None:
-  """A run-time check of `bad` (`ffi.stage_check`), or a refusal where programs cannot make
-  host calls."""
+  """A run-time check of `bad` (`ffi.stage_check`, named by `kind` and `what`, which make its
+  error), or a refusal where programs cannot make host calls."""
   if not ffi.supported():
     raise refuse_int(what, INF)
-  ffi.stage_check(bad, values, error)
+  ffi.stage_check(bad, values, error, ("narrowing", kind, what))
 
 
 def _entry(table: dict, obj: Any) -> Any:
@@ -543,6 +544,7 @@ def _check_overflow(func: Any, name: str, args: tuple, result: Any) -> None:
       "values as int32, checked each run where they may not fit. Enable 64-bit types "
       "(`jax.config.update('jax_enable_x64', True)`) to keep them exactly."
     ),
+    "overflow",
   )
 
 

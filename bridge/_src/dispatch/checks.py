@@ -80,6 +80,7 @@ def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) ->
     lambda value, position: kind(
       f"`bridge.config(check_indices=True)`: {op}: " + _check_message(message, value, position)
     ),
+    ffi.check_name("index", op, kind, message),
   )
 
 
