@@ -340,7 +340,7 @@ def _as_traced(constants: list) -> tuple:
   """The CPU tensors a trace baked in, once each, with their version and data pointer as the
   trace left them (a forward that changes one as it runs does not make its program stale)."""
   held = {}
-  for ref, _, _ in constants:
+  for ref in constants:
     t = ref()
     if t is not None and ref not in held:
       held[ref] = (ref, t._version, t.data_ptr())

@@ -67,11 +67,11 @@ _constants = threading.local()  # .into: the list `collecting_constants` fills, 
 
 @contextlib.contextmanager
 def collecting_constants() -> Iterator[list]:
-  """A list of the CPU tensors that join the program traced in the block as constants, each
-  as (weak reference, version, data pointer) when it joined: `bridge.compile` traces again
-  when one of them changes in place (as torch.compile, which reads them on every call)."""
+  """A list of weak references to the CPU tensors that join the program traced in the block
+  as constants (one per use): `bridge.compile` traces again when one of them changes in place
+  (as torch.compile, which reads them on every call)."""
   outer = getattr(_constants, "into", None)
-  found: list[tuple[weakref.ref, int, int]] = []
+  found: list[weakref.ref] = []
   _constants.into = found
   try:
     yield found
@@ -83,7 +83,7 @@ def note_constant(t: torch.Tensor) -> None:
   """Note the CPU tensor `t` joining the program as a constant (see `collecting_constants`)."""
   into = getattr(_constants, "into", None)
   if into is not None:
-    into.append((weakref.ref(t), t._version, t.data_ptr()))
+    into.append(weakref.ref(t))
 
 
 def no_grad_inside() -> bool:

@@ -123,9 +123,9 @@ class FunctionalPlan:
         if leaf.device.type == "cpu" and (
           dynamic == 2 or (dynamic and leaf.dim() == 0) or scope.active()
         ):
-          # (in a trace scope, CPU tensors are constants of the program being built)
-          if scope.active():
-            scope.note_constant(leaf)
+          # (in a trace scope, CPU tensors are constants of the program being built, noted
+          # for `bridge.compile`'s guard where it collects them)
+          scope.note_constant(leaf)
           dyn.append(scalar_from_cpu(leaf))
           statics.append(_DYN)
         else:
