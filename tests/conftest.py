@@ -10,6 +10,12 @@ import pytest
 from tests import xla
 
 xla.use_fast_compile()  # before any test starts JAX's backend (see tests/xla.py)
+_CACHE_MADE = xla.use_compile_cache()  # (the first process makes it, and removes it at the end)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+  xla.remove_compile_cache(_CACHE_MADE)
+
 
 _MAPS = "/proc/self/maps"
 _MAX_MAPPINGS = 20_000  # of the kernel's default vm.max_map_count, 65530
