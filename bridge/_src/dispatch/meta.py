@@ -42,6 +42,15 @@ def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   Where torch refuses the arguments (a dimension out of range, a weight of the wrong rank:
   mistakes a lowering may not check), this raises torch's own exception, as CPU torch
   raises it (`torch_error`)."""
+  rule = _PLAIN_RULES.get(func)
+  if rule is not None:
+    try:
+      found = rule(*args, **kwargs)
+    except TypeError:  # arguments of another form: torch's meta kernel takes them
+      found = None
+    if found is not None:
+      shape, dtype = found
+      return torch.empty(shape, dtype=dtypes.JAX_TO_TORCH[dtype], device="meta")
   stand_ins: list = []
   margs, mkwargs = _meta_args(args, kwargs, stand_ins)
   try:
@@ -54,6 +63,112 @@ def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
       if error is not None:
         raise error from None
     return None
+
+
+# Plain rules: the output shape and dtype of hot ops (the matrix products, activations) where
+# torch certainly accepts the arguments (floating tensors of one dtype whose shapes fit),
+# without torch's meta kernels. Those are Python (`addmm`'s decomposition, the elementwise
+# references) whose first call imports torch._dynamo, sympy and torch's symbolic shapes: about
+# 1 s of a process's first trace of a `nn.Linear` and a `tanh`, and tens of microseconds of
+# every trace of such an op. Anything else (another dtype, a mismatch torch refuses, a traced
+# scalar) goes to torch's kernel as before, which raises torch's error.
+_Type = tuple[tuple[int, ...], np.dtype]  # (shape, dtype)
+_FLOATING = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", jax.numpy.bfloat16))
+
+
+def _array_type(x: Any) -> _Type | None:
+  """(shape, dtype) of an array or tracer of a floating dtype torch has a tensor for (a weak
+  scalar, which stands for a Python number, is not one)."""
+  if not isinstance(x, (jax.core.Tracer, jax.Array, np.ndarray)):
+    return None
+  dtype = np.dtype(x.dtype)
+  weak = getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
+  if dtype not in _FLOATING or (weak and not np.shape(x)):
+    return None
+  return tuple(np.shape(x)), dtype
+
+
+def _batched_product(a: Any, b: Any, batch: int) -> _Type | None:
+  """The product of two (batch + 2)-dimensional arrays of one dtype whose inner sizes agree
+  and (for bmm) whose batch sizes are equal."""
+  x, y = _array_type(a), _array_type(b)
+  if x is None or y is None or x[1] != y[1]:
+    return None
+  (sa, dtype), (sb, _) = x, y
+  if len(sa) != 2 + batch or len(sb) != 2 + batch or sa[-1] != sb[-2] or sa[:-2] != sb[:-2]:
+    return None
+  return (*sa[:-1], sb[-1]), dtype
+
+
+def _mm(self: Any, mat2: Any) -> _Type | None:
+  return _batched_product(self, mat2, 0)
+
+
+def _bmm(self: Any, mat2: Any) -> _Type | None:
+  return _batched_product(self, mat2, 1)
+
+
+def _addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> _Type | None:
+  out, bias = _batched_product(mat1, mat2, 0), _array_type(self)
+  if out is None or bias is None or bias[1] != out[1]:
+    return None
+  if type(beta) not in (int, float) or type(alpha) not in (int, float):
+    return None
+  shape = bias[0]  # broadcast to the product's shape
+  if len(shape) > 2 or any(d not in (1, n) for d, n in zip(shape[::-1], out[0][::-1])):
+    return None
+  return out
+
+
+def _linear(input: Any, weight: Any, bias: Any = None) -> _Type | None:
+  x, w = _array_type(input), _array_type(weight)
+  if x is None or w is None or x[1] != w[1] or not x[0] or len(w[0]) != 2 or x[0][-1] != w[0][1]:
+    return None
+  if bias is not None:
+    b = _array_type(bias)
+    if b is None or b[1] != x[1] or b[0] != w[0][:1]:
+      return None
+  return (*x[0][:-1], w[0][0]), x[1]
+
+
+def _same(self: Any) -> _Type | None:
+  """A floating op of one tensor that keeps its shape and dtype (`tanh`)."""
+  return _array_type(self)
+
+
+# Ops of one floating tensor and nothing else whose result has its shape and dtype.
+_SAME_AS_INPUT = (
+  "abs",
+  "neg",
+  "exp",
+  "exp2",
+  "expm1",
+  "log",
+  "log1p",
+  "log2",
+  "sin",
+  "cos",
+  "tan",
+  "tanh",
+  "sigmoid",
+  "relu",
+  "silu",
+  "sqrt",
+  "rsqrt",
+  "erf",
+  "reciprocal",
+  "hardswish",
+  "mish",
+)
+
+
+_PLAIN_RULES: dict[Any, Any] = {
+  **{getattr(torch.ops.aten, name).default: _same for name in _SAME_AS_INPUT},
+  torch.ops.aten.linear.default: _linear,
+  torch.ops.aten.mm.default: _mm,
+  torch.ops.aten.bmm.default: _bmm,
+  torch.ops.aten.addmm.default: _addmm,
+}
 
 
 def _verdict(
