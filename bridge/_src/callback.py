@@ -296,27 +296,38 @@ class _Program:
     random: bool,
     restore: Callable[[], Any] | None = None,
     side_effect: bool = False,
+    keep: Any = None,
   ):
     self.flat_fn, self.ins, self.outs, self.name = flat_fn, list(ins), list(outs), name
     self.vmap_method, self.random, self.restore = vmap_method, random, restore
     self.side_effect = side_effect  # never dropped as dead code (it updates module buffers)
     self.diff_in = [i for i, s in enumerate(self.ins) if _is_float(s.dtype)]
     self.diff_out = [i for i, s in enumerate(self.outs) if _is_float(s.dtype)]
-    self.key = ffi.register(self._host if random else flat_fn, name)
+    # With `keep` (the user's function or module, which `flat_fn` refers to weakly: `_build`),
+    # the host function is registered while this program lives, and the programs that call
+    # it keep `keep` alive (`ffi.emit`): nothing here keeps the user's function alive.
+    self.keep = weakref.ref(keep) if keep is not None else None
+    self._host = _seeded(flat_fn) if random else flat_fn  # (refers to `flat_fn`, not `self`)
+    self.key = ffi.register(self._host, name, self if keep is not None else None)
     self._vjps: dict[tuple, _Program] = {}
     # (a custom_vjp even without float outputs: JAX must not try to differentiate the raw call)
     self.apply = self._differentiable() if self.diff_in else self._emit
 
-  def _host(self, inputs: list) -> list:
-    if not self.random:
-      return self.flat_fn(inputs)
-    with torch.random.fork_rng(devices=[]):
-      torch.manual_seed(int(inputs[0].reshape(-1)[0]))
-      return self.flat_fn(inputs)
-
   def _emit(self, *dyn: Any) -> tuple:
+    if not self.random and not any(isinstance(d, jax.core.Tracer) for d in dyn):
+      # concrete values (the forward of `jax.grad` without jit): run now, as a plain call
+      # does, rather than compile a program of one host call per function
+      return tuple(_call_now(self, list(dyn)))
+    keep = self.keep() if self.keep is not None else None
     return tuple(
-      ffi.emit(self.key, dyn, self.outs, vmap_method=self.vmap_method, side_effect=self.side_effect)
+      ffi.emit(
+        self.key,
+        dyn,
+        self.outs,
+        vmap_method=self.vmap_method,
+        side_effect=self.side_effect,
+        keep=keep,
+      )
     )
 
   def _differentiable(self) -> Callable[..., tuple]:
@@ -330,10 +341,12 @@ class _Program:
       # buffer, say, must not be made to require grad). The residuals' structure
       # carries the choice to `bwd`: () for a perturbed input, None otherwise.
       marks = tuple(() if p.perturbed else None for p in primals)
-      return f(*dyn), (dyn, marks)  # (f, not the bare call: reverse over reverse)
+      # (f, not the bare call: reverse over reverse; the user's function rides along in the
+      # residuals' structure, so that it lives until the backward has run)
+      return f(*dyn), (dyn, marks, _Kept(self.keep() if self.keep is not None else None))
 
     def bwd(res: tuple, cts: tuple) -> tuple:
-      dyn, marks = res
+      dyn, marks, _ = res
       wrt = tuple(i for i in self.diff_in if marks[i] == ())
       out: list[Any] = [None] * len(dyn)
       if not wrt or not self.diff_out:
@@ -408,6 +421,7 @@ class _Program:
         vmap_method=_BACKWARD_VMAP.get(self.vmap_method, self.vmap_method),
         random=False,
         restore=None,
+        keep=self.keep() if self.keep is not None else None,
       )
     return program
 
@@ -474,18 +488,65 @@ _SEED_KEY = ffi.register(
 )
 
 
+class _Kept:
+  """A pytree node without leaves that holds an object in its structure (see `fwd`)."""
+
+  __slots__ = ("obj",)
+
+  def __init__(self, obj: Any):
+    self.obj = obj
+
+
+jax.tree_util.register_pytree_node(_Kept, lambda k: ((), k.obj), lambda obj, _: _Kept(obj))
+
+
+def _seeded(flat_fn: Callable[[list], list]) -> Callable[[list], list]:
+  """A random program's host function: `flat_fn` with torch's generator seeded from the
+  program's first input, restored after."""
+
+  def host(inputs: list) -> list:
+    with torch.random.fork_rng(devices=[]):
+      torch.manual_seed(int(inputs[0].reshape(-1)[0]))
+      return flat_fn(inputs)
+
+  return host
+
+
 _programs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 _programs_strong: dict[int, tuple[Any, dict]] = {}
 
 
-def _cache_for(fn: Any) -> dict:
+def _cache_for(fn: Any) -> tuple[dict, Any]:
+  """`fn`'s programs, and the object whose life they share: `fn`, or the object of a bound
+  method (None for one that cannot be referred to weakly, kept here for good)."""
   owner = getattr(fn, "__self__", None)
   anchor, sub = (owner, getattr(fn, "__func__", fn)) if owner is not None else (fn, None)
   try:
     table = _programs.setdefault(anchor, {})
   except TypeError:  # not weak-referenceable: kept alive here, so its id is never reused
     table = _programs_strong.setdefault(id(anchor), (anchor, {}))[1]
-  return table.setdefault(sub, {}) if sub is not None else table
+    anchor = None
+  return (table.setdefault(sub, {}) if sub is not None else table), anchor
+
+
+def _weakly(obj: Any, anchor: Any) -> Callable[[], Any]:
+  """A getter of `obj` (the user's function or its module) that does not keep it alive,
+  where `anchor` shares its life; the programs that can call it keep `anchor` alive."""
+  if anchor is None:
+    return lambda: obj
+  try:
+    bound = getattr(obj, "__self__", None) is anchor and hasattr(obj, "__func__")
+    ref: Callable[[], Any] = weakref.WeakMethod(obj) if bound else weakref.ref(obj)
+  except TypeError:  # (a builtin bound to a module: long-lived anyway)
+    return lambda: obj
+
+  def get() -> Any:
+    found = ref()
+    if found is None:  # (`keep` prevents it)
+      raise BridgeError("bridge: callback mode's torch function no longer exists.")
+    return found
+
+  return get
 
 
 @contextlib.contextmanager
@@ -583,7 +644,7 @@ def call(
     return_mutated,
     _shapes_key(result_shape_dtypes),
   )
-  table = _cache_for(fn)
+  table, anchor = _cache_for(fn)
   entry = table.get(cache_key)
   if entry is None:
     entry = table[cache_key] = _build(
@@ -598,6 +659,7 @@ def call(
       return_mutated,
       api,
       owner,
+      anchor,
     )
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
@@ -627,7 +689,10 @@ def _build(
   return_mutated: bool,
   api: str,
   owner: Any,
+  anchor: Any = None,
 ) -> tuple:
+  """The program of `fn` for one argument structure; with `anchor` (`_cache_for`), it refers
+  to `fn` and its module weakly."""
   in_torch = [
     (shape, dtypes.torch_dtype(dt, api=api, where=_where(i))) for i, (shape, dt) in enumerate(avals)
   ]
@@ -642,8 +707,11 @@ def _build(
     and spec.treedef == tree_lib.flatten((tuple(range(len(statics))), {}))[1].treedef
   )
 
-  def make_run(mutated: tuple[bool, ...], random: bool) -> Callable[[list], tuple[Any, list]]:
-    """`fn` on a list of input tensors -> (its output, the inputs it saw)."""
+  def make_run(
+    mutated: tuple[bool, ...], random: bool, get_fn: Callable[[], Any]
+  ) -> Callable[[list], tuple[Any, list]]:
+    """`fn` (as `get_fn` gives it) on a list of input tensors -> (its output, the inputs it
+    saw)."""
     copies = any(mutated)
 
     def run(inputs: list) -> tuple[Any, list]:
@@ -652,11 +720,11 @@ def _build(
       if copies:  # written in place: on copies, so the caller's arrays stay as they are
         inputs = [t.clone() if m else t for t, m in zip(inputs, mutated)]
       if positional:
-        out = fn(*inputs)
+        out = get_fn()(*inputs)
       else:
         it = iter(inputs)
         args, kwargs = tree_lib.unflatten(spec, tree_lib.merge(statics, it, _unbox))
-        out = fn(*args, **kwargs)
+        out = get_fn()(*args, **kwargs)
       if type(out) is not torch.Tensor and type(out).__module__ == "torch.return_types":
         out = tuple(out)
       return out, inputs
@@ -664,7 +732,7 @@ def _build(
     return run
 
   if result_shape_dtypes is None:
-    fake_run = make_run(state["mutated"], False)
+    fake_run = make_run(state["mutated"], False, lambda: fn)
     fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module, api)
     state["mutated"], state["random"] = fake.mutated, fake.random
     state["writes_state"] = fake.writes_state
@@ -708,7 +776,7 @@ def _build(
   written = [i for i, m in enumerate(state["mutated"]) if m] if return_mutated else []
   outs += [jax.ShapeDtypeStruct(*avals[i]) for i in written]
   single = len(tensor_positions) == 1 and not written
-  run = make_run(state["mutated"], state["random"])
+  run = make_run(state["mutated"], state["random"], _weakly(fn, anchor))
 
   def flat_fn(inputs: list) -> list:
     out, after = run(inputs)
@@ -725,7 +793,10 @@ def _build(
   ins = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in avals]
   if state["random"]:
     ins.insert(0, jax.ShapeDtypeStruct((), np.dtype(np.uint32)))
-  restore = (lambda: _buffers_kept(module)) if module is not None else None
+  restore = None
+  if module is not None:
+    get_module = _weakly(module, anchor)
+    restore = lambda: _buffers_kept(get_module())
   program = _Program(
     flat_fn,
     ins,
@@ -735,5 +806,6 @@ def _build(
     random=state["random"],
     restore=restore,
     side_effect=state["writes_state"],
+    keep=anchor,
   )
   return program, out_spec, out_statics, written

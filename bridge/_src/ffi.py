@@ -33,6 +33,7 @@ import itertools
 import os
 import threading
 import traceback
+import weakref
 from typing import Any, Callable, Hashable, Literal, Sequence
 
 import jax
@@ -82,11 +83,25 @@ _ERROR_IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-def register(fn: HostFn, name: str) -> int:
-  """Keep `fn` callable from programs; returns the key to `emit` it with."""
+def register(fn: HostFn, name: str, owner: Any = None) -> int:
+  """Keep `fn` callable from programs; returns the key to `emit` it with. With `owner`, only
+  while `owner` lives (the caller's record of `fn`: `fn` must not refer to it); the programs
+  that call it keep what it needs alive through `emit`'s `keep`."""
   key = next(_KEYS)
   _HOST[key] = (fn, name)
+  if owner is not None:
+    weakref.finalize(owner, _HOST.pop, key, None)
   return key
+
+
+def _host_fn(key: int) -> tuple[HostFn, str]:
+  found = _HOST.get(key)
+  if found is None:  # (`keep` prevents it; a broken promise should not crash the process)
+    raise BridgeError(
+      "bridge: a JAX program called back into torch code that no longer exists. Please "
+      "report this with the program."
+    )
+  return found
 
 
 # --- the CPU handler (XLA FFI C API, read with ctypes) ------------------------------------
@@ -176,7 +191,7 @@ def _handler(frame_ptr: int) -> int:
       return 0
     scalar = _pointer_at(f[20])  # the one attribute, `key`
     key = _I64.from_address(_PAIR.from_address(scalar)[1]).value
-    fn, name = _HOST[key]
+    fn, name = _host_fn(key)
     results = fn([_view(p) for p in _pointers(f[9], f[7])])
     for i, p in enumerate(_pointers(f[14], f[12])):
       result = results[i]
@@ -400,18 +415,83 @@ def emit(
   *,
   vmap_method: VmapMethod,
   side_effect: bool = False,
+  keep: Any = None,
 ) -> Sequence[Any]:
-  """Stage (or run, for concrete arguments) a call of host function `key`."""
+  """Stage (or run, for concrete arguments) a call of host function `key`; `keep` (the user's
+  torch function or module that `key`'s function runs) stays alive while a compiled program
+  holds the call."""
   how = route()
   if how == "ffi":
     _register_target("cpu")
     call = jax.ffi.ffi_call(
       TARGET, list(results), has_side_effect=side_effect, vmap_method=vmap_method
     )
+    if keep is not None:
+      kept = _keeping_call(call, args, key, keep)
+      if kept is not None:
+        return kept
     return call(*args, key=np.int64(key))
   if how == "buffers":
-    return _emit_on_device(key, args, results, vmap_method=vmap_method, side_effect=side_effect)
-  return _emit_through_host(key, args, results, vmap_method=vmap_method, side_effect=side_effect)
+    return _emit_on_device(
+      key, args, results, vmap_method=vmap_method, side_effect=side_effect, keep=keep
+    )
+  return _emit_through_host(
+    key, args, results, vmap_method=vmap_method, side_effect=side_effect, keep=keep
+  )
+
+
+# JAX's `ffi_call` primitive with one more parameter, `keep`, which its lowering hands to the
+# compiled program as a keepalive (as JAX's own Python callbacks keep their functions): the
+# program holds the user's function for as long as it can call it, and nothing else does
+# (callback mode's caches refer to it weakly). Its other rules are `ffi_call`'s own, taken
+# from the primitive this JAX's `ffi_call` binds.
+_keep_p: list[Any] = []  # [the primitive] once made; [None] where this JAX has no such rules
+
+
+def _keeping_call(call: Any, args: Sequence[Any], key: int, keep: Any) -> list[Any] | None:
+  """`call(*args, key=key)` bound as `_keep_p`, or None where that cannot be done."""
+  avals = [jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)) for a in args]
+  try:
+    eqns = jax.make_jaxpr(lambda *a: call(*a, key=np.int64(key)))(*avals).jaxpr.eqns
+  except Exception:  # noqa: BLE001 - the plain call explains
+    return None
+  if len(eqns) != 1 or eqns[0].primitive.name != "ffi_call":
+    return None
+  prim = _keep_p[0] if _keep_p else _make_keep_p(eqns[0].primitive)
+  if prim is None:
+    return None
+  return list(prim.bind(*args, keep=keep, host_key=key, **eqns[0].params))
+
+
+def _make_keep_p(ffi_prim: Any) -> Any:
+  from jax.extend.core import Primitive
+  from jax.interpreters import batching, mlir
+
+  try:  # `ffi_call`'s batching rule, which binds the primitive it is given
+    from jax._src.ffi import ffi_batching_rule as rule
+  except ImportError:  # another JAX: the plain call (which keeps the function alive for good)
+    _keep_p.append(None)
+    return None
+  prim = Primitive("bridge_host_call")
+  prim.multiple_results = True
+
+  def impl(*args: Any, keep: Any, host_key: int, **params: Any) -> Any:
+    return ffi_prim.bind(*args, **params)  # (JAX compiles and caches it without `keep`)
+
+  def abstract_eval(*avals: Any, keep: Any, host_key: int, **params: Any) -> Any:
+    return ffi_prim.abstract_eval(*avals, **params)
+
+  def lower(ctx: Any, *operands: Any, keep: Any, host_key: int, **params: Any) -> Any:
+    ctx.module_context.add_keepalive(keep)
+    lowering = jax.ffi.ffi_lowering(TARGET, has_side_effect=params["has_side_effect"])
+    return lowering(ctx, *operands, key=np.int64(host_key))
+
+  prim.def_impl(impl)
+  prim.def_effectful_abstract_eval(abstract_eval)
+  batching.primitive_batchers[prim] = functools.partial(rule, prim)
+  mlir.register_lowering(prim, lower, platform="cpu")
+  _keep_p.append(prim)
+  return prim
 
 
 try:
@@ -477,12 +557,14 @@ def _emit_on_device(
   *,
   vmap_method: VmapMethod,
   side_effect: bool,
+  keep: Any = None,
 ) -> list[Any]:
   """The host call through JAX's buffer callback: torch works on XLA's device buffers, in the
-  order of XLA's stream (see the module docstring)."""
-  fn, name = _HOST[key]
+  order of XLA's stream (see the module docstring). (The callback, which JAX keeps with the
+  program, holds `keep`.)"""
+  fn, name = _host_fn(key)
 
-  def callback(ctx: Any, outs: Sequence[Any], *bufs: Any) -> None:
+  def callback(ctx: Any, outs: Sequence[Any], *bufs: Any, _keep: Any = keep) -> None:
     try:
       with _xla_stream(ctx, [*bufs, *outs]):
         results_ = fn([_buffer_tensor(b) for b in bufs])
@@ -525,12 +607,13 @@ def _emit_through_host(
   *,
   vmap_method: VmapMethod,
   side_effect: bool,
+  keep: Any = None,
 ) -> list[Any]:
   """The host call where no FFI handler is registered: JAX's Python callbacks (the data goes
-  through host memory)."""
-  fn, name = _HOST[key]
+  through host memory). (The callback, which JAX keeps with the program, holds `keep`.)"""
+  fn, name = _host_fn(key)
 
-  def host(*arrays: Any) -> list[np.ndarray]:
+  def host(*arrays: Any, _keep: Any = keep) -> list[np.ndarray]:
     try:
       outs = fn([_numpy_to_torch(np.asarray(a)) for a in arrays])
       return [_torch_to_numpy(o, spec) for o, spec in zip(outs, results)]
