@@ -22,11 +22,15 @@ _STAND_INS = (
 )
 
 
+def _weak(x: Any) -> bool:
+  """Whether an array or tracer is weakly typed (a 0-d one stands for a Python number)."""
+  return getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
+
+
 def _meta_arg(x: Any, stand_ins: list | None = None, other: bool = False) -> Any:
   if isinstance(x, jax.core.Tracer) or isinstance(x, (jax.Array, np.ndarray)):
     shape, dtype = np.shape(x), np.dtype(x.dtype)
-    weak = getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
-    if weak and not shape:
+    if _weak(x) and not shape:
       if not isinstance(x, jax.core.Tracer):
         return np.asarray(x).item()  # a known value: itself
       if stand_ins is not None:
@@ -82,8 +86,7 @@ def _array_type(x: Any) -> _Type | None:
   if not isinstance(x, (jax.core.Tracer, jax.Array, np.ndarray)):
     return None
   dtype = np.dtype(x.dtype)
-  weak = getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
-  if dtype not in _FLOATING or (weak and not np.shape(x)):
+  if dtype not in _FLOATING or (_weak(x) and not np.shape(x)):
     return None
   return tuple(np.shape(x)), dtype
 
