@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 import bridge
+from tests.xla import counting_compiles
 
 RNG = np.random.default_rng(0)
 S = jax.ShapeDtypeStruct
@@ -559,6 +560,92 @@ def test_vmap_of_grad_expand_dims():
   f = lambda t: (t**2).sum(-1)
   g = jax.vmap(jax.grad(lambda a: cb(f, a, vmap_method="expand_dims")))(jnp.asarray(xs))
   _assert_close(g, torch.from_numpy(xs) * 2)
+
+
+_METHODS = ["sequential", "sequential_unrolled", "broadcast_all", "expand_dims"]
+
+
+@pytest.mark.parametrize("vmap_method", _METHODS)
+def test_vmap_without_jit_runs_now_and_compiles_nothing(vmap_method):
+  """`jax.vmap` without jit runs the host calls on the batch as it is: no program per function
+  (one used to be compiled for each, and under "sequential" a scan for every call)."""
+  xs = _np((4, 3))
+  calls = []
+
+  def make(k):
+    def fn(t):
+      calls.append(tuple(t.shape))
+      return t * 2 + k
+
+    return fn
+
+  jax.vmap(lambda a: cb(make(0.0), a, vmap_method=vmap_method))(jnp.asarray(xs))  # warm
+  calls.clear()
+  with counting_compiles() as compiles:
+    for k in range(1, 4):
+      out = jax.vmap(lambda a: cb(make(float(k)), a, vmap_method=vmap_method))(jnp.asarray(xs))
+      _assert_close(out, torch.from_numpy(xs) * 2 + k)
+      assert out.dtype == jnp.float32 and out.shape == (4, 3)
+  assert compiles == []
+  real = [c for c in calls if c != (3,) or vmap_method.startswith("sequential")]
+  per_call = [(3,)] * 4 if vmap_method.startswith("sequential") else [(4, 3)]
+  assert real[-len(per_call) :] == per_call
+
+
+def test_vmap_without_jit_in_order_with_axes_and_unbatched_arguments():
+  xs, w = _np((3, 5)), _np((3,))  # batched along axis 1 of xs; w unbatched
+  seen = []
+
+  def fn(a, b):
+    seen.append(a.clone())
+    return (a * b).sum(), a + b
+
+  total, plus = jax.vmap(lambda a, b: cb(fn, a, b), in_axes=(1, None))(
+    jnp.asarray(xs), jnp.asarray(w)
+  )
+  ref = torch.from_numpy(xs).T
+  _assert_close(total, (ref * torch.from_numpy(w)).sum(-1))
+  _assert_close(plus, ref + torch.from_numpy(w))
+  real = [t for t in seen if not _is_fake(t)]
+  assert len(real) == 5
+  for i, t in enumerate(real):  # one call per element, in the batch's order
+    torch.testing.assert_close(t, ref[i])
+
+
+def test_vmap_of_vmap_without_jit():
+  xs = _np((2, 3, 4))
+  fn = lambda t: t.cumsum(-1) * 3
+  g = jax.vmap(jax.vmap(lambda a: cb(fn, a)))
+  _assert_close(g(jnp.asarray(xs)), torch.from_numpy(xs).cumsum(-1) * 3)
+  with counting_compiles() as compiles:
+    out = jax.vmap(jax.vmap(lambda a: cb(lambda t: t.cumsum(-1) * 3, a)))(jnp.asarray(xs))
+  _assert_close(out, torch.from_numpy(xs).cumsum(-1) * 3)
+  assert compiles == []
+
+
+@pytest.mark.parametrize("vmap_method", _METHODS)
+def test_vmap_without_jit_raises_torchs_own_error(vmap_method):
+  def fn(t):
+    if not _is_fake(t):
+      raise ValueError("bad row from torch")
+    return t
+
+  with pytest.raises(ValueError, match="bad row from torch"):
+    jax.vmap(lambda a: cb(fn, a, vmap_method=vmap_method))(jnp.ones((2, 3)))
+
+
+def test_vmap_without_jit_gives_torchs_dtypes_as_an_eager_call_does():
+  """Outside jit the results keep torch's dtypes (int64 here, with JAX's 64-bit types off),
+  batched or not; inside jit they leave as the program's (int32, checked to fit)."""
+  fn = lambda t: t.to(torch.int64) + 2**40
+  x = jnp.ones((2, 3))
+  eager = cb(fn, x)
+  batched = jax.vmap(lambda a: cb(fn, a))(x)
+  assert eager.dtype == batched.dtype == jnp.int64
+  np.testing.assert_array_equal(np.asarray(batched), np.full((2, 3), 2**40 + 1))
+  with pytest.warns(UserWarning, match="int64 tensor"):
+    with pytest.raises(Exception, match="int32 cannot hold"):
+      jax.jit(jax.vmap(lambda a: cb(fn, a)))(x)
 
 
 # --- custom ops -------------------------------------------------------------------------------

@@ -36,19 +36,19 @@ def _fresh(weight: torch.Tensor):
   return lambda t: t * 2 + weight.reshape(-1)[: t.shape[-1]]
 
 
-def _uses(x, eager_vmap: bool = True):
-  """Each way callback mode is called: eagerly, under jit, under grad, under vmap. (`jax.vmap`
-  without jit compiles each function's batched host call once, kept in JAX's cache of
-  single-op programs: 1.4 MiB each, up to its 4096 entries.)"""
-  vmap = (lambda f: f) if eager_vmap else jax.jit
+def _uses(x):
+  """Each way callback mode is called: eagerly, under jit, under grad, under vmap (without jit,
+  which runs the host calls now: it used to compile each function's batched call once, kept
+  in JAX's cache of single-op programs, 1.4 MiB each up to its 4096 entries)."""
   return [
     lambda f: bridge.call_torch(f, x, mode="callback"),
     lambda f: jax.jit(lambda a: bridge.call_torch(f, a, mode="callback"))(x),
     lambda f: jax.grad(lambda a: bridge.call_torch(f, a, mode="callback").sum())(x),
     lambda f: jax.jit(jax.grad(lambda a: bridge.call_torch(f, a, mode="callback").sum()))(x),
-    lambda f: vmap(
-      jax.vmap(lambda a: bridge.call_torch(f, a, mode="callback", vmap_method="expand_dims"))
+    lambda f: jax.vmap(
+      lambda a: bridge.call_torch(f, a, mode="callback", vmap_method="expand_dims")
     )(jnp.stack([x, x])),
+    lambda f: jax.vmap(lambda a: bridge.call_torch(f, a, mode="callback"))(jnp.stack([x, x])),
   ]
 
 
@@ -73,7 +73,7 @@ def test_fresh_functions_are_freed_with_what_they_hold():
 @pytest.mark.slow
 def test_memory_stays_flat_over_fresh_functions():
   x = jnp.arange(4.0)
-  uses = _uses(x, eager_vmap=False)
+  uses = _uses(x)
 
   def run(n: int) -> None:
     for i in range(n):

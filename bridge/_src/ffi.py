@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from jax.experimental import io_callback
 
-from bridge._src import dtypes
+from bridge._src import dtypes, transfer
 from bridge._src.errors import BridgeError, NarrowingError
 
 # how a host call is batched under `jax.vmap` (JAX's `vmap_method` of its callbacks)
@@ -423,13 +423,12 @@ def emit(
   how = route()
   if how == "ffi":
     _register_target("cpu")
+    kept = _host_call(args, results, key, keep, vmap_method, side_effect)
+    if kept is not None:
+      return kept
     call = jax.ffi.ffi_call(
       TARGET, list(results), has_side_effect=side_effect, vmap_method=vmap_method
     )
-    if keep is not None:
-      kept = _keeping_call(call, args, key, keep)
-      if kept is not None:
-        return kept
     return call(*args, key=np.int64(key))
   if how == "buffers":
     return _emit_on_device(
@@ -440,58 +439,177 @@ def emit(
   )
 
 
-# JAX's `ffi_call` primitive with one more parameter, `keep`, which its lowering hands to the
-# compiled program as a keepalive (as JAX's own Python callbacks keep their functions): the
-# program holds the user's function for as long as it can call it, and nothing else does
-# (callback mode's caches refer to it weakly). Its other rules are `ffi_call`'s own, taken
-# from the primitive this JAX's `ffi_call` binds.
-_keep_p: list[Any] = []  # [the primitive] once made; [None] where this JAX has no such rules
+# The CPU route's primitive, `bridge_host_call`: JAX's `ffi_call` with two more parameters,
+# `host_key` and `keep`. Its lowering is `ffi_call`'s with the key as the custom call's
+# attribute, and hands `keep` (the user's function) to the compiled program as a keepalive,
+# as JAX's own Python callbacks keep their functions: the program holds the function for as
+# long as it can call it, and nothing else does (callback mode's caches refer to it weakly).
+# Outside `jax.jit` it compiles nothing: on concrete arrays (an eager call, `jax.vmap`
+# without jit) the host function runs directly on torch views of them, where `ffi_call`
+# would compile a program for each key (and, under `vmap`'s "sequential" method, a scan
+# for each call). Its other rules are `ffi_call`'s own, from the primitive this JAX's
+# `ffi_call` binds.
+_host_call_p: list[Any] = []  # [the primitive] once made; [None] where this JAX lacks its rules
+_PARAMS_CACHE_SIZE = 256
+_params: dict[tuple, dict[str, Any] | None] = {}
+_MISSING = object()
 
 
-def _keeping_call(call: Any, args: Sequence[Any], key: int, keep: Any) -> list[Any] | None:
-  """`call(*args, key=key)` bound as `_keep_p`, or None where that cannot be done."""
-  avals = [jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)) for a in args]
+def _host_call(
+  args: Sequence[Any],
+  results: Sequence[jax.ShapeDtypeStruct],
+  key: int,
+  keep: Any,
+  vmap_method: VmapMethod,
+  side_effect: bool,
+) -> list[Any] | None:
+  """The host call `key` bound as `bridge_host_call`, or None where that cannot be done."""
+  avals = tuple((np.shape(a), jnp.result_type(a)) for a in args)
+  results = tuple(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in results)
+  signature = (avals, results, vmap_method, side_effect, dtypes.x64_enabled())
+  params: Any = _params.get(signature, _MISSING)  # (a get: another thread may clear it)
+  if params is _MISSING:
+    params = _ffi_params(avals, results, vmap_method, side_effect)
+    if len(_params) >= _PARAMS_CACHE_SIZE:
+      _params.clear()
+    _params[signature] = params
+  if params is None:
+    return None
+  prim = _host_call_p[0] if _host_call_p else _make_host_call_p()
+  if prim is None:
+    return None
+  return list(prim.bind(*args, keep=keep, host_key=key, **params))
+
+
+def _ffi_params(
+  avals: tuple, results: tuple, vmap_method: VmapMethod, side_effect: bool
+) -> dict[str, Any] | None:
+  """The parameters `ffi_call` binds for such a call, less its attributes (the key)."""
+  call = jax.ffi.ffi_call(
+    TARGET, list(results), has_side_effect=side_effect, vmap_method=vmap_method
+  )
+  specs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in avals]
   try:
-    eqns = jax.make_jaxpr(lambda *a: call(*a, key=np.int64(key)))(*avals).jaxpr.eqns
+    eqns = jax.make_jaxpr(lambda *a: call(*a, key=np.int64(0)))(*specs).jaxpr.eqns
   except Exception:  # noqa: BLE001 - the plain call explains
     return None
   if len(eqns) != 1 or eqns[0].primitive.name != "ffi_call":
     return None
-  prim = _keep_p[0] if _keep_p else _make_keep_p(eqns[0].primitive)
-  if prim is None:
-    return None
-  return list(prim.bind(*args, keep=keep, host_key=key, **eqns[0].params))
+  _make_host_call_p(eqns[0].primitive)
+  return {k: v for k, v in eqns[0].params.items() if k != "attributes"}
 
 
-def _make_keep_p(ffi_prim: Any) -> Any:
+def _make_host_call_p(ffi_prim: Any = None) -> Any:
+  with _LOCK:
+    if not _host_call_p and ffi_prim is not None:
+      _host_call_p.append(_new_host_call_p(ffi_prim))
+    return _host_call_p[0] if _host_call_p else None
+
+
+def _new_host_call_p(ffi_prim: Any) -> Any:
   from jax.extend.core import Primitive
   from jax.interpreters import batching, mlir
 
   try:  # `ffi_call`'s batching rule, which binds the primitive it is given
-    from jax._src.ffi import ffi_batching_rule as rule
+    from jax._src.ffi import ffi_batching_rule
   except ImportError:  # another JAX: the plain call (which keeps the function alive for good)
-    _keep_p.append(None)
     return None
   prim = Primitive("bridge_host_call")
   prim.multiple_results = True
 
-  def impl(*args: Any, keep: Any, host_key: int, **params: Any) -> Any:
-    return ffi_prim.bind(*args, **params)  # (JAX compiles and caches it without `keep`)
+  def impl(*args: Any, keep: Any, host_key: int, result_avals: Any, **params: Any) -> Any:
+    return _run_now(host_key, args, (None,) * len(args), result_avals)
 
   def abstract_eval(*avals: Any, keep: Any, host_key: int, **params: Any) -> Any:
     return ffi_prim.abstract_eval(*avals, **params)
 
   def lower(ctx: Any, *operands: Any, keep: Any, host_key: int, **params: Any) -> Any:
-    ctx.module_context.add_keepalive(keep)
+    if keep is not None:
+      ctx.module_context.add_keepalive(keep)
     lowering = jax.ffi.ffi_lowering(TARGET, has_side_effect=params["has_side_effect"])
     return lowering(ctx, *operands, key=np.int64(host_key))
 
+  def batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> Any:
+    method = params["vmap_method"]
+    if method in ("sequential", "sequential_unrolled"):
+      if not any(isinstance(a, jax.core.Tracer) for a in args):  # `jax.vmap` without jit
+        outs = _run_now(params["host_key"], args, dims, params["result_avals"])
+        return outs, (0,) * len(outs)
+      if all(_eager(a) for a in args):  # a `vmap` of a `vmap`, without jit
+        return _unstacked(prim, args, dims, params), (0,) * len(params["result_avals"])
+    return ffi_batching_rule(prim, args, dims, **params)
+
   prim.def_impl(impl)
   prim.def_effectful_abstract_eval(abstract_eval)
-  batching.primitive_batchers[prim] = functools.partial(rule, prim)
+  batching.primitive_batchers[prim] = batch
   mlir.register_lowering(prim, lower, platform="cpu")
-  _keep_p.append(prim)
   return prim
+
+
+try:
+  from jax._src.interpreters.batching import BatchTracer as _BatchTracer
+except ImportError:  # pragma: no cover - another JAX: a vmap of a vmap takes JAX's rule
+  _BatchTracer = ()  # type: ignore[assignment,misc]
+
+
+def _eager(a: Any) -> bool:
+  """Whether `a` is concrete under `jax.vmap`s alone (no program is being staged)."""
+  while isinstance(a, _BatchTracer):
+    a = a.val
+  return not isinstance(a, jax.core.Tracer)
+
+
+def _unstacked(prim: Any, args: Sequence[Any], dims: Sequence[Any], params: dict) -> list[Any]:
+  """The batched call as one call per element (each runs now), stacked."""
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  rows = [
+    prim.bind(
+      *(a if d is None else jax.lax.index_in_dim(a, i, d, False) for a, d in zip(args, dims)),
+      **params,
+    )
+    for i in range(size)
+  ]
+  return [
+    jnp.stack([row[j] for row in rows]) if size else jnp.zeros((0, *aval.shape), aval.dtype)
+    for j, aval in enumerate(params["result_avals"])
+  ]
+
+
+def _run_now(host_key: int, args: Sequence[Any], dims: Sequence[Any], result_avals: Any) -> list:
+  """The host call on concrete values, without a program: the host function gets torch views
+  of them (of each element in turn where `dims` names a batch dimension: `vmap`'s
+  "sequential") and its results are checked and copied into new arrays, as into a program's
+  output buffers. Its exceptions propagate as they are."""
+  fn, name = _host_fn(host_key)
+  tensors = []
+  size = None
+  for a, d in zip(args, dims):
+    if not isinstance(a, jax.Array):
+      a = jnp.asarray(a)  # a NumPy or Python value: its dtype in the program
+    t = transfer.array_to_torch(a, copy=None, api="bridge", where=lambda: "a host call's input")
+    if t.device.type != "cpu":
+      t = t.cpu()
+    if d is not None:
+      t = t.movedim(d, 0).contiguous()
+      size = t.shape[0]
+    tensors.append(t)
+  outs = [
+    torch.empty(
+      (*(() if size is None else (size,)), *aval.shape),
+      dtype=dtypes.JAX_TO_TORCH[np.dtype(aval.dtype)],
+    )
+    for aval in result_avals
+  ]
+  for i in range(1 if size is None else size):
+    inputs = tensors if size is None else [t if d is None else t[i] for t, d in zip(tensors, dims)]
+    results = fn(inputs)
+    for j, out in enumerate(outs):
+      copy_result(out if size is None else out[i], results[j], j, name)
+  with jax.enable_x64(True):  # (the program's own types: 64-bit ones where it has them)
+    return [
+      transfer.tensor_to_jax(out, copy=None, api="bridge", where=lambda: "a host call's output")
+      for out in outs
+    ]
 
 
 try:
