@@ -170,6 +170,27 @@ def test_callback_mode_shape_run_while_the_module_runs_eagerly():
   assert _run(_eager_until(model, done), shape_runs) == []
 
 
+def test_callback_mode_under_vmap_without_jit_from_several_threads():
+  """`jax.vmap` without jit runs callback mode's host calls at once, on the calling thread:
+  each thread gets its own function's numbers, element by element or on the whole batch."""
+
+  def worker(k):
+    def run():
+      for i in range(10):
+        xs = jnp.full((3, 4), float(10 * k + i))
+        for method in ("sequential", "expand_dims"):
+          out = jax.vmap(
+            lambda a: bridge.call_torch(lambda t: t * 2 + k, a, mode="callback", vmap_method=method)
+          )(xs)
+          torch.testing.assert_close(
+            bridge.to_torch(out), torch.full((3, 4), 2.0 * (10 * k + i) + k)
+          )
+
+    return run
+
+  assert _run(*(worker(k) for k in range(3))) == []
+
+
 @pytest.mark.parametrize("device", ["cpu", "jax"])
 def test_concurrent_dropout_calls_draw_distinct_masks(device):
   """Each compiled call that draws reads the generator's key and writes its successor as one
