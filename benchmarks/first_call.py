@@ -5,10 +5,13 @@
 Run by the `transformer_first_call` / `transformer_first_call_composite` /
 `gpt2_first_call_s64` workloads, once per sample. Untimed: loading the system (imports, torchax's environment),
 one tiny jitted JAX call so that the backend is up, and a warm-up: the system's
-`forward` on a tiny `nn.Linear(2, 3)`, placed, compiled and called once, so that
-each library's one-time start-up (its device's first tensor, op tables, first
-dispatch: about a second for bridge and for torchax) is paid before, and
-reported as ``warmup_us``. Then the model is built (`models.transformer()`, or
+`forward` on a tiny `nn.Linear(2, 3)` followed by a `nn.LayerNorm(3)`, placed,
+compiled and called once, so that each library's one-time start-up (its device's
+first tensor, op tables, first dispatch: about a second for bridge and for
+torchax) is paid before, and reported as ``warmup_us``. (The LayerNorm: a linear
+layer alone no longer reaches bridge's tensor subclass dispatch, whose first use
+makes torch import `torch.distributed.tensor` and sympy, ~0.35 s that torchax
+pays in its warm-up; those imports are in `cold_start`'s rows.) Then the model is built (`models.transformer()`, or
 `models.gpt2(64)`: a 2-layer GPT-2-shaped `GPT2LMHeadModel` from its config) and
 the system's `forward(module, x)` places module and input and builds the
 wrapper (``setup_us``). Timed (``first_call_us``): the first call of the
@@ -67,7 +70,7 @@ def measure(name: str, workload: str) -> dict:
   build = lambda: getattr(models, builder)(*args)
   with torch.no_grad(), models.mha_fastpath(fastpath):
     with models.seeded(0):
-      tiny = torch.nn.Linear(2, 3)
+      tiny = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3))
     _, warm_setup, warm_call = first_call(tiny, torch.ones(1, 2))
     module, x = build()
     out, setup, first = first_call(module, x)
@@ -126,7 +129,7 @@ def summary(system: str, workload: str, samples: list[dict]) -> tuple[dict, str]
   ms = lambda key: f"{statistics.median(s[key] for s in samples) / 1e3:,.1f} ms"
   note = (
     f"{system}: {workload}: {len(firsts)} fresh processes; not included (medians): "
-    f"warm-up on a tiny nn.Linear (library start-up) {ms('warmup_us')}, placing the "
+    f"warm-up on a tiny nn.Linear + nn.LayerNorm (library start-up) {ms('warmup_us')}, placing the "
     f"model and input and building the wrapper {ms('setup_us')}."
   )
   return (
