@@ -3,6 +3,9 @@ the bridge believe the platform is a GPU: JAX's buffer callback (a CUDA GPU: tor
 device buffers and stream) and JAX's Python callbacks (through host memory: where neither the FFI
 handler nor buffer callbacks serve)."""
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +15,7 @@ import torch
 import bridge
 from bridge._src import ffi
 from bridge._src import narrowing
+from tests.xla import counting_compiles
 
 
 @pytest.fixture(autouse=True, params=["buffers", "host"])
@@ -105,3 +109,78 @@ def test_random_function_draws_a_seed_and_replays_it_in_the_backward():
   kept = g != 0
   np.testing.assert_allclose(g[kept], 4 * xs[kept], rtol=1e-6)
   np.testing.assert_allclose(float(out), float((2 * xs[kept] ** 2).sum()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("vmap_method", ["sequential", "sequential_unrolled", "expand_dims"])
+def test_vmap_without_jit_runs_now_and_compiles_nothing(vmap_method):
+  """As on the CPU's FFI route: `jax.vmap` without jit runs the host function on the batch now.
+  JAX's callbacks compiled a program for each function (and, "sequential", a scan each call)."""
+  seen = []
+
+  def make(k):
+    def fn(t):
+      seen.append(tuple(t.shape))
+      return t * 2 + k
+
+    return fn
+
+  xs = jnp.asarray(X)
+  jax.vmap(lambda a: bridge.call_torch(make(0.0), a, mode="callback"))(xs)  # (first use)
+  with counting_compiles() as compiles:
+    for k in range(1, 4):
+      call = lambda a: bridge.call_torch(
+        make(float(k)), a, mode="callback", vmap_method=vmap_method
+      )
+      out = jax.vmap(call)(xs)
+      np.testing.assert_allclose(np.asarray(out), X * 2 + k, rtol=1e-6)
+      assert out.dtype == jnp.float32 and out.shape == (3, 4)
+  assert compiles == []
+  per_call = [(4,)] * 3 if vmap_method.startswith("sequential") else [(3, 4)]
+  assert seen[-len(per_call) :] == per_call
+
+
+def test_vmap_of_vmap_without_jit_and_unbatched_arguments():
+  xs = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+  w = np.linspace(1, 2, 4, dtype=np.float32)
+
+  def run(k):
+    inner = lambda a, b: bridge.call_torch(lambda t, u: t.cumsum(-1) * u + k, a, b, mode="callback")
+    return jax.vmap(jax.vmap(inner, in_axes=(0, None)), in_axes=(0, None))(
+      jnp.asarray(xs), jnp.asarray(w)
+    )
+
+  run(0)  # (JAX's own programs that slice and stack the elements, once per shape)
+  with counting_compiles() as compiles:
+    for k in (1, 2):
+      np.testing.assert_allclose(np.asarray(run(k)), np.cumsum(xs, -1) * w + k, rtol=1e-6)
+  assert compiles == []
+
+
+def test_torch_exception_is_raised_as_itself_under_vmap_without_jit():
+  def bad(t):
+    raise KeyError("no such feature")
+
+  spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+  with pytest.raises(KeyError, match="no such feature"):
+    jax.vmap(lambda a: bridge.call_torch(bad, a, mode="callback", result_shape_dtypes=spec))(
+      jnp.asarray(X)
+    )
+
+
+def test_fresh_functions_under_vmap_without_jit_are_freed():
+  gc.collect()
+  host_before = len(ffi._HOST)
+  refs = []
+  for method in ("sequential", "expand_dims"):
+    for _ in range(3):
+      weight = torch.arange(4.0)
+      f = lambda t, w=weight: t * 2 + w[: t.shape[-1]]
+      refs.append((weakref.ref(f), weakref.ref(weight)))
+      call = lambda a, f=f, m=method: bridge.call_torch(f, a, mode="callback", vmap_method=m)
+      jax.vmap(call)(jnp.asarray(X))
+      del call
+      del f, weight
+  gc.collect()
+  alive = [i for i, (f, w) in enumerate(refs) if f() is not None or w() is not None]
+  assert alive == [], f"{len(alive)} of {len(refs)} functions kept alive: {alive}"
+  assert len(ffi._HOST) <= host_before

@@ -430,6 +430,14 @@ def emit(
       TARGET, list(results), has_side_effect=side_effect, vmap_method=vmap_method
     )
     return call(*args, key=np.int64(key))
+  if args and all(_eager(a) for a in args):
+    # nothing is being staged (concrete values, `jax.vmap` without jit): the host function
+    # runs now, where JAX's callbacks would compile a program for each function (and under
+    # "sequential", a scan for every call). `bridge_host_call` is bound only so: it has no
+    # lowering for this platform.
+    kept = _host_call(args, results, key, keep, vmap_method, side_effect)
+    if kept is not None:
+      return kept
   if how == "buffers":
     return _emit_on_device(
       key, args, results, vmap_method=vmap_method, side_effect=side_effect, keep=keep
@@ -578,17 +586,19 @@ def _unstacked(prim: Any, args: Sequence[Any], dims: Sequence[Any], params: dict
 def _run_now(host_key: int, args: Sequence[Any], dims: Sequence[Any], result_avals: Any) -> list:
   """The host call on concrete values, without a program: the host function gets torch views
   of them (of each element in turn where `dims` names a batch dimension: `vmap`'s
-  "sequential") and its results are checked and copied into new arrays, as into a program's
-  output buffers. Its exceptions propagate as they are."""
+  "sequential") on the device its program would give it (`torch_device`), and its results
+  are checked and copied into new arrays, as into a program's output buffers. Its
+  exceptions propagate as they are."""
   fn, name = _host_fn(host_key)
+  device = torch_device()
   tensors = []
   size = None
   for a, d in zip(args, dims):
     if not isinstance(a, jax.Array):
       a = jnp.asarray(a)  # a NumPy or Python value: its dtype in the program
     t = transfer.array_to_torch(a, copy=None, api="bridge", where=lambda: "a host call's input")
-    if t.device.type != "cpu":
-      t = t.cpu()
+    if t.device != device:
+      t = t.to(device)
     if d is not None:
       t = t.movedim(d, 0).contiguous()
       size = t.shape[0]
@@ -597,6 +607,7 @@ def _run_now(host_key: int, args: Sequence[Any], dims: Sequence[Any], result_ava
     torch.empty(
       (*(() if size is None else (size,)), *aval.shape),
       dtype=dtypes.JAX_TO_TORCH[np.dtype(aval.dtype)],
+      device=device,
     )
     for aval in result_avals
   ]

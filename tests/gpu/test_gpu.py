@@ -338,6 +338,29 @@ def test_callback_mode_module_on_the_gpu_updates_its_buffers():
   assert bn.num_batches_tracked.item() == 1
 
 
+def test_callback_mode_under_vmap_without_jit_runs_torch_on_the_gpu_now():
+  """An eager `jax.vmap` runs the host function now, on CUDA tensors of the GPU arrays, with
+  no program compiled per function; the results are GPU arrays."""
+  seen = []
+
+  def make(k):
+    def f(t):
+      seen.append((t.device.type, tuple(t.shape)))
+      return torch.cumsum(t, -1) * k
+
+    return f
+
+  x = np.random.default_rng(3).standard_normal((5, 7)).astype(np.float32)
+  for method in ("sequential", "expand_dims"):
+    for k in (2.0, 3.0):
+      call = lambda a, f=make(k), m=method: bridge.call_torch(f, a, mode="callback", vmap_method=m)
+      out = jax.vmap(call)(jnp.asarray(x))
+      assert _on_gpu(out) and out.shape == (5, 7) and out.dtype == jnp.float32
+      np.testing.assert_allclose(np.asarray(out), np.cumsum(x, -1) * k, **TOL)
+  assert ("cuda", (7,)) in seen and ("cuda", (5, 7)) in seen, seen
+  assert all(device == "cuda" for device, _ in seen), seen
+
+
 def test_callback_mode_torch_exception_is_reraised():
   def bad(t):
     raise KeyError("no such feature")
