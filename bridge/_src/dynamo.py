@@ -22,6 +22,7 @@ with `TORCH_LOGS=bridge` (`_bridge_autoload.register_log`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pathlib
 import threading
@@ -34,6 +35,7 @@ from bridge._src import compat
 from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src import ffi
+from bridge._src.dispatch import control_flow
 from bridge._src.errors import BridgeTypeError
 
 log = logging.getLogger("bridge.backend")
@@ -120,10 +122,14 @@ def teach_dynamo() -> None:
     bridge's first trace), they would change a function dynamo's guards hold, and the frame
     would be compiled again on its second call.
 
-  And one thing that only saves time: `_name_functions_only_for_logs`.
+  And one thing that only saves time: `_name_functions_only_for_logs`; and one that aot_autograd
+  needs (`_control_flow_past_aot_check`).
   """
   compat.after_import("torch._dynamo.trace_rules", _skip_own_frames)
   compat.after_import("torch._dynamo.symbolic_convert", _name_functions_only_for_logs)
+  compat.after_import(
+    "torch._functorch._aot_autograd.runtime_wrappers", _control_flow_past_aot_check
+  )
   compat.teach_on_import()
 
 
@@ -167,6 +173,27 @@ def _name_functions_only_for_logs(symbolic_convert: Any) -> None:
 
   get_funcname._only_for_logs = True  # type: ignore[attr-defined]
   symbolic_convert.get_funcname = get_funcname
+
+
+def _control_flow_past_aot_check(runtime_wrappers: Any) -> None:
+  """aot_autograd runs a compiled graph's first call under a dispatch mode that checks custom
+  ops for aliasing (`_AnalyzeCustomOpInputOutputMode`): it declines the ops of tensor types it
+  does not know, which then reach the tensors' own `__torch_dispatch__`; but a higher-order
+  operator it declines is handed back to the graph as `NotImplemented` (torch 2.13), so a
+  `torch.cond` in a graph of `backend="jax"` failed its first call. The mode checks no such
+  operator: for those the bridge implements (`dispatch.control_flow`), it passes the call on.
+  For the tensors it knows, that is what it did."""
+  mode = getattr(runtime_wrappers, "_AnalyzeCustomOpInputOutputMode", None)
+  if mode is None:  # pragma: no cover - another torch
+    return
+  for op in control_flow.IMPLEMENTATIONS:
+    if mode not in op.python_key_table:
+      op.py_impl(mode)(functools.partial(_pass_on, op))
+
+
+def _pass_on(op: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
+  del mode  # (popped by the operator's dispatch)
+  return op(*args, **kwargs)
 
 
 def _settings(options: Any, mode: Any) -> dict[str, Any]:

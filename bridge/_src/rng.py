@@ -209,6 +209,11 @@ class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
     _BOX.reset(self._token)
 
 
+def current_box() -> KeyBox | None:
+  """The current `rng_key` block's key box, if any (control flow threads its key through)."""
+  return _BOX.get()
+
+
 def next_key(op: Any = None) -> Any:
   """A fresh PRNG key for one random op; advances the generator (or the current `rng_key`)."""
   box = _BOX.get()

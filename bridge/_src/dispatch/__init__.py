@@ -31,5 +31,7 @@ The modules, each with one job (lower ones first; none imports one listed after 
 * `views`: the plan of a view op (shares its input's storage);
 * `mutation`: the plans of in-place and `out=` ops (the functional twin, then a store);
 * `special`: the ops the core itself must implement (copies, `.item()`, dtype views...);
+* `control_flow`: torch's control-flow operators (`torch.cond`, `while_loop`, `scan`, `map`) as
+  `lax.cond` / `lax.while_loop` / `lax.scan`, reached through their own tables, not plans;
 * `plans`: the entry: the plan of each overload, chosen once.
 """
