@@ -144,7 +144,7 @@ def test_random_ops_in_a_loop_body_draw_anew_each_iteration():
   def f(x, n):
     return while_loop(
       lambda i, y: i < n,
-      lambda i, y: (i + 1, y + torch.rand_like(y)),
+      lambda i, y: (i + 1, y + torch.rand(y.shape)),
       (torch.tensor(0), x),
     )
 

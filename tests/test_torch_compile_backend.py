@@ -287,6 +287,37 @@ def test_dropout_draws_from_the_generator_seeded_by_torch_manual_seed():
   assert model.conv.weight.grad is not None and model.conv.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda x: torch.rand(x.shape),
+    lambda x: torch.empty(x.shape).uniform_(),
+    lambda x: torch.randn(x.shape).sigmoid(),
+  ],
+  ids=["rand", "empty_uniform_", "randn"],
+)
+def test_random_tensors_made_in_the_graph_are_drawn_on_every_call(make, grad):
+  """`torch.rand(n)` makes a CPU tensor: torch's CPU kernel used to run it while the program
+  was traced, so every call returned the numbers of that one draw."""
+
+  def f(x):
+    return x * 0 + make(x)
+
+  compiled = torch.compile(f, backend="jax")
+  x = torch.zeros(4000, requires_grad=grad)
+  with torch.set_grad_enabled(grad):
+    torch.manual_seed(7)
+    a, b = compiled(x), compiled(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(compiled(x), a)  # reproducible under torch.manual_seed
+  assert not torch.equal(a, b)  # and new numbers on every call
+  assert 0.45 < a.mean().item() < 0.55 and 0.0 <= a.min().item() and a.max().item() <= 1.0
+  if grad:
+    a.sum().backward()
+    torch.testing.assert_close(x.grad, torch.zeros(4000))
+
+
 def test_transformer_encoder_layer_train_and_eval():
   torch.manual_seed(0)
   layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)

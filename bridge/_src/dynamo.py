@@ -35,6 +35,7 @@ from bridge._src import compat
 from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src import ffi
+from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import control_flow
 from bridge._src.errors import BridgeTypeError
 
@@ -444,18 +445,41 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     the `jax` device's results are always contiguous, so that `view` would be refused.
   * `_to_copy(x, device=<the inputs' device>)` loses its `device`: in the graph it moves
     nothing (`mask.to(device=x.device)`), in the program it would leave the program.
+  * A tensor made on the inputs' device (`torch.rand(n)`, `torch.empty(n)`: the CPU, where
+    the inputs are CPU tensors) is made in the program (on its `jax` device). Made by torch's
+    CPU kernel while the program is traced, it was a constant of the program: random numbers
+    drawn once and returned by every call.
   * inductor's `prims.fma` (`_fma_to_mul_add`).
+
+  The subgraphs of control-flow operators (`torch.cond`'s branches...) are rewritten alike.
   """
-  devices = _input_devices(gm, "val")
+  devices = _input_devices(gm, "val") or {torch.device("cpu")}
+  program = tensor_lib.jax_device(0)  # (where the program's CPU inputs are; jax ones stay)
+  for sub in gm.modules():
+    if isinstance(sub, torch.fx.GraphModule):
+      _rewrite_for_the_jax_device(sub, devices, program)
+
+
+def _rewrite_for_the_jax_device(
+  gm: torch.fx.GraphModule, devices: set[torch.device], program: torch.device
+) -> None:
   changed = False
   for node in gm.graph.nodes:
     if node.op != "call_function":
       continue
+    device = node.kwargs.get("device")
     if node.target is torch.ops.aten.view.default:
       node.target = torch.ops.aten.reshape.default
       changed = True
-    elif node.target is torch.ops.aten._to_copy.default and node.kwargs.get("device") in devices:
+    elif node.target is torch.ops.aten._to_copy.default and device in devices:
       node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+      changed = True
+    elif (
+      isinstance(node.target, torch._ops.OpOverload)
+      and device in devices
+      and device.type != program.type
+    ):
+      node.kwargs = {**node.kwargs, "device": program}
       changed = True
   if _fma_to_mul_add(gm) or changed:
     gm.recompile()
@@ -658,8 +682,10 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         isinstance(target, torch._ops.HigherOrderOperator)
         or target in _AOT_ONLY
         or target == "requires_grad_"
+        or getattr(target, "__name__", target) in _NEW_RANDOM
       ):
-        return False
+        return False  # (random numbers made apart from the inputs: aot's graph makes them
+        # in the program, `_for_the_jax_device`)
       if isinstance(value, (torch.SymFloat, torch.SymBool)) or free_unbacked_symbols(value):
         return False  # a number read from a tensor's values
     elif node.op == "output":
@@ -671,6 +697,14 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
           return False
   return True
 
+
+# Random tensors a graph makes from nothing (`torch.rand(n)`) or fills (`t.uniform_()`): their
+# device is the default one, not the inputs', so they take aot's graph, where that is rewritten.
+_NEW_RANDOM = frozenset(
+  ["rand", "randn", "randint", "randperm", "normal", "poisson", "multinomial", "bernoulli"]
+  + [f"{name}_" for name in ["uniform", "normal", "bernoulli", "exponential", "geometric"]]
+  + ["log_normal_", "cauchy_", "random_"]
+)
 
 # Graph nodes that switch torch's global state: aot_autograd functionalizes them away.
 _AOT_ONLY = frozenset(
