@@ -630,6 +630,33 @@ def test_random_ops_need_a_key_under_jit():
   assert not np.array_equal(d, e)
 
 
+def test_random_numbers_drawn_on_the_cpu_while_traced_are_said_to_be_constants():
+  """`torch.rand(n)` makes a CPU tensor: drawn by torch's CPU kernel as the program is traced,
+  the same numbers come back from every call. Said, with what to write instead."""
+  said = "drew random numbers from torch's own generator .* constants of the program"
+
+  @jax.jit
+  def frozen(x):
+    return bridge.call_torch(lambda t: t + torch.rand(t.shape), x)
+
+  with pytest.warns(UserWarning, match=said) as caught:
+    a = frozen(jnp.zeros(4))
+  assert caught[0].filename == __file__  # the user's line
+  np.testing.assert_array_equal(frozen(jnp.zeros(4)), a)  # (what was said)
+
+  class Noisy(torch.nn.Module):
+    def forward(self, x):
+      return x + torch.rand(x.shape, device=x.device)  # drawn in the program
+
+  compiled = bridge.compile(Noisy())
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    b, c = compiled(torch.zeros(8)), compiled(torch.zeros(8))
+  assert not torch.equal(b, c)
+  with pytest.warns(UserWarning, match=f"`bridge.compile`: the traced torch code {said}"):
+    bridge.compile(lambda x: x * torch.randn(x.shape))(torch.ones(3))
+
+
 def test_views_cancel():
   f = lambda x: x * 2
   assert bridge.torch_view(bridge.jax_view(f)) is f

@@ -159,12 +159,15 @@ class trace_scope:
     self.api = api
     self._token: Any = None
     self._threads: Any = None
+    self._marks: list | None = None
 
   def __enter__(self) -> None:
     compat.tell_libraries()
     for enter, _ in _TRACE_HOOKS:  # (custom autograd.Functions keep their backward: `functions`)
       enter()
     staged = is_staged()
+    # torch's own generators, read as the outermost staged scope opens (`_drew_while_traced`)
+    self._marks = _generator_marks() if staged and not _ACTIVE.get().staged else None
     self._token = _ACTIVE.set(
       _Scope(self.api, staged and not dtypes.x64_enabled(), staged, torch.is_grad_enabled())
     )
@@ -177,6 +180,30 @@ class trace_scope:
     _ACTIVE.reset(self._token)
     for _, leave in reversed(_TRACE_HOOKS):
       leave()
+    if self._marks is not None and exc[0] is None and _generator_marks() != self._marks:
+      _drew_while_traced(self.api)
+
+
+def _generator_marks() -> list:
+  """Where torch's default generators stand: the CPU's state, and each initialized CUDA
+  device's offset."""
+  marks: list = [bytes(torch.default_generator.get_state().numpy())]
+  if torch.cuda.is_initialized():
+    marks += [g.get_offset() for g in torch.cuda.default_generators]
+  return marks
+
+
+def _drew_while_traced(api: str) -> None:
+  """Torch code staged into a program drew from torch's own generator (`torch.rand(n)` makes a
+  CPU tensor): those numbers were drawn once, as the program was traced, and are constants
+  of it. Said, not refused: a lazy module drawing its initial parameters does the same."""
+  warn(
+    f"`{api}`: the traced torch code drew random numbers from torch's own generator (a "
+    "random tensor made without a device, e.g. `torch.rand(n)`, is a CPU tensor) while it "
+    "was traced: they are constants of the program, the same numbers on every call. Make "
+    "them on the traced tensors' device (`torch.rand(n, device=x.device)`, "
+    "`torch.rand_like(x)`) to draw anew on every call."
+  )
 
 
 @functools.cache
