@@ -657,6 +657,23 @@ def test_random_numbers_drawn_on_the_cpu_while_traced_are_said_to_be_constants()
     bridge.compile(lambda x: x * torch.randn(x.shape))(torch.ones(3))
 
 
+def test_torch_cond_in_traced_code_is_refused_with_what_to_do():
+  """torch runs `torch.cond` by compiling its branches with dynamo, which cannot read traced
+  tensors (torch's own error blamed the predicate); `backend="jax"` runs it as `lax.cond`."""
+
+  def gate(t):
+    return torch.cond(t.sum() > 0, lambda a: a * 2, lambda a: a - 1, (t,))
+
+  with pytest.raises(bridge.BridgeTypeError, match=r"torch\.where.*backend=\"jax\"") as e:
+    jax.jit(bridge.jax_view(gate))(jnp.ones(3))
+  assert "test_call_torch.py" in str(e.value)  # the user's line
+  with pytest.raises(bridge.BridgeTypeError, match="`bridge.compile`: torch's control-flow"):
+    bridge.compile(gate)(torch.ones(3))
+  compiled = torch.compile(gate, backend="jax")
+  torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 2.0))
+  torch.testing.assert_close(compiled(-torch.ones(3)), torch.full((3,), -2.0))
+
+
 def test_views_cancel():
   f = lambda x: x * 2
   assert bridge.torch_view(bridge.jax_view(f)) is f

@@ -79,8 +79,28 @@ def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = A
         "`masked_select`, `x[mask]`, `unique`",
         tb=e.__traceback__,
       ) from e
+    except Exception as e:
+      if type(e).__name__ == "UncapturedHigherOrderOpError" and _READS_BRIDGE in str(e):
+        raise _control_flow_error(api, e) from e
+      raise
     narrowing.returned_held(call, out, api)  # (while the scope knows which they are)
     return out
+
+
+_READS_BRIDGE = "bridge._src.tensor.Tensor"  # (the traced tensors, as dynamo names their type)
+
+
+def _control_flow_error(api: str, error: Exception) -> BridgeTypeError:
+  """torch's control-flow operators (`torch.cond`...) called in traced code: torch runs them by
+  compiling their branches with dynamo, which cannot read a traced `bridge.Tensor`."""
+  return BridgeTypeError(
+    f"`{api}`: torch's control-flow operators (`torch.cond`, `while_loop`, `scan`, `map`) "
+    "compile their branches with torch.compile's dynamo, which cannot read the tensors "
+    f"{api} traces, at\n  {scope.user_line(error.__traceback__)}\nCompute both sides and "
+    "pick with `torch.where`, or compile the torch code with "
+    '`torch.compile(fn, backend="jax")`, which runs these operators as `lax.cond` / '
+    "`lax.while_loop` / `lax.scan`."
+  )
 
 
 # How torch code runs inside JAX: traced op by op ("trace"), or run for real by one host call
