@@ -329,6 +329,45 @@ def test_data_dependent_control_flow_names_the_users_line():
     bridge.export(f, torch.randn(3))
 
 
+def test_torch_cond_and_while_loop_export_as_jax_control_flow(tmp_path):
+  """Value-dependent control flow written with torch's operators is one program: `lax.cond`
+  (both branches kept, the value picks one) and `lax.while_loop` (any trip count)."""
+  from torch._higher_order_ops import while_loop
+
+  class Gate(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.a, self.b = torch.nn.Linear(6, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+      h = self.a(x)
+      return torch.cond(h.sum() > 0, lambda t: self.b(t).relu(), lambda t: t * -1.0, (h,))
+
+  torch.manual_seed(0)
+  model = Gate().eval()
+  bridge.export(model, torch.randn(3, 6), dynamic_shapes=({0: Dim("batch")},)).save(
+    tmp_path / "gate"
+  )
+  loaded = bridge.load(tmp_path / "gate")
+  picked = set()
+  for i in range(8):
+    x = torch.randn(1 + i, 6) * (1.0 if i % 2 else -1.0)
+    picked.add(bool(model.a(x).sum() > 0))
+    torch.testing.assert_close(loaded(x), model(x))
+  assert picked == {True, False}
+
+  class Doubling(torch.nn.Module):
+    def forward(self, x, n):
+      start = torch.zeros((), dtype=torch.int64)
+      return while_loop(lambda i, y: i < n, lambda i, y: (i + 1, y * 2 + 1), (start, x))
+
+  exported = bridge.export(Doubling(), torch.randn(3), torch.tensor(4))
+  for n in (0, 3, 5):
+    steps, y = exported(torch.ones(3), torch.tensor(n))
+    assert steps.dtype == torch.int64 and int(steps) == n
+    torch.testing.assert_close(y, torch.full((3,), 2.0 ** (n + 1) - 1))
+
+
 def test_an_op_without_a_lowering_is_named():
   lib = torch.library.Library("bridge_export_test", "DEF")
   lib.define("twice(Tensor x) -> Tensor")

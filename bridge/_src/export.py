@@ -179,8 +179,8 @@ def _torch_export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_sh
         f"`{API}`: the function's control flow depends on a tensor's value"
         + (f" ({line})" if line else "")
         + ", which one exported program cannot hold. Compute both branches and select "
-        "with torch.where, or export each case separately.\ntorch.export said: "
-        + text.strip().splitlines()[0]
+        "with torch.where, branch with torch.cond (both branches are in the program), or "
+        "export each case separately.\ntorch.export said: " + text.strip().splitlines()[0]
       ) from e
     raise
 
@@ -230,11 +230,73 @@ def _run_graph(gm: torch.fx.GraphModule, inputs: list) -> list:
           f"`{API}`: {node.target} failed while building the JAX program: "
           f"{type(e).__name__}: {e}{_where(node)}"
         ) from e
+    elif node.op == "get_attr":  # a subgraph of a control-flow operator (torch.cond's branches)
+      env[node] = operator.attrgetter(node.target)(gm)
     elif node.op == "output":
-      out = list(value(node.args[0]))
+      result = value(node.args[0])  # (a subgraph may return one bare value: a predicate)
+      out = list(result) if isinstance(result, (list, tuple)) else [result]
     else:
       raise BridgeError(f"`{API}`: unexpected graph node {node.op} ({node.target}).")
   return out
+
+
+# torch's control-flow operators, as JAX's: their subgraphs are interpreted like the graph
+
+
+def _subgraph(gm: Any) -> Callable[[list], list]:
+  return lambda arrays: [_exact(a) for a in _run_graph(gm, list(arrays))]
+
+
+def _exact(a: Any) -> Any:
+  """`a` without JAX's weak type (branches and iterations must agree on their types)."""
+  return jax.lax.convert_element_type(a, jnp.result_type(a))
+
+
+def _predicate(pred: Any) -> Any:
+  return pred if isinstance(pred, bool) else jnp.reshape(pred, ()).astype(bool)
+
+
+def _cond(pred: Any, true_gm: Any, false_gm: Any, operands: Any) -> list:
+  return jax.lax.cond(
+    _predicate(pred), _subgraph(true_gm), _subgraph(false_gm), [_exact(a) for a in operands]
+  )
+
+
+def _while_loop(cond_gm: Any, body_gm: Any, carried: Any, additional: Any, **kw: Any) -> list:
+  if any(kw.values()):
+    raise BridgeError(f"`{API}`: while_loop with {sorted(k for k, v in kw.items() if v)}.")
+  more = list(additional)
+  return jax.lax.while_loop(
+    lambda c: _predicate(_run_graph(cond_gm, [*c, *more])[0]),
+    lambda c: _subgraph(body_gm)([*c, *more]),
+    [_exact(a) for a in carried],
+  )
+
+
+def _scan(combine_gm: Any, init: Any, xs: Any, additional: Any) -> list:
+  n, more = len(init), list(additional)
+  if not xs:
+    return list(init)
+
+  def step(c: list, x: list) -> tuple[list, list]:
+    outs = _subgraph(combine_gm)([*c, *x, *more])
+    return outs[:n], outs[n:]
+
+  final, ys = jax.lax.scan(step, [_exact(a) for a in init], list(xs))
+  return [*final, *ys]
+
+
+def _map(f_gm: Any, xs: Any, pos_args: Any) -> list:
+  more = list(pos_args)
+  return jax.lax.map(lambda x: _subgraph(f_gm)([*x, *more]), list(xs))
+
+
+_CONTROL_FLOW: dict[Any, Callable[..., Any]] = {
+  torch.ops.higher_order.cond: _cond,
+  torch.ops.higher_order.while_loop: _while_loop,
+  torch.ops.higher_order.scan: _scan,
+  torch.ops.higher_order.map_impl: _map,
+}
 
 
 def _where(node: torch.fx.Node) -> str:
@@ -246,6 +308,8 @@ def _call(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
   target = node.target
   if target in _SYM_FUNCTIONS:
     return _SYM_FUNCTIONS[target](*args, **kwargs)
+  if target in _CONTROL_FLOW:
+    return _CONTROL_FLOW[target](*args, **kwargs)
   if not isinstance(target, torch._ops.OpOverload):
     raise BridgeError(f"`{API}`: cannot run {target} in a JAX program{_where(node)}.")
   name = target._schema.name.split("::")[-1]
