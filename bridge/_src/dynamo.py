@@ -445,10 +445,11 @@ def _for_the_jax_device(gm: torch.fx.GraphModule) -> None:
     the `jax` device's results are always contiguous, so that `view` would be refused.
   * `_to_copy(x, device=<the inputs' device>)` loses its `device`: in the graph it moves
     nothing (`mask.to(device=x.device)`), in the program it would leave the program.
-  * A tensor made on the inputs' device (`torch.rand(n)`, `torch.empty(n)`: the CPU, where
-    the inputs are CPU tensors) is made in the program (on its `jax` device). Made by torch's
-    CPU kernel while the program is traced, it was a constant of the program: random numbers
-    drawn once and returned by every call.
+  * A random tensor made on the inputs' device (`torch.rand(n)`, or `torch.empty(n)` that a
+    random op fills: the CPU, where the inputs are CPU tensors) is made in the program (on its
+    `jax` device). Made by torch's CPU kernel while the program is traced, it was a constant of
+    the program: numbers drawn once and returned by every call. (Other tensors made there stay
+    constants: values known while tracing, which ops that need them concrete can read.)
   * inductor's `prims.fma` (`_fma_to_mul_add`).
 
   The subgraphs of control-flow operators (`torch.cond`'s branches...) are rewritten alike.
@@ -478,11 +479,20 @@ def _rewrite_for_the_jax_device(
       isinstance(node.target, torch._ops.OpOverload)
       and device in devices
       and device.type != program.type
+      and (_draws(node) or any(_draws(user) for user in node.users))
     ):
       node.kwargs = {**node.kwargs, "device": program}
       changed = True
   if _fma_to_mul_add(gm) or changed:
     gm.recompile()
+
+
+def _draws(node: torch.fx.Node) -> bool:
+  """Whether the node is an op that draws random numbers (torch's `nondeterministic_seeded`)."""
+  target = node.target
+  return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in (
+    target.tags
+  )
 
 
 def _input_devices(gm: torch.fx.GraphModule, key: str) -> set[torch.device]:
