@@ -44,7 +44,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "dispatch.views",
         "dispatch.mutation",
         "dispatch.special",
-        "dispatch.control_flow",
+        "dispatch.higher_order",
         "dispatch.plans",
       }
     ),

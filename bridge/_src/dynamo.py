@@ -36,7 +36,7 @@ from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src import ffi
 from bridge._src import tensor as tensor_lib
-from bridge._src.dispatch import control_flow
+from bridge._src.dispatch import higher_order
 from bridge._src.errors import BridgeTypeError
 
 log = logging.getLogger("bridge.backend")
@@ -124,12 +124,12 @@ def teach_dynamo() -> None:
     would be compiled again on its second call.
 
   And one thing that only saves time: `_name_functions_only_for_logs`; and one that aot_autograd
-  needs (`_control_flow_past_aot_check`).
+  needs (`_higher_order_past_aot_check`).
   """
   compat.after_import("torch._dynamo.trace_rules", _skip_own_frames)
   compat.after_import("torch._dynamo.symbolic_convert", _name_functions_only_for_logs)
   compat.after_import(
-    "torch._functorch._aot_autograd.runtime_wrappers", _control_flow_past_aot_check
+    "torch._functorch._aot_autograd.runtime_wrappers", _higher_order_past_aot_check
   )
   compat.teach_on_import()
 
@@ -176,18 +176,18 @@ def _name_functions_only_for_logs(symbolic_convert: Any) -> None:
   symbolic_convert.get_funcname = get_funcname
 
 
-def _control_flow_past_aot_check(runtime_wrappers: Any) -> None:
+def _higher_order_past_aot_check(runtime_wrappers: Any) -> None:
   """aot_autograd runs a compiled graph's first call under a dispatch mode that checks custom
   ops for aliasing (`_AnalyzeCustomOpInputOutputMode`): it declines the ops of tensor types it
   does not know, which then reach the tensors' own `__torch_dispatch__`; but a higher-order
   operator it declines is handed back to the graph as `NotImplemented` (torch 2.13), so a
   `torch.cond` in a graph of `backend="jax"` failed its first call. The mode checks no such
-  operator: for those the bridge implements (`dispatch.control_flow`), it passes the call on.
+  operator: for those the bridge implements (`dispatch.higher_order`), it passes the call on.
   For the tensors it knows, that is what it did."""
   mode = getattr(runtime_wrappers, "_AnalyzeCustomOpInputOutputMode", None)
   if mode is None:  # pragma: no cover - another torch
     return
-  for op in control_flow.IMPLEMENTATIONS:
+  for op in higher_order.IMPLEMENTATIONS:
     if mode not in op.python_key_table:
       op.py_impl(mode)(functools.partial(_pass_on, op))
 

@@ -504,6 +504,38 @@ def test_torch_compile_backend_jax_with_cuda_tensors():
     torch.testing.assert_close(p.grad, q.grad, **TOL)
 
 
+def test_torch_compile_backend_jax_runs_torch_cond_and_flex_attention_on_cuda():
+  """Higher-order operators with CUDA tensors: `torch.cond` (both directions of the gradient)
+  and `flex_attention` forward and backward (torch allows its backward on CUDA only)."""
+  from torch.nn.attention.flex_attention import flex_attention
+
+  def gate(x, w):
+    return torch.cond(x.sum() > 0, lambda t: (t @ w).tanh(), lambda t: t * 0.5, (x,))
+
+  w = torch.randn(4, 4, device=CUDA)
+  for sign in (1.0, -1.0):
+    x = (torch.rand(3, 4, device=CUDA) * sign).requires_grad_()
+    got = torch.compile(gate, backend="jax")(x, w)
+    assert got.device.type == "cuda"
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    want = gate(x, w)
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(gx, wx, **TOL)
+
+  def attend(q, k, v):
+    return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + (qi - ki) * 0.01)
+
+  q, k, v = (torch.randn(2, 2, 64, 16, device=CUDA, requires_grad=True) for _ in range(3))
+  got = torch.compile(attend, backend="jax")(q, k, v)
+  grads = torch.autograd.grad(got.pow(2).sum(), (q, k, v))
+  want = torch.compile(attend, backend="eager")(q, k, v)
+  wants = torch.autograd.grad(want.pow(2).sum(), (q, k, v))
+  torch.testing.assert_close(got, want, **TOL)
+  for g, w_ in zip(grads, wants):
+    torch.testing.assert_close(g, w_, **TOL)
+
+
 # --- memory -----------------------------------------------------------------------------------------
 
 

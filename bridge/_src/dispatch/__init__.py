@@ -31,7 +31,8 @@ The modules, each with one job (lower ones first; none imports one listed after 
 * `views`: the plan of a view op (shares its input's storage);
 * `mutation`: the plans of in-place and `out=` ops (the functional twin, then a store);
 * `special`: the ops the core itself must implement (copies, `.item()`, dtype views...);
-* `control_flow`: torch's control-flow operators (`torch.cond`, `while_loop`, `scan`, `map`) as
-  `lax.cond` / `lax.while_loop` / `lax.scan`, reached through their own tables, not plans;
+* `higher_order`: torch's higher-order operators, reached through their own tables, not plans:
+  control flow (`torch.cond`, `while_loop`, `scan`, `map`) as `lax.cond` / `lax.while_loop` /
+  `lax.scan`, `flex_attention` by torch's math implementation;
 * `plans`: the entry: the plan of each overload, chosen once.
 """

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
-from bridge._src.dispatch import control_flow
+from bridge._src.dispatch import higher_order
 from bridge._src.dispatch import mutation
 from bridge._src.dispatch import special
 from bridge._src.dispatch.functional import FunctionalPlan
@@ -66,5 +66,5 @@ def _proven(func: Any, plan: Callable) -> Callable:
 
 # `bridge.Tensor.__torch_dispatch__` looks plans up in `_PLANS` and builds missing ones here.
 tensor_lib.set_planner(get_plan)
-# torch's control-flow operators (`torch.cond`...) reach `bridge.Tensor` by their own table.
-control_flow.register()
+# torch's higher-order operators (`torch.cond`...) reach `bridge.Tensor` by their own table.
+higher_order.register()

@@ -1,10 +1,12 @@
-"""torch's control-flow operators in `torch.compile(..., backend="jax")` graphs: `torch.cond`,
+"""torch's higher-order operators in `torch.compile(..., backend="jax")` graphs: `torch.cond`,
 `while_loop`, `scan` and `map` as JAX's own control flow (one program holds both branches, a loop
-runs as a loop), checked against eager torch: values, gradients, dtypes, random ops inside."""
+runs as a loop), and `flex_attention`; checked against eager torch: values, gradients, dtypes,
+random ops inside."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch._higher_order_ops import scan, while_loop
 from torch._higher_order_ops.map import map as torch_map
 
 import bridge
-from bridge._src.dispatch import control_flow
+from bridge._src.dispatch import higher_order
 
 
 @pytest.fixture(autouse=True)
@@ -156,6 +158,27 @@ def test_random_ops_in_a_loop_body_draw_anew_each_iteration():
   assert 0.2 < three.var().item() < 0.3  # three independent uniforms: 3/12
 
 
+def test_flex_attention_with_a_score_mod_a_block_mask_and_grouped_heads():
+  from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+  bias = torch.randn(4)
+  mask = create_block_mask(lambda b, h, q, k: q >= k, None, None, 32, 32, device="cpu")
+
+  def attend(q, k, v):
+    return flex_attention(
+      q, k, v, score_mod=lambda s, b, h, q, k: s + bias[h], block_mask=mask, enable_gqa=True
+    )
+
+  def with_lse(q, k, v):
+    return flex_attention(q, k, v, return_lse=True)
+
+  q, k = torch.randn(2, 4, 32, 8), torch.randn(2, 2, 32, 8)
+  with torch.no_grad(), warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # (torch: flex_attention run eagerly is unfused)
+    torch.testing.assert_close(torch.compile(attend, backend="jax")(q, k, k), attend(q, k, k))
+    torch.testing.assert_close(torch.compile(with_lse, backend="jax")(q, q, q), with_lse(q, q, q))
+
+
 def test_the_operators_are_registered_for_bridge_tensors():
-  for op in control_flow.IMPLEMENTATIONS:
+  for op in higher_order.IMPLEMENTATIONS:
     assert bridge.Tensor in op.python_key_table, op

@@ -1,10 +1,11 @@
-"""torch's control-flow operators on `bridge.Tensor`s, as JAX's own: `torch.cond` as `lax.cond`,
-`while_loop` as `lax.while_loop`, `scan` as `lax.scan` and `map` as `lax.map`.
+"""torch's higher-order operators on `bridge.Tensor`s. The control-flow ones run as JAX's own:
+`torch.cond` as `lax.cond`, `while_loop` as `lax.while_loop`, `scan` as `lax.scan` and `map` as
+`lax.map`; `flex_attention` runs torch's own math implementation of it, op by op into the program.
 
-Each subgraph (an FX graph module that torch.compile captured, or any function of tensors) is
-traced once as a JAX function of the tensors' arrays, so the program holds the control flow
-itself: one branch runs, a loop runs as a loop, whatever the values. They reach the bridge in the
-graphs of `torch.compile(..., backend="jax")`: dynamo captures them whole, and aot_autograd
+Each control-flow subgraph (an FX graph module that torch.compile captured, or any function of
+tensors) is traced once as a JAX function of the tensors' arrays, so the program holds the control
+flow itself: one branch runs, a loop runs as a loop, whatever the values. They reach the bridge in
+the graphs of `torch.compile(..., backend="jax")`: dynamo captures them whole, and aot_autograd
 writes their backward as more of them. Operands are the op's tensors (on one `jax` device; a CPU
 scalar tensor is a constant) and Python numbers, which stay static. Random ops inside a subgraph
 draw from the program's key (`rng.rng_key`), threaded through as one more operand and result,
@@ -13,6 +14,7 @@ so each branch, iteration and element draws its own numbers.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -311,12 +313,27 @@ def _plain(a: Any) -> Any:
   return jax.lax.convert_element_type(a, a.dtype)
 
 
+def _flex_attention() -> dict[Any, Callable]:
+  """`flex_attention` and its backward: torch's math implementations (`sdpa_dense`, which
+  applies the score and mask functions with `torch.vmap`), run on `bridge.Tensor`s like any
+  torch code. (torch allows its backward on CUDA tensors only.)"""
+  try:
+    flex = importlib.import_module("torch._higher_order_ops.flex_attention")
+    return {
+      flex.flex_attention: flex.sdpa_dense,
+      flex.flex_attention_backward: flex.sdpa_dense_backward,
+    }
+  except (ImportError, AttributeError):  # pragma: no cover - another torch
+    return {}
+
+
 # The operators and their implementations on `bridge.Tensor`s.
 IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.cond: cond,
   _hop.while_loop: while_loop,
   _hop.scan: scan,
   _hop.map_impl: map_impl,
+  **_flex_attention(),
 }
 
 
