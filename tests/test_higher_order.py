@@ -8,21 +8,13 @@ from __future__ import annotations
 import copy
 import warnings
 
-import pytest
 import torch
 from torch._higher_order_ops import scan, while_loop
 from torch._higher_order_ops.map import map as torch_map
 
 import bridge
 from bridge._src.dispatch import higher_order
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-  torch._dynamo.reset()
-  bridge.compile_stats(reset=True)
-  yield
-  torch._dynamo.reset()
+from tests.test_torch_compile_backend import _fresh_dynamo  # noqa: F401 - (autouse)
 
 
 class Gate(torch.nn.Module):
