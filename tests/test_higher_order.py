@@ -171,6 +171,21 @@ def test_flex_attention_with_a_score_mod_a_block_mask_and_grouped_heads():
     torch.testing.assert_close(torch.compile(with_lse, backend="jax")(q, q, q), with_lse(q, q, q))
 
 
+def test_a_nested_compile_region_runs_in_the_program_with_torchs_gradients():
+  @torch.compiler.nested_compile_region
+  def block(x, w):
+    return (x @ w).relu()
+
+  def f(x, w):
+    return block(block(x, w), w).sum(0)
+
+  x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+  got = torch.compile(f, backend="jax")(x, w)
+  torch.testing.assert_close(got, f(x, w))
+  grads = torch.autograd.grad(got.sum(), (x, w))
+  torch.testing.assert_close(grads, torch.autograd.grad(f(x, w).sum(), (x, w)))
+
+
 def test_the_operators_are_registered_for_bridge_tensors():
   for op in higher_order.IMPLEMENTATIONS:
     assert bridge.Tensor in op.python_key_table, op

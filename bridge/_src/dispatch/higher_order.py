@@ -1,6 +1,7 @@
 """torch's higher-order operators on `bridge.Tensor`s. The control-flow ones run as JAX's own:
 `torch.cond` as `lax.cond`, `while_loop` as `lax.while_loop`, `scan` as `lax.scan` and `map` as
-`lax.map`; `flex_attention` runs torch's own math implementation of it, op by op into the program.
+`lax.map`; `flex_attention` runs torch's own math implementation of it, and a
+`torch.compiler.nested_compile_region` its graph, op by op into the program.
 
 Each control-flow subgraph (an FX graph module that torch.compile captured, or any function of
 tensors) is traced once as a JAX function of the tensors' arrays, so the program holds the control
@@ -313,6 +314,15 @@ def _plain(a: Any) -> Any:
   return jax.lax.convert_element_type(a, a.dtype)
 
 
+def invoke_subgraph(subgraph: Callable, identifier: Any, *operands: Any) -> Any:
+  """`torch.compiler.nested_compile_region`'s operator: the region's graph, traced in place
+  (the program holds one copy per call; XLA sees them whole)."""
+  del identifier
+  if getattr(subgraph, "_boxed_call", False):
+    return subgraph(list(operands))
+  return subgraph(*operands)
+
+
 def _flex_attention() -> dict[Any, Callable]:
   """`flex_attention` and its backward: torch's math implementations (`sdpa_dense`, which
   applies the score and mask functions with `torch.vmap`), run on `bridge.Tensor`s like any
@@ -333,6 +343,7 @@ IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.while_loop: while_loop,
   _hop.scan: scan,
   _hop.map_impl: map_impl,
+  _hop.invoke_subgraph: invoke_subgraph,
   **_flex_attention(),
 }
 
