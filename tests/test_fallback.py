@@ -215,3 +215,47 @@ def test_a_fallen_back_op_without_a_fake_names_the_fallback_and_advises_a_loweri
   assert "`torch.library.register_fake`" in message
   assert "`bridge.register_lowering`" in message
   assert "mode='callback'" not in message and "result_shape_dtypes" not in message
+
+
+# A custom op that writes its argument in place (declared with `mutates_args`), and returns a
+# new tensor too: no functional twin, no lowering, no decomposition.
+@torch.library.custom_op("bridge_test_fb::scale_and_norm_", mutates_args=("x",))
+def scale_and_norm_(x: torch.Tensor, s: float) -> torch.Tensor:
+  x.mul_(s)
+  return x.norm().reshape(1)
+
+
+@scale_and_norm_.register_fake
+def _(x, s):
+  return x.new_empty(1)
+
+
+def _writes(x):
+  y = x.detach() + 1  # (the op has no derivative)
+  norm = scale_and_norm_(y, 3.0)
+  return y * 2 + x, norm
+
+
+def test_an_op_that_writes_its_argument_falls_back_on_a_copy_everywhere():
+  """Eagerly on the `jax` device, in `bridge.compile`, in `call_torch` under jit, and in a
+  `backend="jax"` graph with and without gradients (where aot_autograd writes the op as
+  `auto_functionalized`): torch writes a copy in a host call, the new value is stored."""
+  x = torch.randn(5)
+  before = x.clone()
+  want = _writes(x)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    on_device = _writes(x.to("jax"))
+    torch.testing.assert_close([t.cpu() for t in on_device], list(want))
+    torch.testing.assert_close(list(bridge.compile(_writes)(x)), list(want))
+    got = jax.jit(bridge.jax_view(_writes))(jnp.asarray(x.numpy()))
+    torch.testing.assert_close([torch.tensor(np.asarray(g)) for g in got], list(want))
+    for grad in (False, True):
+      torch._dynamo.reset()
+      leaf = x.clone().requires_grad_(grad)
+      out = torch.compile(_writes, backend="jax")(leaf)
+      torch.testing.assert_close(list(out), list(want))
+      if grad:
+        (g,) = torch.autograd.grad(out[0].sum(), leaf)
+        torch.testing.assert_close(g, torch.ones(5))
+  torch.testing.assert_close(x, before, rtol=0, atol=0)  # (the caller's tensor: unwritten)

@@ -22,6 +22,8 @@ import jax
 import torch
 
 from bridge._src import callback, ffi, registry
+from bridge._src import tensor as tensor_lib
+from bridge._src import tree as tree_lib
 from bridge._src import config as config_lib
 from bridge._src.errors import FallbackWarning, OperatorNotFound
 
@@ -100,6 +102,39 @@ def lowering(func: Any) -> registry.Lowering | None:
   # (`dynamic_shape`: not jitted per op, so that the policy is looked at on every call;
   # callback mode caches its own programs)
   return registry.Lowering(op=func, fn=run, source="callback fallback", dynamic_shape=True)
+
+
+def writing(func: Any) -> Callable[[tuple, dict], tuple] | None:
+  """The fallback of an op that writes its tensor arguments and has no functional twin (a
+  custom op declared with `mutates_args`): torch runs it in a host call on copies of the
+  arguments (callback mode's `return_mutated`). Given the op's own arguments, it returns its
+  outputs (JAX values) and (tensor written, its new value) pairs. None where the fallback is
+  off, or for written arguments other than tensors (lists of them)."""
+  if not available() or any(
+    not isinstance(a.type, torch.TensorType)
+    for a in func._schema.arguments
+    if a.alias_info is not None and a.alias_info.is_write
+  ):
+    return None
+
+  def run(args: tuple, kwargs: dict) -> tuple:
+    if not available():  # the policy changed since this op was first seen
+      raise_not_found(func)
+    _note(func)
+    leaves, spec = tree_lib.flatten((args, kwargs))
+    arrays = [tensor_lib.value(a) if type(a) is tensor_lib.Tensor else a for a in leaves]
+    a_args, a_kwargs = tree_lib.unflatten(spec, arrays)
+    outs, written = callback.call(
+      func,
+      a_args,
+      a_kwargs,
+      name=f"the fallback of {op_name(func)}",
+      return_mutated=True,
+      api=callback.FALLBACK,
+    )
+    return outs, [(leaves[i], new) for i, new in written.items()]
+
+  return run
 
 
 def _convolution_backward(*args: Any, **kwargs: Any) -> tuple:
@@ -214,12 +249,13 @@ def torch_on_cpu(func: Any, lowering: registry.Lowering) -> registry.Lowering:
   return dataclasses.replace(lowering, fn=run, dynamic_shape=True)
 
 
-def raise_not_found(func: Any) -> NoReturn:
-  """Raise `OperatorNotFound` for `func`: no lowering, no decomposition, no fallback."""
+def raise_not_found(func: Any, reason: str | None = None) -> NoReturn:
+  """Raise `OperatorNotFound` for `func`: no lowering, no decomposition, no fallback
+  (`reason`: why not, where it is not `why_not()`'s)."""
   name = func._schema.name.split("::")[-1]
   raise OperatorNotFound(
     f"bridge: there is no lowering for {func} on the `jax` device (and torch has no "
-    f"decomposition for it). {why_not()} Register a lowering, in your code or "
+    f"decomposition for it). {reason or why_not()} Register a lowering, in your code or "
     "a plugin:\n\n"
     "    import bridge, torch, jax.numpy as jnp\n"
     f"    @bridge.register_lowering(torch.ops.{func.namespace}.{name}.{func._overloadname})\n"

@@ -337,6 +337,20 @@ def _flex_attention() -> dict[Any, Callable]:
     return {}
 
 
+def _torch_dense(*names: str) -> dict[Any, Callable]:
+  """torch's own implementations of these operators in torch code (their
+  `CompositeExplicitAutograd` kernels), run on `bridge.Tensor`s like any torch code:
+  `auto_functionalized` (a custom op that writes its arguments, in aot_autograd's functional
+  graphs: run on copies of them, which `dispatch.mutation` hands to the fallback)."""
+  table = {}
+  for name in names:
+    op = getattr(_hop, name, None)
+    kernel = getattr(op, "py_kernels", {}).get(torch._C.DispatchKey.CompositeExplicitAutograd)
+    if kernel is not None:
+      table[op] = kernel
+  return table
+
+
 # The operators and their implementations on `bridge.Tensor`s.
 IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.cond: cond,
@@ -345,6 +359,7 @@ IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.map_impl: map_impl,
   _hop.invoke_subgraph: invoke_subgraph,
   **_flex_attention(),
+  **_torch_dense("auto_functionalized", "auto_functionalized_v2"),
 }
 
 

@@ -102,6 +102,27 @@ class MutatingPlan:
         self.direct = FunctionalPlan(func)
     self.twin_plan = plan_of(self.twin) if self.twin is not None else None
 
+  def _fallback(self, targets: list, args: tuple, kwargs: dict) -> Any:
+    """torch runs the op on copies in a host call (`fallback.writing`); the new values are
+    stored into the tensors it writes, and its own results come back as new tensors."""
+    run = fallback.writing(self.func)
+    if run is None:
+      fallback.raise_not_found(
+        self.func,
+        "The callback fallback cannot take it either: it writes a list of tensors."
+        if fallback.available()
+        else None,
+      )
+    outs, written = run(args, kwargs)
+    for target, new in written:
+      store(target, new)
+    returns = self.func._schema.returns
+    if all(r.alias_info is not None for r in returns):  # (aten's in-place form: the targets)
+      return None if not returns else targets[0] if len(returns) == 1 else tuple(targets)
+    device = next(t.device for t in targets if isinstance(t, Tensor))
+    made = [make(o, device) for o in (outs if isinstance(outs, (tuple, list)) else [outs])]
+    return made[0] if len(returns) == 1 else tuple(made)
+
   def _targets(self, args: tuple, kwargs: dict) -> list:
     targets = []
     for name in self.mutated:
@@ -129,7 +150,7 @@ class MutatingPlan:
     else:
       decomp = decomposition(self.func)
       if decomp is None or self.func in decomposing():
-        fallback.raise_not_found(self.func)
+        return self._fallback(targets, args, kwargs)
       with decomposing_scope(self.func):
         return decomp(*args, **kwargs)
     if len(targets) == 1 and isinstance(targets[0], (list, tuple)):
