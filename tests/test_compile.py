@@ -72,6 +72,19 @@ def test_forward_and_gradients_match_torch(name, device):
     torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
+def test_a_function_without_tensor_arguments():
+  """No tensor in or kept: the outputs come back on the CPU (it used to fail reading the device
+  of no tensor; torch.compile's graph for `x.repeat_interleave(torch.tensor([...]))` is one)."""
+  made = bridge.compile(lambda: torch.arange(4.0) * 2)
+  for _ in range(2):  # (the second call takes the recorded shortcut)
+    out = made()
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, torch.arange(4.0) * 2)
+  f = lambda a: a.repeat_interleave(torch.tensor([1, 2, 0, 1]), dim=0)
+  x = torch.randn(4, 6)
+  torch.testing.assert_close(torch.compile(f, backend="jax")(x), f(x))
+
+
 def test_input_gradients():
   torch.manual_seed(0)
   model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softplus())

@@ -950,6 +950,8 @@ class Compiled:
           device = d
         elif d is not device and d != device:
           raise _device_error(self.name, device, d)
+      if device is _NO_DEVICE:  # no tensor in or kept (a call without arguments): the CPU's
+        device = None
       try:
         if torch.is_grad_enabled() and (
           any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])
