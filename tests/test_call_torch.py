@@ -656,6 +656,14 @@ def test_random_numbers_drawn_on_the_cpu_while_traced_are_said_to_be_constants()
   with pytest.warns(UserWarning, match=f"`bridge.compile`: the traced torch code {said}"):
     bridge.compile(lambda x: x * torch.randn(x.shape))(torch.ones(3))
 
+  def reseeds(t):  # a reseed draws nothing; a CPU constant drawn from nothing random
+    torch.manual_seed(5)
+    return t + torch.arange(3.0)
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    np.testing.assert_array_equal(jax.jit(bridge.jax_view(reseeds))(jnp.zeros(3)), [0, 1, 2])
+
 
 def test_torch_cond_in_traced_code_is_refused_with_what_to_do():
   """torch runs `torch.cond` by compiling its branches with dynamo, which cannot read traced

@@ -80,7 +80,9 @@ def collecting_constants() -> Iterator[list]:
 
 
 def note_constant(t: torch.Tensor) -> None:
-  """Note the CPU tensor `t` joining the program as a constant (see `collecting_constants`)."""
+  """Note the CPU tensor `t` joining the program as a constant (see `collecting_constants`);
+  counted per thread (`_drew_while_traced` asks whether any did)."""
+  _constants.count = getattr(_constants, "count", 0) + 1
   into = getattr(_constants, "into", None)
   if into is not None:
     into.append(weakref.ref(t))
@@ -160,6 +162,7 @@ class trace_scope:
     self._token: Any = None
     self._threads: Any = None
     self._marks: list | None = None
+    self._constants = 0
 
   def __enter__(self) -> None:
     compat.tell_libraries()
@@ -168,6 +171,7 @@ class trace_scope:
     staged = is_staged()
     # torch's own generators, read as the outermost staged scope opens (`_drew_while_traced`)
     self._marks = _generator_marks() if staged and not _ACTIVE.get().staged else None
+    self._constants = getattr(_constants, "count", 0)
     self._token = _ACTIVE.set(
       _Scope(self.api, staged and not dtypes.x64_enabled(), staged, torch.is_grad_enabled())
     )
@@ -180,23 +184,43 @@ class trace_scope:
     _ACTIVE.reset(self._token)
     for _, leave in reversed(_TRACE_HOOKS):
       leave()
-    if self._marks is not None and exc[0] is None and _generator_marks() != self._marks:
+    if (
+      self._marks is not None
+      and exc[0] is None
+      and getattr(_constants, "count", 0) != self._constants
+      and _moved(self._marks, _generator_marks())
+    ):
       _drew_while_traced(self.api)
 
 
 def _generator_marks() -> list:
-  """Where torch's default generators stand: the CPU's state, and each initialized CUDA
-  device's offset."""
-  marks: list = [bytes(torch.default_generator.get_state().numpy())]
+  """Where torch's default generators stand: the CPU's seed and state, and each initialized
+  CUDA device's seed and offset. (A generator reseeded in the trace, `torch.manual_seed`,
+  says nothing of draws: the seed is compared alone then.)"""
+  marks: list = [torch.default_generator.initial_seed()]
+  marks.append(bytes(torch.default_generator.get_state().numpy()))
   if torch.cuda.is_initialized():
-    marks += [g.get_offset() for g in torch.cuda.default_generators]
+    marks += [(g.initial_seed(), g.get_offset()) for g in torch.cuda.default_generators]
   return marks
+
+
+def _moved(before: list, after: list) -> bool:
+  """Whether a generator drew between the two marks (one whose seed changed was reseeded:
+  not counted)."""
+  if before[0] != after[0]:
+    cpu = False
+  else:
+    cpu = before[1] != after[1]
+  cuda = any(b[0] == a[0] and b[1] != a[1] for b, a in zip(before[2:], after[2:]))
+  return cpu or cuda
 
 
 def _drew_while_traced(api: str) -> None:
   """Torch code staged into a program drew from torch's own generator (`torch.rand(n)` makes a
-  CPU tensor): those numbers were drawn once, as the program was traced, and are constants
-  of it. Said, not refused: a lazy module drawing its initial parameters does the same."""
+  CPU tensor) and CPU tensors joined the program as constants: those numbers were drawn once,
+  as the program was traced, and are constants of it. Said, not refused: a lazy module
+  drawing its initial parameters does the same. (The generators are global: another thread
+  drawing meanwhile, while this trace took a CPU constant, is said too.)"""
   warn(
     f"`{api}`: the traced torch code drew random numbers from torch's own generator (a "
     "random tensor made without a device, e.g. `torch.rand(n)`, is a CPU tensor) while it "
