@@ -294,12 +294,17 @@ def test_dropout_draws_from_the_generator_seeded_by_torch_manual_seed():
     lambda x: torch.rand(x.shape),
     lambda x: torch.empty(x.shape).uniform_(),
     lambda x: torch.randn(x.shape).sigmoid(),
+    lambda x: torch.distributions.Normal(torch.zeros(x.shape), 1.0).rsample().sigmoid(),
   ],
-  ids=["rand", "empty_uniform_", "randn"],
+  ids=["rand", "empty_uniform_", "randn", "Normal_rsample"],
 )
+@pytest.mark.timeout(300)
 def test_random_tensors_made_in_the_graph_are_drawn_on_every_call(make, grad):
   """`torch.rand(n)` makes a CPU tensor: torch's CPU kernel used to run it while the program
-  was traced, so every call returned the numbers of that one draw."""
+  was traced, so every call returned the numbers of that one draw. (`Normal.rsample` fills
+  `torch.empty(n)` with `normal_`, whose functional form falls back to torch through a host
+  call: run at once on the known input while tracing, it was frozen too; staged, its host
+  function reseeded every device and deadlocked on the `jax` generator's lock.)"""
 
   def f(x):
     return x * 0 + make(x)

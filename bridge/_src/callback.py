@@ -501,12 +501,19 @@ jax.tree_util.register_pytree_node(_Kept, lambda k: ((), k.obj), lambda obj, _: 
 
 
 def _seeded(flat_fn: Callable[[list], list]) -> Callable[[list], list]:
-  """A random program's host function: `flat_fn` with torch's generator seeded from the
-  program's first input, restored after."""
+  """A random program's host function: `flat_fn` with torch's generator of the tensors' device
+  (the CPU's; a CUDA GPU's on the `buffers` route) seeded from the program's first input,
+  restored after. Not `torch.manual_seed`, which seeds every device: also the `jax` device,
+  whose generator a running compiled program that draws holds locked (a deadlock), and the
+  GPUs', for good."""
 
   def host(inputs: list) -> list:
-    with torch.random.fork_rng(devices=[]):
-      torch.manual_seed(int(inputs[0].reshape(-1)[0]))
+    seed = int(inputs[0].reshape(-1)[0])
+    cuda = [inputs[0].device.index or 0] if inputs[0].is_cuda else []
+    with torch.random.fork_rng(devices=cuda):
+      torch.default_generator.manual_seed(seed)
+      for index in cuda:
+        torch.cuda.default_generators[index].manual_seed(seed)
       return flat_fn(inputs)
 
   return host
@@ -663,8 +670,13 @@ def call(
     )
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
-  if not any(isinstance(d, jax.core.Tracer) for d in dyn):
-    outs = _call_now(program, dyn)  # nothing to stage: torch runs it right here
+  if not any(isinstance(d, jax.core.Tracer) for d in dyn) and not (
+    program.random and scope.is_staged()
+  ):
+    # nothing to stage: torch runs it right here. (Not a random function while a program is
+    # built on known inputs, `torch.empty(n).normal_()`: run now, its numbers would be
+    # constants of the program, the same on every run.)
+    outs = _call_now(program, dyn)
   else:
     if program.random:
       dyn.insert(0, _seed())
