@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import bridge
 from bridge._src.dispatch import fallback as fallback_lib
@@ -259,3 +260,34 @@ def test_an_op_that_writes_its_argument_falls_back_on_a_copy_everywhere():
         (g,) = torch.autograd.grad(out[0].sum(), leaf)
         torch.testing.assert_close(g, torch.ones(5))
   torch.testing.assert_close(x, before, rtol=0, atol=0)  # (the caller's tensor: unwritten)
+
+
+# (a custom op that draws random numbers says so with torch's tag: nothing else can tell)
+@torch.library.custom_op(
+  "bridge_test_fb::jitter", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+)
+def jitter(x: torch.Tensor) -> torch.Tensor:
+  return x + torch.rand_like(x)
+
+
+@jitter.register_fake
+def _(x):
+  return torch.empty_like(x)
+
+
+@pytest.mark.timeout(300)
+def test_a_random_op_that_falls_back_on_known_inputs_draws_on_every_call():
+  """Its inputs known while the program is built (a tensor made in the traced code), the
+  fallback used to run it at once: its numbers were constants of the program. Staged, its
+  host function must not take the `jax` generator's lock, which a running compiled program
+  that draws holds (it did, through `torch.manual_seed`: a deadlock)."""
+
+  def f(x):
+    return F.dropout(x, 0.5) * 0 + jitter(torch.zeros(2000, device=x.device))
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    for compiled in (bridge.compile(f), torch.compile(f, backend="jax")):
+      a, b = compiled(torch.ones(2000)), compiled(torch.ones(2000))
+      assert not torch.equal(a, b)
+      assert 0.45 < a.mean().item() < 0.55 and 0.0 <= a.min().item() and a.max().item() <= 1.0

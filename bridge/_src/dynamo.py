@@ -693,6 +693,7 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         or target in _AOT_ONLY
         or target == "requires_grad_"
         or getattr(target, "__name__", target) in _NEW_RANDOM
+        or _draws(node)  # (an op tagged random: a custom op's inputs may be made here too)
       ):
         return False  # (random numbers made apart from the inputs: aot's graph makes them
         # in the program, `_for_the_jax_device`)

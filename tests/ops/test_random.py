@@ -88,6 +88,7 @@ CASES = [
   (aten.normal_.default, (z(), 2.0, 3.0), {}, Stats(2.0, 3.0)),
   (aten.normal_.default, (z(torch.float64),), {}, Stats(0.0, 1.0)),
   (aten.normal_.default, (z(torch.bfloat16), -1.0, 0.5), {}, Stats(-1.0, 0.5)),
+  (aten.normal_functional.default, (z(), 2.0, 3.0), {}, Stats(2.0, 3.0)),
   (aten.uniform.default, (z(), -2.0, 5.0), {}, Stats(1.5, uniform_std(-2, 5), -2.0, 5.0)),
   (aten.uniform.default, (z(torch.float16),), {}, Stats(0.5, uniform_std(0, 1), 0.0, 1.0)),
   (aten.uniform.default, (z(torch.float64), 3.0, 4.0), {}, Stats(3.5, uniform_std(3, 4), 3, 4)),

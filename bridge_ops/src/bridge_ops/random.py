@@ -94,6 +94,12 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None, key):
   return _normal(key, self.shape, self.dtype, mean, std)
 
 
+# (`normal_`'s functional form, which aot_autograd's graphs hold: `Normal(...).rsample()`)
+@lowering(aten.normal_functional.default, random=True)
+def normal_functional(self, mean=0.0, std=1.0, *, generator=None, key):
+  return _normal(key, self.shape, self.dtype, mean, std)
+
+
 @lowering(aten.uniform.default, random=True)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, key, **kwargs):
   from_ = kwargs.pop("from", from_)  # `from` is a Python keyword
