@@ -7,6 +7,9 @@ cross only while JAX's 64-bit types are enabled (see `check_x64`).
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -63,6 +66,12 @@ NARROWED = {
 def x64_enabled() -> bool:
   """Whether JAX's 64-bit types are on here (globally or in a `jax.enable_x64` scope)."""
   return bool(_jax_config.enable_x64.value)
+
+
+def strong(a: Any) -> Any:
+  """The JAX value `a` without JAX's weak type (the branches and iterations of control flow
+  must agree on their types exactly)."""
+  return jax.lax.convert_element_type(a, a.dtype)
 
 
 def jax_dtype(dtype: torch.dtype, *, api: str, where: str) -> np.dtype:

@@ -244,12 +244,7 @@ def _run_graph(gm: torch.fx.GraphModule, inputs: list) -> list:
 
 
 def _subgraph(gm: Any) -> Callable[[list], list]:
-  return lambda arrays: [_exact(a) for a in _run_graph(gm, list(arrays))]
-
-
-def _exact(a: Any) -> Any:
-  """`a` without JAX's weak type (branches and iterations must agree on their types)."""
-  return jax.lax.convert_element_type(a, jnp.result_type(a))
+  return lambda arrays: [dtypes.strong(a) for a in _run_graph(gm, list(arrays))]
 
 
 def _predicate(pred: Any) -> Any:
@@ -258,7 +253,7 @@ def _predicate(pred: Any) -> Any:
 
 def _cond(pred: Any, true_gm: Any, false_gm: Any, operands: Any) -> list:
   return jax.lax.cond(
-    _predicate(pred), _subgraph(true_gm), _subgraph(false_gm), [_exact(a) for a in operands]
+    _predicate(pred), _subgraph(true_gm), _subgraph(false_gm), [dtypes.strong(a) for a in operands]
   )
 
 
@@ -269,7 +264,7 @@ def _while_loop(cond_gm: Any, body_gm: Any, carried: Any, additional: Any, **kw:
   return jax.lax.while_loop(
     lambda c: _predicate(_run_graph(cond_gm, [*c, *more])[0]),
     lambda c: _subgraph(body_gm)([*c, *more]),
-    [_exact(a) for a in carried],
+    [dtypes.strong(a) for a in carried],
   )
 
 
@@ -282,7 +277,7 @@ def _scan(combine_gm: Any, init: Any, xs: Any, additional: Any) -> list:
     outs = _subgraph(combine_gm)([*c, *x, *more])
     return outs[:n], outs[n:]
 
-  final, ys = jax.lax.scan(step, [_exact(a) for a in init], list(xs))
+  final, ys = jax.lax.scan(step, [dtypes.strong(a) for a in init], list(xs))
   return [*final, *ys]
 
 

@@ -161,7 +161,7 @@ class trace_scope:
     self.api = api
     self._token: Any = None
     self._threads: Any = None
-    self._marks: list | None = None
+    self._marks: list[tuple[int, Any]] | None = None
     self._constants = 0
 
   def __enter__(self) -> None:
@@ -193,26 +193,20 @@ class trace_scope:
       _drew_while_traced(self.api)
 
 
-def _generator_marks() -> list:
-  """Where torch's default generators stand: the CPU's seed and state, and each initialized
-  CUDA device's seed and offset. (A generator reseeded in the trace, `torch.manual_seed`,
-  says nothing of draws: the seed is compared alone then.)"""
-  marks: list = [torch.default_generator.initial_seed()]
-  marks.append(bytes(torch.default_generator.get_state().numpy()))
+def _generator_marks() -> list[tuple[int, Any]]:
+  """Where torch's default generators stand, as (seed, position): the CPU's (its state), and
+  each initialized CUDA device's (its offset)."""
+  cpu = torch.default_generator
+  marks: list[tuple[int, Any]] = [(cpu.initial_seed(), bytes(cpu.get_state().numpy()))]
   if torch.cuda.is_initialized():
     marks += [(g.initial_seed(), g.get_offset()) for g in torch.cuda.default_generators]
   return marks
 
 
 def _moved(before: list, after: list) -> bool:
-  """Whether a generator drew between the two marks (one whose seed changed was reseeded:
-  not counted)."""
-  if before[0] != after[0]:
-    cpu = False
-  else:
-    cpu = before[1] != after[1]
-  cuda = any(b[0] == a[0] and b[1] != a[1] for b, a in zip(before[2:], after[2:]))
-  return cpu or cuda
+  """Whether a generator drew between the two marks: same seed, another position (one whose
+  seed changed was reseeded in the trace, `torch.manual_seed`: not counted)."""
+  return any(b[0] == a[0] and b[1] != a[1] for b, a in zip(before, after))
 
 
 def _drew_while_traced(api: str) -> None:

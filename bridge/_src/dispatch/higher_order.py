@@ -22,6 +22,7 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
+from bridge._src import dtypes as dtypes_lib
 from bridge._src import rng
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import tensors
@@ -96,8 +97,7 @@ def _outputs(op: str, what: str, result: Any, dtypes: list | None = None) -> tup
         f"bridge: `{op}`'s {what} must return tensors on the `jax` device, got "
         f"{type(o).__name__}{f' on {o.device}' if isinstance(o, torch.Tensor) else ''}."
       )
-    a = tensor_lib.value(o)
-    arrays.append(jax.lax.convert_element_type(a, a.dtype))
+    arrays.append(dtypes_lib.strong(tensor_lib.value(o)))
     if dtypes is not None:
       dtypes.append(o.dtype)
   return arrays, spec
@@ -132,9 +132,12 @@ class _Key:
     self.box.key = outs[-1]
     return list(outs[:-1])
 
-  def restore(self) -> None:
-    """Where the op failed: the key it started from (not a tracer of a subgraph)."""
-    if self.box is not None:
+  def __enter__(self) -> "_Key":
+    return self
+
+  def __exit__(self, kind: Any, *exc: Any) -> None:
+    """Where the op failed: the key it started from again (not a tracer of a subgraph)."""
+    if kind is not None and self.box is not None:
       self.box.key = self.start
 
 
@@ -172,13 +175,9 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any
 
     return run
 
-  try:
-    with x64():
-      p = _predicate("torch.cond", pred)
-      outs = jax.lax.cond(p, branch(true_fn), branch(false_fn), slots.arrays + key.arrays())
-  except BaseException:
-    key.restore()
-    raise
+  with key, x64():
+    p = _predicate("torch.cond", pred)
+    outs = jax.lax.cond(p, branch(true_fn), branch(false_fn), slots.arrays + key.arrays())
   outs = key.done(outs)
   if structures[0] != structures[-1] or dtypes[0] != dtypes[-1]:
     raise BridgeTypeError(
@@ -227,12 +226,10 @@ def while_loop(
       )
     return pred
 
-  try:
-    with x64():
-      outs = jax.lax.while_loop(test, body, [_plain(a) for a in carried.arrays] + key.arrays())
-  except BaseException:
-    key.restore()
-    raise
+  with key, x64():
+    outs = jax.lax.while_loop(
+      test, body, [dtypes_lib.strong(a) for a in carried.arrays] + key.arrays()
+    )
   return tuple(_results(key.done(outs), carried.dtypes, device))
 
 
@@ -267,14 +264,10 @@ def scan(
       )
     return outs[:n] + key.leave(), outs[n:]
 
-  try:
-    with x64():
-      final, ys = jax.lax.scan(
-        step, [_plain(a) for a in carry.arrays] + key.arrays(), scanned.arrays
-      )
-  except BaseException:
-    key.restore()
-    raise
+  with key, x64():
+    final, ys = jax.lax.scan(
+      step, [dtypes_lib.strong(a) for a in carry.arrays] + key.arrays(), scanned.arrays
+    )
   return (
     *_results(key.done(final), carry.dtypes, device),
     *_results(ys, out_dtypes[len(carry.dtypes) :], device),
@@ -299,19 +292,10 @@ def map_impl(f: Callable, xs: Sequence[Any], pos_args: Sequence[Any]) -> Any:
     structures.append(structure)
     return key.leave(), outs
 
-  try:
-    with x64():
-      final, outs = jax.lax.scan(one, key.arrays(), mapped.arrays)
-  except BaseException:
-    key.restore()
-    raise
+  with key, x64():
+    final, outs = jax.lax.scan(one, key.arrays(), mapped.arrays)
   key.done(final)
   return pytree.tree_unflatten(_results(outs, dtypes, device), structures[-1])
-
-
-def _plain(a: Any) -> Any:
-  """`a` without JAX's weak type (a loop's carry must keep its exact type)."""
-  return jax.lax.convert_element_type(a, a.dtype)
 
 
 def invoke_subgraph(subgraph: Callable, identifier: Any, *operands: Any) -> Any:
