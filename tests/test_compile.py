@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import pytest
 import torch
@@ -788,6 +789,71 @@ def test_a_parameter_changed_in_place_is_imported_again_only_when_its_array_is_a
   assert imports.count(shared.data_ptr()) == 0
   assert imports.count(unaligned.data_ptr()) == 3
   assert "__call__" in type(compiled).__dict__  # (the shortcut took the calls after the first)
+
+
+def _unaligned_parameter(*shape: int) -> torch.nn.Parameter:
+  """A parameter whose memory is all its own and 4 bytes past a 64-byte boundary, as the
+  parameters of a model loaded from safetensors with `assign=True` or by `from_pretrained`."""
+  n = math.prod(shape)
+  buffer = bytearray(4 * n + 68)
+  start = (-torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()) % 64 + 4
+  t = torch.frombuffer(buffer, dtype=torch.float32, count=n, offset=start).view(shape)
+  p = torch.nn.Parameter(t)
+  with torch.no_grad():
+    p.copy_(torch.randn(shape))
+  assert p.data_ptr() % 64 == 4 and p.untyped_storage().nbytes() == 4 * n
+  return p
+
+
+@pytest.mark.parametrize("write", ["data", "numpy", "in_place"])
+def test_writes_the_version_counter_misses_reach_an_unaligned_parameter(write):
+  # An unaligned parameter's array was a copy, kept while the version counter stood still: a
+  # write through `.data` or NumPy (an EMA update, WGAN's weight clipping) leaves it as it
+  # was, and the program ran on the old weights. Such a parameter now moves to aligned memory
+  # of its own at the first call (zero-copy from then on); one sharing its memory with
+  # another tensor (a view into a flat buffer) is imported again on every call.
+  torch.manual_seed(0)
+  own = _unaligned_parameter(4, 4)
+  flat = torch.randn(17)
+  view = torch.nn.Parameter(flat[1:].view(4, 4))
+  model = _TwoMatrices(own, view)
+  compiled = bridge.compile(model)
+  x = torch.randn(2, 4)
+  with torch.no_grad():
+    torch.testing.assert_close(compiled(x), model(x))
+    assert model.a is own and own.data_ptr() % 64 == 0  # moved, the same parameter
+    assert view.data_ptr() == flat.data_ptr() + 4  # shared with `flat`: left where it is
+    for step in range(3):
+      for p in (own, view):
+        if write == "data":
+          p.data.mul_(0.5)
+        elif write == "numpy":
+          a = p.detach().numpy()
+          a += 1.0
+        else:
+          p.add_(1.0)
+      torch.testing.assert_close(compiled(x), x @ own @ view)
+    flat.mul_(2.0)  # through the buffer the view shares
+    torch.testing.assert_close(compiled(x), x @ own @ view)
+
+
+def test_moving_an_unaligned_parameter_keeps_a_pending_backward_and_the_optimizer():
+  torch.manual_seed(0)
+  w = _unaligned_parameter(4, 4)
+  model = _TwoMatrices(w, torch.nn.Parameter(torch.randn(4, 4)))
+  opt = torch.optim.SGD(model.parameters(), lr=0.1)
+  x = torch.randn(2, 4)
+  eager_loss = model(x).square().sum()  # its backward saved `w` before the move
+  compiled = bridge.compile(model)
+  loss = compiled(x).square().sum()
+  assert w.data_ptr() % 64 == 0
+  torch.testing.assert_close(loss, eager_loss)
+  (g,) = torch.autograd.grad(eager_loss, [w])
+  loss.backward()
+  torch.testing.assert_close(w.grad, g)
+  opt.step()
+  with torch.no_grad():
+    torch.testing.assert_close(compiled(x), model(x))
 
 
 def test_torch_save_and_load_of_a_compiled_module():

@@ -478,28 +478,73 @@ def _fast_call(
 
 
 # A torch tensor's JAX array as imported: (tensor, (version, data pointer, shape, dtype) then,
-# the array, whether the array shares the tensor's CPU memory).
-_Held = tuple[torch.Tensor, tuple, Any, bool]
+# the array, how `_current` judges it: `_SHARED` (the array is the tensor's CPU memory),
+# `_BY_VERSION` (a zero-copy GPU array: imported again after an in-place update, for the
+# stream order) or `_COPY` (a copy: imported again on every call)).
+_Held = tuple[torch.Tensor, tuple, Any, int]
+_SHARED, _BY_VERSION, _COPY = 0, 1, 2
+_realign_lock = threading.Lock()
 
 
 def _hold(t: torch.Tensor, what: str) -> _Held:
-  """`t` (a parameter or buffer) imported into JAX, with what `_current` checks later."""
+  """`t` (a parameter or buffer) imported into JAX, with what `_current` checks later.
+
+  A tensor JAX cannot take zero-copy (CPU memory not 64-byte aligned: a model loaded from
+  safetensors with `assign=True` or by `from_pretrained`) is first moved to aligned memory
+  where no other tensor shares it (`_realign`), so that the program reads it in place from
+  then on, like any other parameter."""
   a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: what)
-  shared = t.is_cpu and a.unsafe_buffer_pointer() == t.data_ptr()
-  return (t, (t._version, t.data_ptr(), t.shape, t.dtype), a, shared)
+  copied = t.numel() and a.unsafe_buffer_pointer() != t.data_ptr()
+  if copied and t.data_ptr() % 64 and _realign(t):
+    a = transfer.tensor_to_jax(t.detach(), api=API, where=lambda: what)
+    copied = a.unsafe_buffer_pointer() != t.data_ptr()
+  if copied:
+    how = _COPY
+  else:
+    how = _SHARED if t.is_cpu else _BY_VERSION
+  return (t, (t._version, t.data_ptr(), t.shape, t.dtype), a, how)
+
+
+def _realign(t: torch.Tensor) -> bool:
+  """Give `t` (a leaf) aligned memory of its own with the same values, as `t.data = copy`
+  does, where nothing can tell: `t` is all of its storage and no other tensor shares that.
+  Whether it did."""
+  if t.grad_fn is not None or t.is_sparse or not t.is_contiguous():
+    return False
+  with _realign_lock:
+    storage = t.untyped_storage()
+    if (
+      t.storage_offset() != 0
+      or storage.nbytes() != t.numel() * t.element_size()
+      or _storage_users(storage) != 2  # `t`, and `storage` here
+    ):
+      return False
+    with torch.no_grad():
+      t.data = t.detach().clone()
+  return True
+
+
+def _storage_users(storage: torch.UntypedStorage) -> int:
+  """How many references hold `storage`'s memory (tensors and storage objects); 0 where
+  this torch cannot say (then nothing is moved)."""
+  count = getattr(torch._C, "_storage_Use_Count", None)
+  return 0 if count is None else int(count(storage._cdata))
 
 
 def _current(held: _Held, t: torch.Tensor) -> bool:
-  """Whether the array `held` (made by `_hold` of the same tensor `t`) still has `t`'s values:
-  `t` unchanged since (its version), or changed in place only, while the array shares its CPU
-  memory (an optimizer's step between two calls, which would otherwise import every
-  parameter again: zero-copy on the CPU, but a few microseconds each). `t.data = ...` and
-  resizes change the pointer, shape or dtype. A copy, and a GPU tensor (whose in-place update
-  runs on torch's stream, which the import orders JAX after), go by the version."""
+  """Whether the array `held` (made by `_hold` of the same tensor `t`) still has `t`'s values.
+  `t.data = ...` and resizes change the pointer, shape or dtype. An array that shares `t`'s
+  CPU memory has them whatever ran in place since (an optimizer's step between two calls,
+  which would otherwise import every parameter again: zero-copy, but a few microseconds
+  each); a zero-copy GPU array while `t`'s version is the same (an in-place update runs on
+  torch's stream, which the import orders JAX after). A copy never: a write through `t.data`
+  or NumPy leaves the version as it was, so it is imported again on every call."""
   version, pointer, shape, dtype = held[1]
+  how = held[3]
   return (
-    t.data_ptr() == pointer
-    and (t._version == version or held[3])
+    how != _COPY
+    and t.data_ptr() == pointer
+    and (how == _SHARED or t._version == version)
     and t.shape == shape
     and t.dtype is dtype
   )
