@@ -434,3 +434,100 @@ def test_a_program_this_jax_cannot_read_names_both_versions(tmp_path, monkeypatc
     bridge.BridgeError, match=rf"JAX {jax.__version__} cannot read .* JAX 0\.99\.0"
   ):
     bridge.load(tmp_path / "m")
+
+
+def test_a_named_tuple_output_becomes_a_dict_of_its_fields():
+  import collections
+
+  Out = collections.namedtuple("Out", "logits hidden")
+
+  class Model(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+      h = self.linear(x)
+      return Out(h.softmax(-1), h)
+
+  model = Model().eval()
+  x = torch.randn(3, 4)
+  out = bridge.export(model, x)(x)
+  assert set(out) == {"logits", "hidden"}
+  torch.testing.assert_close(out["logits"], model(x).logits)
+  torch.testing.assert_close(out["hidden"], model(x).hidden)
+
+
+@pytest.mark.parametrize(
+  "fn, dim",
+  [
+    (lambda x: x[:, None] * 2, Dim("batch")),  # torch's end: the int64 maximum
+    (lambda x: x[:2] * 2, Dim("batch", max=100)),  # min(2, batch) rows
+    (lambda x: x[-1:] * 2, Dim("batch")),
+    (lambda x: x[1:] * 2, Dim("batch", min=3)),  # (torch.export's own bound for it)
+  ],
+)
+def test_slices_of_a_dynamic_dimension(fn, dim):
+  exported = bridge.export(fn, torch.randn(4, 3), dynamic_shapes=({0: dim},))
+  for batch in (3, 6) if dim.min == 3 else (1, 2, 3, 6):
+    x = torch.randn(batch, 3)
+    torch.testing.assert_close(exported(x), fn(x))
+
+
+def test_a_derived_dimension():
+  def f(x, y):
+    return torch.cat([x, x], 0) + y
+
+  b = Dim("b", max=50)
+  exported = bridge.export(
+    f, torch.randn(3, 2), torch.randn(6, 2), dynamic_shapes=({0: b}, {0: 2 * b})
+  )
+  assert [i["shape"] for i in exported.manifest["inputs"]] == [["b", 2], ["2*b", 2]]
+  x, y = torch.randn(5, 2), torch.randn(10, 2)
+  torch.testing.assert_close(exported(x, y), f(x, y))
+
+
+def test_input_dtypes_are_torchs_exactly_and_jaxs_32_bit_types_stand_for_64_bit_ones():
+  model = torch.nn.Linear(4, 2).eval()
+  exported = bridge.export(model, torch.randn(3, 4))
+  with pytest.raises(RuntimeError, match="same dtype") as eager:
+    model(torch.randn(3, 4).half())
+  del eager
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"dtype torch\.float16; the program takes torch\.float32"
+  ):
+    exported(torch.randn(3, 4).half())  # widened to float32 and answered in float32, before
+  with pytest.raises(bridge.BridgeTypeError, match="dtype bfloat16; the program takes float32"):
+    exported(jnp.ones((3, 4), jnp.bfloat16))
+  double = bridge.export(lambda x: x * 2, torch.randn(3, dtype=torch.float64))
+  out = double(jnp.ones(3, jnp.float32))  # JAX without 64-bit types holds float64 as float32
+  assert out.dtype == jnp.float64
+  with pytest.raises(
+    bridge.BridgeTypeError, match=r"torch\.float32; the program takes torch\.float64"
+  ):
+    double(torch.ones(3))
+
+
+def test_a_failed_load_leaves_jax_64_bit_types_as_they_were(tmp_path):
+  bridge.export(_mlp(), torch.randn(2, 6)).save(tmp_path / "m")
+  path = tmp_path / "m" / "manifest.json"
+  manifest = json.loads(path.read_text())
+  manifest["weights"][0]["shape"] = [9, 9]
+  path.write_text(json.dumps(manifest))
+  assert not jax.config.jax_enable_x64
+  with pytest.raises(bridge.BridgeError, match="does not match the manifest"):
+    bridge.load(tmp_path / "m")
+  assert not jax.config.jax_enable_x64 and jnp.arange(3).dtype == jnp.int32
+
+
+def test_derivatives_of_an_artifact_saved_without_them_say_how_to_save_them(tmp_path):
+  bridge.export(_mlp(), torch.randn(2, 6)).save(tmp_path / "m")
+  loaded = bridge.load(tmp_path / "m")
+  x = np.ones((2, 6), np.float32)
+  np.testing.assert_allclose(  # calls without derivatives are unchanged
+    np.asarray(jax.jit(loaded.apply)(loaded.weights, x)), np.asarray(loaded(x)), rtol=1e-6
+  )
+  with pytest.raises(bridge.BridgeError, match=r"vjp_order=0.*vjp_order=1"):
+    jax.grad(lambda w: loaded.apply(w, x).sum())(loaded.weights)
+  with pytest.raises(bridge.BridgeError, match=r"vjp_order=1"):
+    jax.jvp(lambda v: loaded.apply(loaded.weights, v), (x,), (x,))

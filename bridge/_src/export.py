@@ -616,6 +616,8 @@ def _symbols(ep: Any, names: dict[str, str]) -> dict[str, dict]:
   """Each symbolic dimension's name -> its range ({"min": int, "max": int or None})."""
   out = {}
   for sym, vr in ep.range_constraints.items():
+    if not getattr(sym, "is_Symbol", False):
+      continue  # a derived dimension (`2 * batch`): its range follows from its symbol's
     name = names.get(str(sym), str(sym))
     low = max(_bound(vr.lower) or 1, 1)
     high = _bound(vr.upper)
@@ -657,18 +659,22 @@ def _tree_json(spec: Any) -> dict:
     return {"kind": "array"}
   children = [_tree_json(c) for c in spec.children()]
   t = spec.type
-  if t in (tuple, list) or (t is not None and issubclass(t, tuple) and not hasattr(t, "_fields")):
+  context = spec.context
+  if isinstance(context, type) and hasattr(context, "_fields"):
+    t = context  # a named tuple: torch's spec has `namedtuple` as its type, the class here
+  if t in (tuple, list) or (
+    isinstance(t, type) and issubclass(t, tuple) and not hasattr(t, "_fields")
+  ):
     return {"kind": "list", "items": children}
   if t is type(None):
     return {"kind": "none"}
-  context = spec.context
   if hasattr(t, "_fields"):  # a named tuple
     keys = list(t._fields)
   elif isinstance(context, (list, tuple)):
     keys = [str(k) for k in context]
   else:
     raise BridgeTypeError(
-      f"`{API}`: the function returns a {t.__name__}; outputs must be tensors, tuples, lists, "
+      f"`{API}`: the function returns a {getattr(t, '__name__', t)}; outputs must be tensors, tuples, lists, "
       "dicts or named tuples of them."
     )
   return {"kind": "dict", "keys": keys, "items": children}
@@ -735,7 +741,11 @@ class Exported:
     self.weights = weights
     self.manifest = manifest
     self._order = [w["name"] for w in manifest["weights"]]
-    self._call = jax.jit(program.call)  # (compiled once per input shape, not per call)
+    call = program.call
+    if not program.has_vjp():  # loaded from an artifact saved with vjp_order=0
+      call = jax.custom_jvp(call)
+      call.defjvp(_no_derivatives)
+    self._call = jax.jit(call)  # (compiled once per input shape, not per call)
 
   def __repr__(self) -> str:
     ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.manifest["inputs"])
@@ -743,7 +753,7 @@ class Exported:
 
   # -- calling
 
-  def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
+  def _flat_inputs(self, args: tuple, kwargs: dict, exact: bool = False) -> list:
     m = self.manifest
     positional, keywords = m["positional"], m["keywords"]
     if not positional <= len(args) <= positional + len(keywords):
@@ -763,11 +773,13 @@ class Exported:
     if missing:
       raise BridgeTypeError(f"`{API}`: missing keyword input(s) {missing}.")
     flat += [extra[k] for k in keywords]
-    self._check_shapes(flat)
+    self._check_shapes(flat, exact)
     return flat
 
-  def _check_shapes(self, flat: list) -> None:
-    """Each input's dtype and shape against the manifest, naming the dimension that breaks."""
+  def _check_shapes(self, flat: list, exact: bool) -> None:
+    """Each input's dtype and shape against the manifest, naming the dimension that breaks.
+    Dtypes must match (`exact`: torch's inputs) or be JAX's 32-bit type of a 64-bit one
+    (int32 ids for an int64 input: JAX without 64-bit types)."""
     m = self.manifest
     bound: dict[str, tuple[int, str]] = {}
     for x, spec in zip(flat, m["inputs"]):
@@ -803,21 +815,25 @@ class Exported:
           )
       dtype = getattr(x, "dtype", None)
       if dtype is not None and not isinstance(dtype, torch.dtype):
-        if np.dtype(dtype) != np.dtype(spec["dtype"]) and not _widens(
-          np.dtype(dtype), np.dtype(spec["dtype"])
-        ):
+        got_dtype, want_dtype = np.dtype(dtype), np.dtype(spec["dtype"])
+        if got_dtype != want_dtype and (exact or not _widens(got_dtype, want_dtype)):
           raise BridgeTypeError(
-            f"`{API}`: input {name!r} has dtype {np.dtype(dtype)}; the program takes {spec['dtype']}."
+            f"`{API}`: input {name!r} has dtype {_dtype_name(got_dtype, exact)}; the program "
+            f"takes {_dtype_name(want_dtype, exact)} (it was exported with that dtype: convert "
+            "the input, or export again with an input of this dtype)."
           )
 
   def apply(self, weights: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
     """The program as a pure JAX function of `weights` (name -> array) and the inputs."""
+    return self._apply(weights, args, kwargs, exact=False)
+
+  def _apply(self, weights: dict[str, Any], args: tuple, kwargs: dict, exact: bool) -> Any:
     missing = [n for n in self._order if n not in weights]
     if missing:
       raise BridgeTypeError(
         f"`{API}`: weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}."
       )
-    flat = self._flat_inputs(args, kwargs)
+    flat = self._flat_inputs(args, kwargs, exact)
     with jax.enable_x64(True):
       xs = [
         jnp.asarray(x, dtype=np.dtype(s["dtype"])) for x, s in zip(flat, self.manifest["inputs"])
@@ -836,7 +852,7 @@ class Exported:
       with jax.enable_x64(True):  # torch's dtypes exactly (int64 ids stay int64)
         args = tuple(_to_jax(x) for x in args)
         kwargs = {k: _to_jax(v) for k, v in kwargs.items()}
-        out = self.apply(self.weights, *args, **kwargs)
+        out = self._apply(self.weights, args, kwargs, exact=True)
         return jax.tree_util.tree_map(
           lambda a: transfer.array_to_torch(a, copy=None, api=API, where=lambda: "an output").to(
             device
@@ -884,9 +900,25 @@ class Exported:
       json.dump(manifest, f, indent=1)
 
 
+def _no_derivatives(primals: Any, tangents: Any) -> Any:
+  raise BridgeError(
+    f"`{API}`: this artifact was saved without derivatives (`vjp_order=0`, the default), so "
+    "`jax.grad`/`jax.jvp` cannot go through it. Export it again with "
+    "`bridge.export(..., vjp_order=1)` (2 for second derivatives) and save that."
+  )
+
+
 def _widens(got: np.dtype, want: np.dtype) -> bool:
-  """An input JAX holds narrower without 64-bit types (int32 for int64, float32 for float64)."""
-  return got.kind == want.kind and got.itemsize < want.itemsize
+  """An input JAX holds narrower without 64-bit types (int32 for int64, float32 for float64,
+  complex64 for complex128); not float16 for float32, which no JAX default makes."""
+  return got.kind == want.kind and want.itemsize in (8, 16) and got.itemsize * 2 == want.itemsize
+
+
+def _dtype_name(dtype: np.dtype, torch_names: bool) -> str:
+  """`dtype` as the caller knows it: `torch.float16` for a torch caller, `float16` for JAX."""
+  if torch_names:
+    return str(dtypes.JAX_TO_TORCH.get(dtype, dtype))
+  return str(dtype)
 
 
 def _to_jax(x: Any) -> Any:
@@ -948,12 +980,10 @@ def load(path: str | os.PathLike) -> Exported:
     ) from e
   arrays = load_file(os.path.join(path, WEIGHTS_FILE))
   weights = {}
-  x64 = jax.enable_x64(True)  # (int64 buffers stay int64)
-  x64.__enter__()
   for w in manifest["weights"]:
     a = arrays.get(w["name"])
     if a is None or list(a.shape) != w["shape"] or str(a.dtype) != w["dtype"]:
       raise BridgeError(f"`bridge.load`: weight {w['name']!r} does not match the manifest.")
-    weights[w["name"]] = jnp.asarray(a)
-  x64.__exit__(None, None, None)
+    with jax.enable_x64(True):  # (int64 buffers stay int64)
+      weights[w["name"]] = jnp.asarray(a)
   return Exported(program, weights, manifest)

@@ -178,13 +178,29 @@ def select_copy(self, dim, index):
 
 
 def _slice_bounds(n, start, end, step):
+  """torch's clamping of a slice's bounds to a dimension of size `n`; where `n` or a bound is
+  symbolic (a dimension of `bridge.export`), as dimension expressions (`min(2, batch)`)."""
   start = 0 if start is None else start
   end = n if end is None else end
-  start = start + n if start < 0 else start
-  end = end + n if end < 0 else end
-  start = min(max(start, 0), n)
-  end = min(max(end, start), n)
-  return start, end, step
+  if isinstance(n, int) and isinstance(start, int) and isinstance(end, int):
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    return start, end, step
+  if isinstance(end, int) and end >= _INT64_MAX:  # `x[a:]` as torch writes it
+    end = n
+  start = jax.core.max_dim(start + n, 0) if _negative(start) else jax.core.min_dim(start, n)
+  end = jax.core.max_dim(end + n, 0) if _negative(end) else jax.core.min_dim(end, n)
+  return start, jax.core.max_dim(end, start), step
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _negative(v) -> bool:
+  """Whether a bound counts from the end: a negative int (a symbolic one is a size: >= 0)."""
+  return isinstance(v, int) and v < 0
 
 
 @lowering(aten.slice_copy.Tensor)
