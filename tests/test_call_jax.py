@@ -119,6 +119,19 @@ def test_64_bit_inputs_need_x64_and_say_so():
   assert out[1].dtype is torch.int64 and out[1].tolist() == [2 * 2**40, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.complex128])
+def test_64_bit_jax_device_inputs_need_x64_as_cpu_ones_do(dtype):
+  # A `jax` tensor's array went to the function as it was: int64 [2**40 + 1] came back as
+  # int32 [2] (JAX narrows a 64-bit array at its first op while its 64-bit types are off).
+  x = torch.tensor([2**40 + 1], device="jax").to(dtype)
+  with jax.enable_x64(False):
+    with pytest.raises(bridge.BridgeTypeError, match=r"args\[0\].*device jax:0\) is "):
+      bridge.call_jax(lambda v: v + 1, x)
+  with jax.enable_x64(True):
+    out = bridge.call_jax(lambda v: v + 1, x)
+  assert out.dtype is dtype and out.cpu().tolist() == (x.cpu() + 1).tolist()
+
+
 def test_non_contiguous_and_unaligned_inputs():
   base = torch.randn(65)
   x = base[1:].reshape(8, 8).t()[:, ::2]

@@ -46,6 +46,7 @@ _ref = weakref.ref
 _ONE_ARG = _tree_flatten(((0,), {}))[1]
 _DOUBLE = struct.Struct("<d")
 _COMPLEX = struct.Struct("<dd")
+_X64 = dtypes.TORCH_X64  # (64-bit torch dtypes: refused while JAX has 64-bit types off)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -319,6 +320,10 @@ class _Leaves:
         if tensors and tensors[0][2].device != leaf.device:
           self.slow = True  # another device, or a plain tensor before: convert_slow() says so
         tensors.append((len(arrays), i, leaf))
+        if leaf.dtype in _X64 and not dtypes.x64_enabled():
+          self.slow = True  # refused by `convert_slow`, as a CPU tensor would be: JAX narrows it
+          arrays.append(leaf)
+          continue
         arrays.append(leaf._storage.array if leaf._whole else tensor_lib.value(leaf))
       elif isinstance(leaf, torch.Tensor):
         if tp is not torch.Tensor and isinstance(leaf, FakeTensor):
