@@ -303,3 +303,65 @@ def test_tensors_on_one_device_are_fine(device):
   assert out.device == a.device and out.cpu().tolist() == [2.0] * 3
   out.sum().backward()
   assert b.grad.device == b.device
+
+
+# --- forward-mode AD ------------------------------------------------------------------------
+
+
+def _f_torch(x, y):
+  return torch.sin(x) * y, (x * y).sum().reshape(1), torch.argmax(x).reshape(1)
+
+
+def _f_jax(x, y):
+  return jnp.sin(x) * y, (x * y).sum().reshape(1), jnp.argmax(x).reshape(1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_forward_mode_tangents_go_through_call_jax(device, grad):
+  # A dual tensor's tangent was dropped: the output came back without one (torch raises for a
+  # custom Function that cannot propagate it). Now it is JAX's JVP, alongside the reverse mode.
+  import torch.autograd.forward_ad as fwAD
+
+  torch.manual_seed(0)
+  x, y, tx = torch.randn(3), torch.randn(3), torch.randn(3)
+  with torch.set_grad_enabled(grad), fwAD.dual_level():
+    want = [fwAD.unpack_dual(o).tangent for o in _f_torch(fwAD.make_dual(x, tx), y)]
+    xd = fwAD.make_dual(x.to(device).requires_grad_(grad), tx.to(device))
+    outs = bridge.call_jax(_f_jax, xd, y.to(device))
+    got = [fwAD.unpack_dual(o).tangent for o in outs]
+    assert got[2] is None and want[2] is None  # (argmax: no tangent)
+    for g, w in zip(got[:2], want[:2]):
+      assert g.device.type == device
+      torch.testing.assert_close(g.cpu(), w)
+    only_y = fwAD.unpack_dual(bridge.call_jax(_f_jax, x, fwAD.make_dual(y, tx))[0]).tangent
+    torch.testing.assert_close(only_y, torch.sin(x) * tx)
+  if grad:  # the reverse mode of the same call still works
+    leaf = x.to(device).requires_grad_(True)
+    bridge.call_jax(_f_jax, leaf, y.to(device))[0].sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), torch.cos(x) * y)
+
+
+def test_forward_mode_tangents_of_a_non_holomorphic_complex_function():
+  import torch.autograd.forward_ad as fwAD
+
+  torch.manual_seed(0)
+  z, tz = torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
+  with fwAD.dual_level():
+    d = fwAD.make_dual(z, tz)
+    want = fwAD.unpack_dual(torch.exp(d) * d.conj()).tangent
+    got = fwAD.unpack_dual(bridge.call_jax(lambda a: jnp.exp(a) * a.conj(), d)).tangent
+  torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+def test_torch_func_transforms_are_refused_with_what_to_use(transform):
+  x = torch.randn(3)
+  f = lambda v: bridge.call_jax(jnp.sin, v)
+  run = {
+    "grad": lambda: torch.func.grad(lambda v: f(v).sum())(x),
+    "vmap": lambda: torch.func.vmap(f)(x),
+    "jvp": lambda: torch.func.jvp(f, (x,), (x,)),
+  }[transform]
+  with pytest.raises(bridge.BridgeTypeError, match=r"torch\.func` transform .*forward_ad"):
+    run()

@@ -26,6 +26,7 @@ from typing import Any, Callable, TypeVar
 import jax
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _fwd_ad
 from torch._subclasses.fake_tensor import FakeTensor
 
 from bridge._src import dtypes
@@ -374,6 +375,14 @@ class _Leaves:
         )
     for pos, i, t in self.tensors:
       if self.arrays[pos] is t:
+        if _functorch_wrapped(t):
+          raise BridgeTypeError(
+            f"`{API}`: {described.describe(i)} is a tensor of a `torch.func` transform "
+            "(`grad`, `vmap`, `jvp`, `jacrev`, `jacfwd`...), which `call_jax` does not run "
+            "under. Use torch autograd (`.backward()`, `torch.autograd.grad`, "
+            "`torch.autograd.forward_ad`), or apply the transform in JAX inside the function "
+            "(`jax.vmap`, `jax.jacrev`)."
+          )
         self.arrays[pos] = transfer.tensor_to_jax(
           t, copy=None, api=API, where=functools.partial(described.describe, i)
         )
@@ -575,13 +584,23 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     if split.device is None
     else functools.partial(_outputs_on_device, split.device)
   )
-  if split.needs_grad and torch.is_grad_enabled():
+  if (split.needs_grad and torch.is_grad_enabled()) or (
+    _fwd_ad._current_level >= 0 and _has_tangent(split.tensors)
+  ):
     if entry.weak:  # the graph holds the function (see `_keeping`)
       to_torch = functools.partial(_keeping, fn, to_torch)
     outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch, split.device)
   else:
     outs, out_def = to_torch(entry, entry.forward(*split.arrays))
   return out_def.unflatten(outs)
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def _has_tangent(tensors: list) -> bool:
+  """Whether a tensor carries a forward-mode tangent (`torch.autograd.forward_ad`)."""
+  return any(_fwd_ad.unpack_dual(t).tangent is not None for _, _, t in tensors)
 
 
 def _traced_jax_only(args: tuple, kwargs: dict) -> bool:

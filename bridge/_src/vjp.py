@@ -64,7 +64,16 @@ class VjpCache:
     self._residual_defs: dict[tuple, Any] = {}
     self._backwards: dict[tuple, Callable] = {}
     self._pullbacks: dict[tuple, _Pullback] = {}
+    self._jvp: Callable | None = None
     self._lock = threading.Lock()
+
+  def jvp(self) -> Callable:
+    """The jitted `(primals, tangents) -> output tangents` (forward-mode AD)."""
+    if self._jvp is None:
+      with self._lock:
+        if self._jvp is None:
+          self._jvp = jax.jit(lambda p, t: jax.jvp(self.apply, p, t)[1])
+    return self._jvp
 
   def forward(self, mask: tuple[bool, ...]) -> Callable:
     """The jitted `(diff, rest) -> (out, residuals)`; `mask` marks the differentiated inputs."""
@@ -263,6 +272,30 @@ class _Call:
       self._release()
     return outs
 
+  def jvp(self, tangents: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+    """Forward-mode AD (`torch.autograd.forward_ad`): the output tangents, JAX's JVP at this
+    call's inputs of the given input tangents (one per tensor; None: zero)."""
+    with _x64_scope(self.x64):
+      primals = _merge(self.mask, self.diff, self.rest)
+      tans: list[Any] = [
+        jnp.zeros(np.shape(a), a.dtype)
+        if _inexact(a.dtype)
+        else np.zeros(np.shape(a), jax.dtypes.float0)
+        for a in primals
+      ]
+      for pos, t in zip(self.positions, tangents):
+        if t is not None and _inexact(primals[pos].dtype):
+          tans[pos] = (
+            tensor_lib.value(t)
+            if isinstance(t, tensor_lib.Tensor)
+            else transfer.tensor_to_jax_arg(t.detach(), api=_API, where=lambda: "a tangent")
+          )
+      out = self.entry.vjp.jvp()(tuple(primals), tuple(tans))
+      return [
+        (_on_device(c, self.device) if _inexact(c.dtype) else None)
+        for c in jax.tree_util.tree_leaves(out)
+      ]
+
   def _release(self) -> None:
     self.residuals = self.diff = self.rest = None
 
@@ -325,6 +358,12 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
   return np.conj(ct) if g.is_complex() else ct
 
 
+def _on_device(c: jax.Array, device: torch.device | None) -> torch.Tensor:
+  if device is not None:
+    return tensor_lib.make(c, device)
+  return transfer.array_to_torch_arg(c, api=_API, where=lambda: "an output tangent")
+
+
 def _gradient(c: jax.Array, device: torch.device | None) -> torch.Tensor:
   if c.dtype.kind == "c":
     c = c.conj()
@@ -375,6 +414,10 @@ class _JaxFunction(torch.autograd.Function):
     if all(call.tensor_mask):
       return (None, *in_grads)
     return (None, *(next(in_grads) if m else None for m in call.tensor_mask))
+
+  @staticmethod
+  def jvp(ctx: Any, _: Any, *tangents: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    return tuple(ctx.call.jvp(tangents))
 
 
 _get_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
