@@ -367,6 +367,13 @@ class _Graph:
         return forward(*args)
 
     graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
+    # torch's layouts for the caller's outputs: all of an inference graph's; of a forward's
+    # outputs not those it saves for the backward
+    self.layouts: _Layouts | None = None
+    if kind == "inference":
+      self.layouts = _Layouts(outputs, "example_value" if direct else "val")
+    elif kind == "forward":
+      self.layouts = _Layouts(outputs, "val", _user_outputs())
     self.compiled = compile_lib.compile(graph)
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     self.traced: dict[str, Any] | None = None  # the input signature of the last trace
@@ -394,7 +401,8 @@ class _Graph:
         _stats.cache_hits += 1
     if traced:
       self._note_trace(args)
-    return (out,) if self.single else out
+    out = (out,) if self.single else out
+    return out if self.layouts is None or not self.layouts.plan else self.layouts.apply(out)
 
   def _note_trace(self, args: tuple) -> None:
     sig = _signature(self.names, args)
@@ -407,6 +415,102 @@ class _Graph:
     else:
       log.info("program: %s, %d inputs", where, len(args))
     self.traced = sig
+
+
+class _Layouts:
+  """Torch's memory layout of a graph's outputs, which a program's (new, contiguous) outputs
+  lack: each output's strides as eager torch gives them (a transpose, channels_last, an
+  `expand`'s zero strides), and outputs that are views of one another (`z` and `z.view(3,
+  2)`: a write to one shows in the other). Taken from the example outputs where their sizes
+  and strides are static; the outputs of each call are then copied into that layout."""
+
+  def __init__(self, outputs: Any, key: str, only: set[int] | None = None):
+    # (`only`: a forward's outputs, which leave through aot's autograd.Function: no views
+    # there, where torch forbids writing to them; aot makes the views of its outputs itself)
+    values = [
+      o.meta.get(key) if isinstance(o, torch.fx.Node) and (only is None or i in only) else None
+      for i, o in enumerate(outputs if isinstance(outputs, (tuple, list)) else [outputs])
+    ]
+    groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
+    for i, v in enumerate(values):
+      if isinstance(v, torch.Tensor) and _static_layout(v):
+        groups.setdefault(i if only is not None else _storage_key(v), []).append((i, v))
+    # (output indices, their (size, stride, offset from the first element used), extent)
+    self.plan: list[tuple[list[int], list[tuple], Any]] = []
+    for group in groups.values():
+      indices = [i for i, _ in group]
+      vs = [v for _, v in group]
+      if len(indices) == 1 and (vs[0].is_contiguous() or vs[0].numel() == 0):
+        continue  # the program's own layout
+      if len({v.dtype for v in vs}) > 1:
+        continue  # views of one memory as two dtypes: left as they come
+      low = min(v.storage_offset() for v in vs)
+      extent = max(v.storage_offset() - low + _extent(v) for v in vs)
+      views = [(tuple(v.shape), tuple(v.stride()), v.storage_offset() - low) for v in vs]
+      self.plan.append((indices, views, extent))
+
+  def apply(self, outs: Any) -> Any:
+    outs = list(outs)
+    for indices, views, extent in self.plan:
+      first = outs[indices[0]]
+      if type(first) is not torch.Tensor:
+        continue  # (`jax`-device outputs: as the device makes them)
+      if len(indices) == 1:  # a tensor of its own, no view
+        base = None
+      else:
+        base = torch.empty(extent, dtype=first.dtype, device=first.device)
+      made = []
+      for i, (size, stride, offset) in zip(indices, views):
+        if base is None:
+          view = torch.empty_strided(size, stride, dtype=first.dtype, device=first.device)
+        else:
+          view = base.as_strided(size, stride, offset)
+        target, source = view, outs[i]
+        for d in range(len(size)):  # an expanded dimension: its one distinct slice
+          if stride[d] == 0 and size[d] > 1:
+            target, source = target.narrow(d, 0, 1), source.narrow(d, 0, 1)
+        with torch.no_grad():
+          target.copy_(source)
+        made.append((i, view))
+      for i, view in made:
+        outs[i] = view
+    return tuple(outs)
+
+
+def _user_outputs() -> set[int]:
+  """The positions, among the outputs of the forward graph aot_autograd is compiling, of the
+  caller's outputs (after the updated inputs; before the saved tensors). aot makes those that
+  are views again from their bases with the strides the program gives them."""
+  from torch._guards import TracingContext  # (lazy: `_compiler`)
+
+  meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+  if meta is None:
+    return set()
+  first = meta.num_mutated_inp_runtime_indices
+  return set(range(first, first + len(meta.output_info)))
+
+
+def _static_layout(v: torch.Tensor) -> bool:
+  try:
+    return (
+      all(isinstance(n, int) for n in (*v.shape, *v.stride(), v.storage_offset()))
+      and v.layout == torch.strided
+    )
+  except (RuntimeError, NotImplementedError):
+    return False
+
+
+def _storage_key(v: torch.Tensor) -> Any:
+  from torch.multiprocessing.reductions import StorageWeakRef  # (lazy: `_compiler`)
+
+  return StorageWeakRef(v.untyped_storage())
+
+
+def _extent(v: torch.Tensor) -> int:
+  """Elements from a tensor's first to past its last in memory."""
+  if v.numel() == 0:
+    return 0
+  return 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))
 
 
 def _for_the_program(gm: torch.fx.GraphModule) -> None:
@@ -660,7 +764,7 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
   of a small graph's compile time, and whose runtime wrapper a share of each call): a graph
   that records no gradient (compiled under `torch.no_grad()` / `inference_mode()`, which
   dynamo guards, or with no input that requires grad), whose outputs share no input's memory
-  (aot rebuilds such views of the inputs; a program's outputs are new tensors), and with no
+  nor each other's (aot rebuilds such views; a program's outputs are new tensors), and with no
   operator of a kind only aot takes apart (higher-order operators, autocast and grad-mode
   switches, numbers read from tensors, as dynamo passes a changing float). Symbolic sizes
   are fine: dynamo passes them as ints, each its own program (`bridge.compile`'s static ints).
@@ -704,8 +808,12 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
       torch.fx.node.map_arg(node.args[0], outs.append)
       for out in outs:
         value = out.meta.get("example_value")
-        if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) in storages:
-          return False
+        if isinstance(value, torch.Tensor):
+          storage = StorageWeakRef(value.untyped_storage())
+          if storage in storages:
+            return False  # an output sharing an input's memory, or another output's (`z`
+            # and `z.view(...)`: aot returns the second as a view of the first)
+          storages.add(storage)
   return True
 
 
