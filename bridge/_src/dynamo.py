@@ -21,6 +21,7 @@ with `TORCH_LOGS=bridge` (`_bridge_autoload.register_log`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -35,6 +36,7 @@ from bridge._src import compat
 from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src import ffi
+from bridge._src import rng
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import higher_order
 from bridge._src.errors import BridgeTypeError
@@ -375,6 +377,8 @@ class _Graph:
     elif kind == "forward":
       self.layouts = _Layouts(outputs, "val", _user_outputs())
     self.compiled = compile_lib.compile(graph)
+    # torch's generator for a program that draws on CPU or CUDA inputs (`_generator`)
+    self.generator = _generator(gm, "example_value" if direct else "val")
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     self.traced: dict[str, Any] | None = None  # the input signature of the last trace
 
@@ -382,10 +386,11 @@ class _Graph:
     compiled = self.compiled
     before = compiled._traces
     try:
-      if self.settings:
-        with config_lib.config(**self.settings):
-          out = compiled(*args)
-      else:
+      with contextlib.ExitStack() as stack:
+        if self.settings:
+          stack.enter_context(config_lib.config(**self.settings))
+        if self.generator is not None:
+          stack.enter_context(rng.from_torch_generator(self.generator))
         out = compiled(*args)
     except Exception as e:
       ffi.reraise(e)  # a host call's own exception (a value check, a fallback op), as raised
@@ -589,6 +594,34 @@ def _rewrite_for_the_jax_device(
       changed = True
   if _fma_to_mul_add(gm) or changed:
     gm.recompile()
+
+
+def _generator(gm: torch.fx.GraphModule, key: str) -> torch.device | None:
+  """The device whose torch generator a graph's random ops draw from, as eager torch's
+  would: the inputs' (CPU or CUDA) device, for a graph with a random op (in itself or a
+  subgraph); None for one without, or on `jax`-device inputs (the `jax` device's own)."""
+  devices = _input_devices(gm, key) or {torch.device("cpu")}
+  if len(devices) != 1:
+    return None
+  (device,) = devices
+  if device.type not in ("cpu", "cuda"):
+    return None
+  for sub in gm.modules():
+    if isinstance(sub, torch.fx.GraphModule):
+      for node in sub.graph.nodes:
+        if node.op != "call_function" and node.op != "call_method":
+          continue
+        name = getattr(node.target, "__name__", node.target)
+        if _draws(node) or name in _NEW_RANDOM or name in _RANDOM_FUNCTIONS:
+          return device
+  return None
+
+
+# torch-level random functions in dynamo's own graphs (aot's are aten ops: `_draws`)
+_RANDOM_FUNCTIONS = frozenset(
+  ["dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
+  + ["rrelu", "rand_like", "randn_like", "randint_like", "bernoulli_", "native_dropout"]
+)
 
 
 def _draws(node: torch.fx.Node) -> bool:

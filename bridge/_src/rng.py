@@ -17,9 +17,10 @@ the bridge's own PRNG (`IMPL`, below), which compiles far faster than threefry.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.extend.random
@@ -231,11 +232,49 @@ def next_key(op: Any = None) -> Any:
 
 
 def _key_locked() -> Any:
-  """The generator's key, made from torch's initial seed on first use (hold `_lock`)."""
+  """The generator's key, made from torch's initial seed on first use (hold `_lock`); inside
+  `from_torch_generator`, drawn from torch's generator."""
   global _key
   if _key is None:
-    _key = _make_key(torch.initial_seed())
+    device = _from_torch.device
+    _key = _make_key(torch.initial_seed()) if device is None else _torch_key(device)
   return _key
+
+
+class _FromTorch(threading.local):
+  device: torch.device | None = None
+
+
+_from_torch = _FromTorch()
+
+
+@contextlib.contextmanager
+def from_torch_generator(device: torch.device) -> Iterator[None]:
+  """Programs run in this block that draw take their key from torch's own generator of
+  `device` (the CPU's, or the CUDA device's), which the draw advances, as a torch kernel's
+  would: `torch.manual_seed` and `torch.set_rng_state` replay them. The `jax` device's
+  generator is left as it was. (Holds the generator's lock throughout.)"""
+  global _key
+  with _lock:
+    saved, previous = _key, _from_torch.device
+    _key, _from_torch.device = None, device
+    try:
+      yield
+    finally:
+      _key, _from_torch.device = saved, previous
+
+
+def _torch_key(device: torch.device) -> Any:
+  """A key of 64 bits drawn from torch's generator of `device`."""
+  if device.type == "cuda":
+    generator = torch.cuda.default_generators[device.index or 0]
+    if hasattr(generator, "get_offset"):  # (philox: seed and offset, advanced without a sync)
+      offset = generator.get_offset()
+      generator.set_offset(offset + 4)
+      bits = (generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % 2**64
+      return jnp.asarray(np.array([bits >> 32, bits & 0xFFFFFFFF], dtype=np.uint32))
+  bits = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
+  return jnp.asarray(np.array([bits >> 32, bits & 0xFFFFFFFF], dtype=np.uint32))
 
 
 def _next_global_key() -> Any:

@@ -1,14 +1,24 @@
-"""The outputs of `torch.compile(..., backend="jax")` as eager torch lays them out: strides
-(a transpose, channels_last, an `expand`), and outputs that are views of one another, with and
-without a gradient recorded; checked against eager torch."""
+"""What eager torch guarantees around a graph, kept by `torch.compile(..., backend="jax")`: the
+outputs' layouts (strides of a transpose, channels_last, an `expand`; outputs that are views of
+one another), with and without a gradient recorded, and random ops that draw from torch's own
+generator (`torch.set_rng_state` replays them); checked against eager torch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import bridge
 from bridge._src import dynamo
-from tests.test_torch_compile_backend import _fresh_dynamo  # noqa: F401 - (autouse)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+  """Each test compiles from scratch (dynamo's caches and recompile limits are per code)."""
+  torch._dynamo.reset()
+  bridge.compile_stats(reset=True)
+  yield
+  torch._dynamo.reset()
 
 
 def _both(fn, *args):
@@ -82,3 +92,39 @@ def test_contiguous_outputs_take_no_copy(monkeypatch):
   with torch.no_grad():
     f(torch.randn(3, 4))
   f(torch.randn(3, 4, requires_grad=True))
+
+
+def _dropout_and_rand(x):
+  return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_random_ops_draw_from_torchs_generator(grad):
+  # They drew from the `jax` device's generator: `torch.set_rng_state` did not replay them,
+  # `fork_rng` did not restore them, and torch's CPU generator never moved.
+  g = torch.compile(_dropout_and_rand, backend="jax")
+  x = torch.randn(1000, requires_grad=grad)
+  torch.manual_seed(0)
+  g(x)  # (compiled)
+  state = torch.get_rng_state()
+  a = g(x)
+  assert not torch.equal(torch.get_rng_state(), state)  # the draw advanced torch's generator
+  b = g(x)
+  assert not torch.equal(a, b)  # a new mask each call
+  torch.set_rng_state(state)
+  torch.testing.assert_close(g(x), a)  # replayed
+  with torch.random.fork_rng():
+    c = g(x)
+  torch.testing.assert_close(g(x), c)  # fork_rng restored the state
+  torch.manual_seed(0)
+  g(x)
+  torch.testing.assert_close(g(x), a)  # and manual_seed reproduces the sequence
+
+
+def test_the_jax_devices_generator_is_left_alone():
+  g = torch.compile(_dropout_and_rand, backend="jax")
+  x = torch.randn(100)
+  g(x)
+  before = torch.jax.get_rng_state()
+  g(x)
+  assert torch.equal(torch.jax.get_rng_state(), before)
