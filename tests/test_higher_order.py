@@ -189,3 +189,44 @@ def test_a_nested_compile_region_runs_in_the_program_with_torchs_gradients():
 def test_the_operators_are_registered_for_bridge_tensors():
   for op in higher_order.IMPLEMENTATIONS:
     assert bridge.Tensor in op.python_key_table, op
+
+
+def _two_dropouts(x):
+  h = torch.nn.functional.dropout(x, 0.5, training=True)
+  return h, torch.nn.functional.dropout(h * 2 + 1, 0.5, training=True)
+
+
+def test_checkpointing_replays_the_forwards_random_numbers_in_the_backward():
+  # aot_autograd writes a checkpointed dropout as `run_and_save_rng_state` (forward) and
+  # `run_with_rng_state` (backward); the first call failed with "'NotImplementedType' object
+  # is not subscriptable". The backward recomputes both masks: the gradient is the one the
+  # forward's masks give (each output > 0 where kept: x > 0).
+  f = torch.compile(
+    lambda x: torch.utils.checkpoint.checkpoint(_two_dropouts, x, use_reentrant=False),
+    backend="jax",
+  )
+  masks = []
+  for _ in range(2):
+    x = (torch.rand(2000) + 1).requires_grad_()
+    h, y = f(x)
+    (h.sum() + y.sum()).backward()
+    m1, m2 = (h != 0).float(), (y != 0).float()
+    torch.testing.assert_close(x.grad, 2 * m1 * (1 + 4 * m2))
+    assert 0.4 < m1.mean() < 0.6 and 0.4 < m2.mean() < 0.6
+    masks.append(m1)
+  assert not torch.equal(*masks)  # new masks each call
+
+
+def test_a_checkpointed_dropouts_gradient_matches_its_forward_mask():
+  def f(x):
+    return torch.utils.checkpoint.checkpoint(
+      lambda t: torch.nn.functional.dropout(t, 0.5, training=True) * 3, x, use_reentrant=False
+    )
+
+  g = torch.compile(f, backend="jax")
+  for _ in range(3):
+    x = (torch.rand(1000) + 1).requires_grad_()
+    y = g(x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (y != 0).float() * 6)  # (1/(1-p) = 2, times 3)
+    assert 0.4 < (y != 0).float().mean() < 0.6

@@ -1,7 +1,9 @@
 """torch's higher-order operators on `bridge.Tensor`s. The control-flow ones run as JAX's own:
 `torch.cond` as `lax.cond`, `while_loop` as `lax.while_loop`, `scan` as `lax.scan` and `map` as
 `lax.map`; `flex_attention` runs torch's own math implementation of it, and a
-`torch.compiler.nested_compile_region` its graph, op by op into the program.
+`torch.compiler.nested_compile_region` its graph, op by op into the program. The random ops
+activation checkpointing replays in the backward (`run_and_save_rng_state`,
+`run_with_rng_state`) save and reuse the program's key.
 
 Each control-flow subgraph (an FX graph module that torch.compile captured, or any function of
 tensors) is traced once as a JAX function of the tensors' arrays, so the program holds the control
@@ -307,6 +309,46 @@ def invoke_subgraph(subgraph: Callable, identifier: Any, *operands: Any) -> Any:
   return subgraph(*operands)
 
 
+def run_and_save_rng_state(op: Any, *args: Any, **kwargs: Any) -> tuple:
+  """aot_autograd's replayable random op (activation checkpointing around dropout): the key
+  `op` is about to draw from, as a uint32 tensor, and `op`'s result."""
+  device = _device([*args, *kwargs.values()])
+  state = tensor_lib.make(_rng_key(), device, torch.uint32)
+  return state, op(*args, **kwargs)
+
+
+def run_with_rng_state(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+  """`op` drawing from the key `run_and_save_rng_state` saved (its recomputation in the
+  backward: the same numbers); the key in use before is current again after."""
+  key = tensor_lib.value(rng_state) if type(rng_state) is Tensor else None
+  if key is None or rng_state.dtype != torch.uint32 or tuple(rng_state.shape) != (2,):
+    raise BridgeTypeError(
+      "bridge: `run_with_rng_state` needs the key `run_and_save_rng_state` saved on the `jax` "
+      f"device (a uint32 tensor of 2), got {type(rng_state).__name__} "
+      f"{getattr(rng_state, 'dtype', '')}{tuple(getattr(rng_state, 'shape', ()))}."
+    )
+  box = rng.current_box()
+  before = _rng_key()
+  _set_rng_key(box, key)
+  try:
+    return op(*args, **kwargs)
+  finally:
+    _set_rng_key(box, before)
+
+
+def _rng_key() -> Any:
+  """The key the next random op splits: the program's (`rng_key`), or the generator's."""
+  box = rng.current_box()
+  return box.key if box is not None else rng.current_key()
+
+
+def _set_rng_key(box: Any, key: Any) -> None:
+  if box is not None:
+    box.key = key
+  else:
+    rng.set_key(key)
+
+
 def _flex_attention() -> dict[Any, Callable]:
   """`flex_attention` and its backward: torch's math implementations (`sdpa_dense`, which
   applies the score and mask functions with `torch.vmap`), run on `bridge.Tensor`s like any
@@ -335,6 +377,11 @@ def _torch_dense(*names: str) -> dict[Any, Callable]:
   return table
 
 
+def _if_present(**impls: Callable) -> dict[Any, Callable]:
+  """The operators of these names this torch has, with their implementations."""
+  return {getattr(_hop, n): f for n, f in impls.items() if hasattr(_hop, n)}
+
+
 # The operators and their implementations on `bridge.Tensor`s.
 IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.cond: cond,
@@ -342,6 +389,9 @@ IMPLEMENTATIONS: dict[Any, Callable] = {
   _hop.scan: scan,
   _hop.map_impl: map_impl,
   _hop.invoke_subgraph: invoke_subgraph,
+  **_if_present(
+    run_and_save_rng_state=run_and_save_rng_state, run_with_rng_state=run_with_rng_state
+  ),
   **_flex_attention(),
   **_torch_dense("auto_functionalized", "auto_functionalized_v2"),
 }
