@@ -128,3 +128,20 @@ def test_the_jax_devices_generator_is_left_alone():
   before = torch.jax.get_rng_state()
   g(x)
   assert torch.equal(torch.jax.get_rng_state(), before)
+
+
+def test_an_input_changed_in_place_before_the_backward_that_needs_it_raises_torchs_error():
+  # The forward saved the program's copy of `x` for the backward: torch's version check never
+  # saw `x.add_(10)`, and the gradient was the one of the old values.
+  def f(w, x):
+    return (w @ x).sum()
+
+  g = torch.compile(f, backend="jax")
+  w = torch.ones(2, 2, requires_grad=True)
+  x = torch.arange(1.0, 5.0).reshape(2, 2)
+  g(w, x).backward()
+  torch.testing.assert_close(w.grad, x.sum(1).expand(2, 2))
+  y = g(w, x)
+  x.add_(10)
+  with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    y.backward()

@@ -369,6 +369,15 @@ class _Graph:
         return forward(*args)
 
     graph.__qualname__ = graph.__name__ = f"{kind}_graph_{number}"
+    # Outputs that are inputs as they came (a forward saving an input for its backward): the
+    # input itself, as torch's graph returns it, not the program's copy; so torch's version
+    # check sees it changed in place before the backward, as in eager.
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    self.passthrough = [
+      (i, placeholders.index(o))
+      for i, o in enumerate(outputs if isinstance(outputs, (tuple, list)) else [outputs])
+      if isinstance(o, torch.fx.Node) and o.op == "placeholder"
+    ]
     # torch's layouts for the caller's outputs: all of an inference graph's; of a forward's
     # outputs not those it saves for the backward
     self.layouts: _Layouts | None = None
@@ -407,7 +416,13 @@ class _Graph:
     if traced:
       self._note_trace(args)
     out = (out,) if self.single else out
-    return out if self.layouts is None or not self.layouts.plan else self.layouts.apply(out)
+    if self.layouts is not None and self.layouts.plan:
+      out = self.layouts.apply(out)
+    if self.passthrough:
+      out = list(out)
+      for i, j in self.passthrough:
+        out[i] = args[j]
+    return out
 
   def _note_trace(self, args: tuple) -> None:
     sig = _signature(self.names, args)
