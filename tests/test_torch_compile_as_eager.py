@@ -145,3 +145,20 @@ def test_an_input_changed_in_place_before_the_backward_that_needs_it_raises_torc
   x.add_(10)
   with pytest.raises(RuntimeError, match="modified by an inplace operation"):
     y.backward()
+
+
+@pytest.mark.parametrize("case", ["scale", "index"])
+def test_an_integer_item_kept_in_the_graph_runs_the_graph_in_eager_torch(case):
+  # With capture_scalar_outputs, `.item()` of an integer stays in the graph as an unbacked
+  # size, which no JAX program can take: the call failed with TracedValueError.
+  fn = {
+    "scale": lambda x: x * (x > 0).sum().item(),
+    "index": lambda x: x[x.argmax().item()] * 2,
+  }[case]
+  x = torch.tensor([3.0, -1.0, 5.0, 2.0], requires_grad=True)
+  with torch._dynamo.config.patch(capture_scalar_outputs=True):
+    with pytest.warns(UserWarning, match=r"integer read from a tensor's values .*\.item\(\)"):
+      out = torch.compile(fn, backend="jax")(x)
+  torch.testing.assert_close(out, fn(x.detach()))
+  out.sum().backward()
+  assert x.grad is not None and bridge.compile_stats().eager == 1

@@ -27,6 +27,7 @@ import functools
 import logging
 import pathlib
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Sequence, cast
 
@@ -51,7 +52,11 @@ OPTIONS: dict[str, tuple[type, str]] = {
   "fallback": (str, "what an op with no lowering and no decomposition does: 'callback' or 'error'"),
   "decompose_missing_ops": (bool, "run an op with no lowering through torch's decomposition"),
   "tiered_compile": (bool, "compile a large CPU program quickly first, then fully"),
-  "check_indices": (bool, "check indices inside the programs (a host call per indexing op)"),
+  "check_indices": (
+    bool,
+    "check indices and the other values torch checks inside the programs (a host call per "
+    "checked op)",
+  ),
   "debug_print_each_op": (bool, "print each aten op as the programs trace it"),
   "cpu_convolution": (str, "who convolves in a CPU program: 'torch' (its kernel) or 'xla'"),
 }
@@ -66,6 +71,8 @@ class CompileStats:
       recompile makes one more).
     direct: those of them that record no gradient and so became programs as dynamo
       captured them, without `aot_autograd`.
+    eager: those of them that torch ran itself: a graph that takes an integer from a
+      tensor's values (`.item()` under `capture_scalar_outputs`), which no program can.
     programs: JAX programs traced: one per forward, backward or inference graph and
       input shapes/dtypes/static values.
     calls: calls of the compiled graphs.
@@ -76,6 +83,7 @@ class CompileStats:
 
   graphs: int = 0
   direct: int = 0
+  eager: int = 0
   programs: int = 0
   calls: int = 0
   cache_hits: int = 0
@@ -794,6 +802,19 @@ def backend(
   settings = _settings(options, mode)
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
+  read = _int_from_values(gm)
+  if read is not None:  # no program can take it: torch runs the graph (as backend="eager")
+    warnings.warn(
+      f'bridge: graph {number} of torch.compile(..., backend="jax") uses an integer read '
+      f"from a tensor's values ({read}; `.item()` kept in the graph by "
+      "`torch._dynamo.config.capture_scalar_outputs`), which a JAX program cannot take as a "
+      "number; that graph runs in eager torch. Leave capture_scalar_outputs off (the "
+      "default) so that dynamo breaks the graph there and the rest compiles.",
+      stacklevel=2,
+    )
+    with _stats_lock:
+      _stats.eager += 1
+    return gm.forward
   if _direct(gm, example_inputs):  # no gradient to record: dynamo's graph as it is
     graph = _Graph(gm, "inference", number, settings, direct=True)
     with _stats_lock:
@@ -805,6 +826,24 @@ def backend(
     bw_compiler=_compiler("backward", number, settings),
     inference_compiler=_compiler("inference", number, settings),
   )(gm, example_inputs)
+
+
+def _int_from_values(gm: torch.fx.GraphModule) -> str | None:
+  """The first node of the graph that makes an integer from a tensor's values (an unbacked
+  symbol: `.item()` of an integer tensor under `capture_scalar_outputs`), or None."""
+  from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols  # (lazy: `_compiler`)
+
+  for node in gm.graph.nodes:
+    value = node.meta.get("example_value")
+    if isinstance(value, torch.SymInt) and free_unbacked_symbols(value):
+      name = (
+        f"`.{node.target}()`"
+        if node.op == "call_method"
+        else f"`{getattr(node.target, '__name__', node.target)}`"
+      )
+      frame = user_frame(node)
+      return name if frame is None else f"{name} at {frame[0]}: {frame[1]}"
+  return None
 
 
 def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
