@@ -403,12 +403,15 @@ class _Graph:
     compiled = self.compiled
     before = compiled._traces
     try:
-      with contextlib.ExitStack() as stack:
-        if self.settings:
-          stack.enter_context(config_lib.config(**self.settings))
-        if self.generator is not None:
-          stack.enter_context(rng.from_torch_generator(self.generator))
+      if not self.settings and self.generator is None:
         out = compiled(*args)
+      else:
+        with contextlib.ExitStack() as stack:
+          if self.settings:
+            stack.enter_context(config_lib.config(**self.settings))
+          if self.generator is not None:
+            stack.enter_context(rng.from_torch_generator(self.generator))
+          out = compiled(*args)
     except Exception as e:
       ffi.reraise(e)  # a host call's own exception (a value check, a fallback op), as raised
       if compiled._traces != before or self.traced is None:
