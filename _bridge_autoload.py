@@ -33,7 +33,8 @@ _installed = False
 _libraries: list[Any] = []  # keeps the torch.library registrations alive
 
 # The kernels the backend registers, as (library key, aten op, name of the implementation).
-_FACTORIES = ("tril_indices", "triu_indices")  # implemented by torch per backend only
+# implemented by torch per backend only (`_efficientzerotensor`: forward AD's zero tangents)
+_FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor")
 _COMPOSITES = ("linear", "matmul", "cov")  # see `bridge._src.device._composite`
 KERNELS: tuple[tuple[str, str, str], ...] = (
   ("PrivateUse1", "empty.memory_format", "empty"),

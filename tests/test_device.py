@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -458,3 +459,22 @@ def test_where_torch_can_use_cuda_the_backend_stays_unnamed_until_asked():
     timeout=300,
   )
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_forward_mode_ad_on_the_jax_device_matches_cpu():
+  # make_dual asked `_has_same_storage_numel` through the callback fallback (a
+  # FallbackWarning), which answered for contiguous CPU copies; a primal that is a view at an
+  # offset then needed `_efficientzerotensor`, which the device did not have.
+  import torch.autograd.forward_ad as fwAD
+
+  for make in (lambda d: torch.ones(3, device=d), lambda d: torch.arange(5.0, device=d)[1:4]):
+    got, want = [], []
+    for device, out in (("jax", got), ("cpu", want)):
+      with warnings.catch_warnings():
+        warnings.simplefilter("error", bridge.FallbackWarning)
+        with fwAD.dual_level():
+          d = fwAD.make_dual(make(device), torch.arange(3.0, device=device))
+          out.extend(fwAD.unpack_dual(f).tangent for f in (d * 2, d.sin(), d[1:].exp()))
+    for g, w in zip(got, want):
+      assert g.device.type == "jax"
+      torch.testing.assert_close(g.cpu(), w)

@@ -163,7 +163,7 @@ def _empty_strided(
 
 # Factories torch implements only per backend (CPU, CUDA): on the jax device they run their
 # lowering through the dispatcher.
-_BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices")
+_BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor")
 
 
 def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -5,6 +5,8 @@ array (the base, contiguous in its own shape). `gather` reads it and `scatter`
 writes into it; both are jitted with the view's shape static and, where its plan
 allows, its position (offset) traced, so that a row or column at each index shares one
 program; they work on tracers (under `jax.jit`, `jax.grad`, `jax.vmap`) as on arrays.
+A view of another dtype reads the storage's bytes as its own dtype first (`reinterpret`)
+and writes them back (`restore`).
 """
 
 from __future__ import annotations
@@ -323,6 +325,91 @@ def _placed(shape: tuple, size: tuple, stride: tuple, offset: int) -> tuple | No
   return True, how, (first, start), plan.expanded == size
 
 
+# --- a storage's bytes as another dtype ------------------------------------------
+#
+# torch's `view(dtype)`, `view_as_real` and `view_as_complex` read a storage's bytes as
+# elements of another dtype, whose size, stride and offset count elements of that dtype.
+# `reinterpret` gives the flat storage as that dtype (a complex value as its real and
+# imaginary parts, which JAX differentiates; other dtypes by `bitcast_convert_type`), and
+# `restore` turns it back into the storage's own array.
+
+
+def _component(dtype: np.dtype) -> np.dtype:
+  """The real dtype of a complex dtype's parts, or the dtype itself."""
+  return (
+    np.dtype(np.float32 if dtype == np.complex64 else np.float64) if dtype.kind == "c" else dtype
+  )
+
+
+def _leading(flat: Any, n: int) -> Any:
+  """The first `n` elements of the 1-D `flat`."""
+  return flat if flat.shape[0] == n else lax.slice(flat, (0,), (n,))
+
+
+def _bitcast(flat: Any, dtype: np.dtype) -> Any:
+  """The 1-D real `flat` as `dtype`'s elements (a trailing part too small for one dropped)."""
+  src = np.dtype(flat.dtype)
+  if src == dtype:
+    return flat
+  if src == np.bool_:
+    flat, src = lax.convert_element_type(flat, np.uint8), np.dtype(np.uint8)
+  if dtype == np.bool_:
+    return lax.ne(_bitcast(flat, np.dtype(np.uint8)), jnp.zeros((), np.uint8))
+  if src.itemsize < dtype.itemsize:
+    k = dtype.itemsize // src.itemsize
+    n = flat.shape[0] // k
+    return lax.bitcast_convert_type(_leading(flat, n * k).reshape(n, k), dtype)
+  return lax.bitcast_convert_type(flat, dtype).reshape(-1)
+
+
+def reinterpret(base: Any, dtype: Any) -> Any:
+  """The bytes of `base` (flattened) as a 1-D array of `dtype`, as torch views a storage."""
+  dtype = np.dtype(dtype)
+  flat = base.reshape(-1)
+  if np.dtype(flat.dtype) == dtype:
+    return flat
+  if np.dtype(flat.dtype).kind == "c":  # (interleaved real and imaginary parts)
+    parts = (lax.real(flat), lax.imag(flat))
+    flat = lax.concatenate([lax.expand_dims(p, (1,)) for p in parts], 1).reshape(-1)
+  flat = _bitcast(flat, _component(dtype))
+  if dtype.kind == "c":
+    n = flat.shape[0] // 2
+    pairs = _leading(flat, 2 * n).reshape(n, 2)
+    flat = lax.complex(
+      lax.slice(pairs, (0, 0), (n, 1)).reshape(n), lax.slice(pairs, (0, 1), (n, 2)).reshape(n)
+    )
+  return flat
+
+
+def restore(flat: Any, like: Any) -> Any:
+  """`flat` (`reinterpret(like, ...)`, written) as `like`'s dtype and shape: its bytes, then
+  `like`'s trailing bytes that were too few for an element of `flat`'s dtype.
+
+  Bits reinterpreted (not a complex value's parts) carry no derivative: as torch, which
+  records no write through such a view, the result keeps `like`'s."""
+  back = reinterpret(flat, like.dtype)
+  n = math.prod(like.shape)
+  if back.shape[0] < n:
+    rest = lax.slice(like.reshape(-1), (back.shape[0],), (n,))
+    back = lax.concatenate([back, rest], 0)
+  back = back.reshape(like.shape)
+  src, dst = np.dtype(flat.dtype), np.dtype(like.dtype)
+  if _component(src) != _component(dst) and dst.kind in "fc":
+    back = _keep_tangent(like, back)
+  return back
+
+
+@jax.custom_jvp
+def _keep_tangent(old: Any, new: Any) -> Any:
+  """`new`, whose derivative is `old`'s."""
+  return new
+
+
+@_keep_tangent.defjvp
+def _keep_tangent_jvp(primals: tuple, tangents: tuple) -> tuple:
+  return primals[1], tangents[0]
+
+
 # Jitted forms for concrete arrays; a tracer (JAX is already building a program) calls
 # `read`/`write` directly, so the ops land in that program instead of nested programs. A
 # view's position is traced where its plan allows (a row `x[i]`, a column `x[:, j]`,
@@ -334,6 +421,8 @@ _gather_at = jax.jit(_read_at, static_argnums=(2,))
 _scatter_at = jax.jit(_write_at, static_argnums=(3,))
 _gather_strided_at = jax.jit(_read_strided_at, static_argnums=(3,))
 _scatter_strided_at = jax.jit(_write_strided_at, static_argnums=(4,))
+_reinterpret = jax.jit(reinterpret, static_argnums=(1,))
+_restore = jax.jit(restore)
 _x64_state = _jax_config.enable_x64
 
 
@@ -359,5 +448,23 @@ def scatter(base: Any, new: Any, size: tuple, stride: tuple, offset: int) -> Any
       return _scatter(base, new, size, stride, offset)
     strided, key, position, _ = placed
     return (_scatter_strided_at if strided else _scatter_at)(base, new, *position, key)
+  finally:
+    _x64_state.set_local(prev)
+
+
+def reinterpreted(base: Any, dtype: Any) -> Any:
+  """`reinterpret`, jitted, with 64-bit types on."""
+  prev = _x64_state.swap_local(True)
+  try:
+    return _reinterpret(base, np.dtype(dtype))
+  finally:
+    _x64_state.set_local(prev)
+
+
+def restored(flat: Any, like: Any) -> Any:
+  """`restore`, jitted, with 64-bit types on."""
+  prev = _x64_state.swap_local(True)
+  try:
+    return _restore(flat, like)
   finally:
     _x64_state.set_local(prev)

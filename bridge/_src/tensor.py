@@ -6,13 +6,18 @@ in-place op through either is seen by both. JAX arrays are immutable, so each
 base's contents, in the base's shape) and a version counter. A tensor that is
 the whole storage reads the array directly; any other view is torch's own
 (size, stride, storage offset) over the storage's elements, read by a gather
-and written by a scatter, and cached per storage version. In-place ops compute
-the new value functionally and store it into the box, so every view sees it.
-Under `jax.jit` the arrays are tracers and the same code traces.
+and written by a scatter, and cached per storage version. A view of another dtype
+(`view(dtype)`, `view_as_real`, `view_as_complex`) reads the storage's bytes as its
+own dtype (`Tensor._as`), its metadata counting elements of that dtype as torch's does;
+a lazy conjugate or negative view (torch's conj and neg bits) reads and writes its
+storage's elements conjugated or negated. In-place ops compute the new value
+functionally and store it into the box, so every view sees it. Under `jax.jit` the
+arrays are tracers and the same code traces.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from typing import Any, Callable, SupportsIndex
@@ -62,6 +67,9 @@ class Tensor(torch.Tensor):
   _storage: Storage
   _whole: bool = True  # this tensor is its storage's whole array, in the array's shape
   _cache: tuple[int, Any] | None = None  # (storage version, value) for views
+  # a view of another dtype than its storage's array: the JAX dtype it reads the storage's
+  # bytes as (its size, stride and offset count elements of that dtype); None otherwise
+  _as: Any = None
   # a `detach()` (or a view made under `torch.no_grad()`) of a traced tensor: it reads its
   # storage through `lax.stop_gradient`, so JAX's derivatives see a constant, as torch's do
   _detached: bool = False
@@ -116,7 +124,7 @@ class Tensor(torch.Tensor):
         f"Move it first: `t.data = new.to('{self.device}')`."
       )
     _DATA.__set__(self, new)
-    self._storage, self._whole, self._cache = new._storage, new._whole, None
+    self._storage, self._whole, self._as, self._cache = new._storage, new._whole, new._as, None
 
   def numpy(self, *, force: bool = False) -> np.ndarray:
     """A NumPy copy of the data (as `t.cpu().numpy()`)."""
@@ -147,6 +155,40 @@ class Tensor(torch.Tensor):
       extra.append("requires_grad=True")
     return f"{text[:-1]}, {', '.join(extra)})"
 
+  def __deepcopy__(self, memo: dict) -> Tensor:
+    """A copy in which what aliased still aliases (one new storage per storage, as torch's
+    deepcopy of CPU views: `deepcopy((t, t[1:]))` keeps the view a view), with the
+    gradient, `requires_grad` and Python attributes copied as torch copies them."""
+    if not self.is_leaf:
+      return torch.Tensor.__deepcopy__(self, memo)  # (torch's error for non-leaves)
+    if id(self) in memo:
+      return memo[id(self)]
+    key = (_DEEPCOPY, id(self._storage))
+    storage = memo.get(key)
+    if storage is None:  # (the array is immutable: the new box may hold the same one)
+      storage = memo[key] = Storage(self._storage.array, self._storage.device)
+      memo.setdefault(id(memo), []).append(self._storage)  # (keeps the id valid)
+    with torch.no_grad():
+      new = make_view(
+        storage,
+        tuple(self.shape),
+        tuple(self.stride()),
+        int(self.storage_offset()),
+        self.dtype,
+        self._storage.device,
+        self._as,
+        self.is_conj(),
+        self.is_neg(),
+      )
+    new.requires_grad_(self.requires_grad)
+    if self.grad is not None:
+      new.grad = copy.deepcopy(self.grad, memo)
+    for name, v in self.__dict__.items():
+      if name not in _INTERNAL:
+        setattr(new, name, copy.deepcopy(v, memo))
+    memo[id(self)] = new
+    return new
+
   def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
     # Saved as a CPU tensor: loads on any machine (bridge or not) as a CPU tensor,
     # and onto the jax device with `torch.load(..., map_location="jax")`.
@@ -159,6 +201,8 @@ class Tensor(torch.Tensor):
 
 
 _DATA: Any = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
+_DEEPCOPY = object()  # the memo key prefix of storages `Tensor.__deepcopy__` copied
+_INTERNAL = frozenset(["_storage", "_whole", "_cache", "_as", "_detached"])
 _PLANS: dict[Any, Any] = {}  # shared with bridge._src.dispatch, which fills it
 
 
@@ -270,20 +314,39 @@ def make_view(
   offset: int,
   dtype: torch.dtype,
   device: torch.device,
+  as_: Any = None,
+  conj: bool = False,
+  neg: bool = False,
 ) -> Tensor:
-  """A tensor sharing `storage`, with torch's view metadata."""
+  """A tensor sharing `storage`, with torch's view metadata: read as JAX dtype `as_` where
+  that is not the storage array's (see `Tensor._as`), with torch's conj and neg bits."""
   t = torch.Tensor._make_wrapper_subclass(
     Tensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=device
   )
   t._storage = storage
   base_shape = tuple(storage.array.shape)
-  if not (
+  if as_ is not None or conj or neg:
+    t._whole, t._as = False, as_
+    if conj:
+      torch._C._set_conj(t, True)
+    if neg:
+      torch._C._set_neg(t, True)
+  elif not (
     tuple(size) == base_shape
     and offset == 0
     and tuple(stride) == strided.contiguous_strides(base_shape)
   ):
     t._whole = False
   return t
+
+
+def storage_numel(t: Tensor) -> int:
+  """How many elements of `t`'s own dtype its storage holds (more or fewer than the array's
+  for a view of another dtype: torch's storage size in `t`'s units)."""
+  array = t._storage.array
+  if t._as is None:
+    return int(np.size(array))
+  return int(np.size(array)) * np.dtype(array.dtype).itemsize // np.dtype(t._as).itemsize
 
 
 def value(t: Tensor, recorded: bool = False) -> Any:
@@ -298,12 +361,27 @@ def value(t: Tensor, recorded: bool = False) -> Any:
     v = cache[1]
   else:
     array = storage.array
-    v = (strided.read if isinstance(array, jax.core.Tracer) else strided.gather)(
+    traced = isinstance(array, jax.core.Tracer)
+    if t._as is not None:
+      array = (strided.reinterpret if traced else strided.reinterpreted)(array, t._as)
+    v = (strided.read if traced else strided.gather)(
       array, tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
     )
+    v = _lazy(t, v)
     t._cache = (storage.version, v)
   if t._detached and not recorded and isinstance(v, jax.core.Tracer):
     v = jax.lax.stop_gradient(v)
+  return v
+
+
+def _lazy(t: Tensor, v: Any) -> Any:
+  """`v` (a view's elements as stored, or its value) conjugated where `t` has torch's conj
+  bit and negated where it has the neg bit: each is its own inverse, so this both reads a
+  lazy view's value and turns a value into what its storage holds."""
+  if t.is_conj() and jnp.iscomplexobj(v):
+    v = jax.lax.conj(v)
+  if t.is_neg():
+    v = jax.lax.neg(v)
   return v
 
 
@@ -338,8 +416,15 @@ def write(t: Tensor, new: Any) -> None:
         "single memory location. Please clone() the tensor before performing the operation."
       )
     array = storage.array
-    storage.array = (strided.write if isinstance(array, jax.core.Tracer) else strided.scatter)(
-      array, new, size, stride, int(t.storage_offset())
+    traced = isinstance(array, jax.core.Tracer)
+    base = array
+    if t._as is not None:
+      base = (strided.reinterpret if traced else strided.reinterpreted)(array, t._as)
+    base = (strided.write if traced else strided.scatter)(
+      base, _lazy(t, new), size, stride, int(t.storage_offset())
     )
+    if t._as is not None:
+      base = (strided.restore if traced else strided.restored)(base, array)
+    storage.array = base
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)

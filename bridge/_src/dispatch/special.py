@@ -1,5 +1,6 @@
-"""Ops the dispatcher handles itself: copies between devices, `.item()`, lazy conj/neg views,
-dtype views, and `native_batch_norm` (whose schema hides that it updates running stats).
+"""Ops the dispatcher handles itself: copies between devices, `.item()`, resolving lazy
+conj/neg views, and `native_batch_norm` (whose schema hides that it updates running stats).
+Lazy conj/neg views and dtype views themselves are views (`dispatch.views`).
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from jax._src import core as _jax_core
@@ -94,35 +94,13 @@ def _identity_copy(args: tuple, kwargs: dict) -> Any:
   return _to_copy(args[:1], {})
 
 
-def _conj_copy(args: tuple, kwargs: dict) -> Any:
-  with x64():
-    return make(jnp.conj(value(args[0])), args[0]._dev, args[0].dtype)
-
-
-def _neg_copy(args: tuple, kwargs: dict) -> Any:
-  with x64():
-    return make(-value(args[0]), args[0]._dev, args[0].dtype)
-
-
-def _view_dtype(args: tuple, kwargs: dict) -> Any:
-  t, dtype = args
-  with x64():
-    out = jax.lax.bitcast_convert_type(value(t), dtypes.TORCH_TO_JAX[dtype])
-  return make(out, t._dev, dtype)
-
-
-def _view_as_real(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  with x64():
-    return make(jnp.stack([v.real, v.imag], axis=-1), args[0]._dev)
-
-
-def _view_as_complex(args: tuple, kwargs: dict) -> Any:
-  v = value(args[0])
-  if np.dtype(v.dtype) == np.float16:  # torch gives complex32 (chalf): refuse it clearly
-    dtypes.jax_dtype(torch.complex32, api="torch.view_as_complex", where="the result")
-  with x64():
-    return make(jax.lax.complex(v[..., 0], v[..., 1]), args[0]._dev)
+def _resolved(args: tuple, kwargs: dict) -> Any:
+  """`resolve_conj` / `resolve_neg` (composite in torch, so reached only when called as an
+  aten op): the input, or a copy holding its value where it is a lazy conjugate/negative."""
+  t = args[0]
+  if not (t.is_conj() or t.is_neg()):
+    return t
+  return make(value(t), t._dev, t.dtype)
 
 
 def _as_strided_scatter(args: tuple, kwargs: dict) -> Any:
@@ -139,7 +117,7 @@ def _as_strided_scatter(args: tuple, kwargs: dict) -> Any:
   self, src = bound["self"], bound["src"]
   if any(self.stride(d) == 0 and self.size(d) > 1 for d in range(self.dim())):
     self = self.clone(memory_format=torch.contiguous_format)
-  n = int(np.size(self._storage.array))
+  n = tensor_lib.storage_numel(self)
   storage = self.as_strided((n,), (1,), 0).clone()
   out = storage.as_strided(self.size(), self.stride(), self.storage_offset())
   storage.as_strided(bound["size"], bound["stride"], bound.get("storage_offset") or 0).copy_(src)
@@ -270,11 +248,34 @@ NEW_VALUES = frozenset(
     aten._to_copy.default,
     torch.ops.prims.convert_element_type.default,
     aten.lift_fresh_copy.default,
-    aten.view.dtype,
     aten.as_strided_scatter.default,
     aten._pack_padded_sequence.default,
   }
 )
+
+
+def _new_zeros_with_same_feature_meta(args: tuple, kwargs: dict) -> Tensor:
+  """Forward AD's zero tangent laid out as `other` (its strides, storage offset and storage
+  size), after `self`'s first `self_num_batch_dims` dimensions, which stack copies of it."""
+  self, other = args[0], args[1]
+  batch = args[2] if len(args) > 2 else kwargs.get("self_num_batch_dims", 0)
+  numel = tensor_lib.storage_numel(other)
+  strides: list[int] = []
+  for n in reversed(self.shape[:batch]):
+    strides.insert(0, numel)
+    numel *= int(n)
+  storage = tensor_lib.Storage(
+    jax.numpy.zeros((numel,), dtypes.TORCH_TO_JAX[other.dtype]), other._storage.device
+  )
+  return tensor_lib.make_view(
+    storage,
+    (*self.shape[:batch], *other.shape),
+    (*strides, *other.stride()),
+    other.storage_offset(),
+    other.dtype,
+    other._storage.device,
+  )
+
 
 _SPECIAL: dict[Any, Callable] = {
   aten._to_copy.default: _to_copy,
@@ -286,18 +287,20 @@ _SPECIAL: dict[Any, Callable] = {
   aten._local_scalar_dense.default: _local_scalar_dense,
   aten.lift_fresh.default: lambda a, k: a[0],
   aten.lift_fresh_copy.default: _identity_copy,
-  aten._conj.default: _conj_copy,
-  aten._neg_view.default: _neg_copy,
-  aten.resolve_conj.default: lambda a, k: a[0],
-  aten.resolve_neg.default: lambda a, k: a[0],
-  aten.view.dtype: _view_dtype,
-  aten.view_as_real.default: _view_as_real,
-  aten.view_as_complex.default: _view_as_complex,
+  aten.resolve_conj.default: _resolved,
+  aten.resolve_neg.default: _resolved,
   aten.as_strided_scatter.default: _as_strided_scatter,
   aten.is_pinned.default: _false,
   aten._pack_padded_sequence.default: _pack_padded_sequence,
   aten._has_compatible_shallow_copy_type.default: lambda a, k: (
     isinstance(a[0], Tensor) and isinstance(a[1], Tensor)
+  ),
+  aten._new_zeros_with_same_feature_meta.default: _new_zeros_with_same_feature_meta,
+  # (forward AD's `make_dual` asks it of a tangent: the storages' sizes, in elements)
+  aten._has_same_storage_numel.default: lambda a, k: (
+    type(a[0]) is Tensor
+    and type(a[1]) is Tensor
+    and tensor_lib.storage_numel(a[0]) == tensor_lib.storage_numel(a[1])
   ),
 }
 

@@ -1,4 +1,5 @@
-"""The plan of a view op: the result shares its input's storage, with torch's metadata."""
+"""The plan of a view op: the result shares its input's storage, with torch's metadata (its
+dtype, for a view of another dtype, and torch's conj and neg bits among it)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import jax
 import numpy as np
 import torch
 
+from bridge._src import dtypes
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch.schema import aten
+from bridge._src.errors import NarrowingError
 from bridge._src.tensor import Tensor, make_view
 
 
@@ -21,6 +24,8 @@ class ViewPlan:
     self.func = func
     self.cache: dict[tuple, Any] = {}
     self.detaches = func in (aten.detach.default, aten.detach_.default)
+    # `view(dtype)` to another dtype: torch records no derivative through it
+    self.reinterprets = func is aten.view.dtype
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     self_t = args[0]
@@ -30,6 +35,8 @@ class ViewPlan:
       tuple(self_t.stride()),
       self_t.storage_offset(),
       self_t.dtype,
+      self_t.is_conj(),
+      self_t.is_neg(),
       _freeze(rest),
       _freeze(kwargs),
     )
@@ -40,27 +47,33 @@ class ViewPlan:
       # A "maybe view" op (`reshape`, `contiguous`, `flatten` of a non-viewable
       # layout) copies here: its composite kernel does the copy with ordinary ops.
       return self.func.decompose(*args, **kwargs)
-    storage, device, dtype = self_t._storage, self_t._dev, self_t.dtype
+    storage, device = self_t._storage, self_t._dev
     out: Any
-    if isinstance(meta, list):
-      out = [
-        make_view(storage, size, stride, offset, dtype, device) for size, stride, offset in meta
-      ]
+    if isinstance(meta, tuple):
+      size, stride, offset, dtype, conj, neg = meta
+      as_ = self_t._as if dtype is self_t.dtype else self._as(self_t, dtype)
+      out = make_view(storage, size, stride, offset, dtype, device, as_, conj, neg)
     else:
-      size, stride, offset = meta
-      out = make_view(storage, size, stride, offset, dtype, device)
+      out = [
+        make_view(storage, size, stride, offset, dtype, device, self._as(self_t, dtype), c, n)
+        for size, stride, offset, dtype, c, n in meta
+      ]
     # `detach()`, views of a detached tensor, and views made in a `torch.no_grad()` block of
     # traced code are constants for JAX's derivatives (torch gives them no gradient)
-    if (self.detaches or self_t._detached or scope.no_grad_inside()) and isinstance(
+    detaches = self.detaches or (self.reinterprets and out.dtype != self_t.dtype)
+    if (detaches or self_t._detached or scope.no_grad_inside()) and isinstance(
       storage.array, jax.core.Tracer
     ):
       tensor_lib.detach_traced(out)
     return out
 
   def _meta(self, t: Tensor, rest: tuple, kwargs: dict) -> Any:
-    numel = int(np.prod(t._storage.array.shape))
-    base = torch.empty(numel, dtype=t.dtype, device="meta")
+    base = torch.empty(tensor_lib.storage_numel(t), dtype=t.dtype, device="meta")
     m = base.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    if t.is_conj():
+      m = m._conj()
+    if t.is_neg():
+      m = m._neg_view()
     composite = torch._C._dispatch_has_kernel_for_dispatch_key(
       self.func.name(), "CompositeImplicitAutograd"
     )
@@ -74,9 +87,27 @@ class ViewPlan:
       not o._is_view() for o in (out if isinstance(out, (list, tuple)) else [out])
     ):
       return _COPIES
-    if isinstance(out, (list, tuple)):
-      return [(tuple(o.shape), tuple(o.stride()), o.storage_offset()) for o in out]
-    return (tuple(out.shape), tuple(out.stride()), out.storage_offset())
+    described = [
+      (tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype, o.is_conj(), o.is_neg())
+      for o in (out if isinstance(out, (list, tuple)) else [out])
+    ]
+    return described if isinstance(out, (list, tuple)) else described[0]
+
+  def _as(self, t: Tensor, dtype: torch.dtype) -> Any:
+    """The JAX dtype a view of `t` with `dtype` reads the storage as (`Tensor._as`)."""
+    if dtype == t.dtype:
+      return t._as
+    name = self.func.overloadpacket.__name__
+    if scope.narrow() and (dtype in dtypes.NARROWED or t.dtype in dtypes.NARROWED):
+      raise NarrowingError(
+        f"bridge: `{name}` from {t.dtype} to {dtype} reads 64-bit values' bytes, but the torch "
+        "code is being traced into a JAX program built with JAX's 64-bit types disabled, "
+        "whose 64-bit tensors hold 32-bit arrays. Enable 64-bit types "
+        "(`jax.config.update('jax_enable_x64', True)`, or `with jax.enable_x64(True):` around "
+        f"the jitted call). First at\n  {scope.user_line()}"
+      )
+    want = dtypes.jax_dtype(dtype, api=f"torch.{name}", where="the view")
+    return None if want == np.dtype(t._storage.array.dtype) else want
 
 
 _COPIES = object()  # a `ViewPlan` cache entry: the op copies for this layout

@@ -64,6 +64,12 @@ def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
   return jnp.zeros(tuple(size), jax_dtype(dtype, default_float()))
 
 
+@lowering(aten._efficientzerotensor.default)
+def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+  """torch's zero tensor without memory (forward AD's zero tangents): plain zeros here."""
+  return zeros(size, dtype=dtype)
+
+
 @lowering(aten.ones.default)
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
   return jnp.ones(tuple(size), jax_dtype(dtype, default_float()))
