@@ -291,3 +291,69 @@ def test_a_random_op_that_falls_back_on_known_inputs_draws_on_every_call():
       a, b = compiled(torch.ones(2000)), compiled(torch.ones(2000))
       assert not torch.equal(a, b)
       assert 0.45 < a.mean().item() < 0.55 and 0.0 <= a.min().item() and a.max().item() <= 1.0
+
+
+# A custom op that writes its argument and returns a tensor whose shape depends on the data:
+# its fake run cannot find the output's shape.
+@torch.library.custom_op("bridge_test_fb::clip_and_keep_", mutates_args=("x",))
+def clip_and_keep_(x: torch.Tensor) -> torch.Tensor:
+  x.clamp_(min=0.0)
+  return x[x > 0.5].clone()
+
+
+@clip_and_keep_.register_fake
+def _(x):
+  return x.new_empty(torch.library.get_ctx().new_dynamic_size())
+
+
+_SHAPED_BY_DATA = {
+  "repeat_interleave": lambda d: torch.tensor([1.0, 2.0, 3.0], device=d).repeat_interleave(
+    torch.tensor([1, 0, 2], device=d)
+  ),
+  "repeat_interleave_dim": lambda d: (
+    torch.arange(6.0, device=d)
+    .reshape(2, 3)
+    .repeat_interleave(torch.tensor([2, 1], device=d), dim=0)
+  ),
+  "repeat_interleave_repeats_only": lambda d: torch.repeat_interleave(
+    torch.tensor([3, 0, 1], device=d)
+  ),
+  "writes_its_argument": lambda d: (lambda x: (clip_and_keep_(x), x))(
+    torch.tensor([-1.0, 2.0, 0.25, 3.0], device=d)
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(_SHAPED_BY_DATA))
+def test_an_op_whose_shapes_depend_on_the_data_falls_back_eagerly(name):
+  """Eagerly on the `jax` device no program is built, so no output's shape is needed before
+  the op runs: torch runs it at once, as on CPU (a second call reuses the verdict)."""
+  want = _SHAPED_BY_DATA[name]("cpu")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    for _ in range(2):
+      got = _SHAPED_BY_DATA[name]("jax")
+      torch.testing.assert_close(jax.tree.map(lambda t: t.cpu(), got), want, rtol=0, atol=0)
+
+
+def test_an_op_whose_shapes_depend_on_the_data_keeps_torchs_gradient_eagerly():
+  def f(x):
+    return (x.repeat_interleave(torch.tensor([1, 0, 2], device=x.device)) ** 2).sum()
+
+  x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+  f(x).backward()
+  on_device = x.detach().to("jax").requires_grad_()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    f(on_device).backward()
+  torch.testing.assert_close(on_device.grad.cpu(), x.grad)
+
+
+def test_an_op_whose_shapes_depend_on_the_data_is_still_refused_inside_a_program():
+  fn = bridge.jax_view(lambda x, r: x.repeat_interleave(r))
+  x, r = jnp.array([1.0, 2.0, 3.0]), jnp.array([1, 0, 2])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    fn(x, r)  # (eagerly first: the verdict cached for these shapes must not leak into jit)
+    with pytest.raises(bridge.TracedValueError, match="outputs cannot be found before it runs"):
+      jax.jit(fn)(x, r)

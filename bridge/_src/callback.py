@@ -611,6 +611,7 @@ def call(
   return_mutated: bool = False,
   api: str = API,
   owner: Any = None,
+  unshaped_now: bool = False,
 ) -> Any:
   """`fn(*args, **kwargs)` run for real by torch, from JAX (see the module docstring).
 
@@ -618,7 +619,10 @@ def call(
   leaves of `(args, kwargs)` (in `tree.flatten` order) that `fn` wrote to in place.
   `api` is the API the user called, for messages; `owner` the user's torch function or
   module whose outputs these are (None for the bridge's own calls: an op's fallback), for
-  the warning about int64 outputs returned as int32 (`narrowing.returned`).
+  the warning about int64 outputs returned as int32 (`narrowing.returned`). With
+  `unshaped_now` (an eager op's fallback), a call whose outputs' shapes depend on the data
+  runs at once when its arrays are concrete and no program is being built, as torch would
+  run it (`_call_unshaped`); inside a program it is still a `TracedValueError`.
   """
   check_mode("callback", vmap_method, result_shape_dtypes, api=api)
   vmap_method = vmap_method or "sequential"
@@ -653,21 +657,32 @@ def call(
   )
   table, anchor = _cache_for(fn)
   entry = table.get(cache_key)
-  if entry is None:
-    entry = table[cache_key] = _build(
-      fn,
-      spec,
-      tuple(statics),
-      avals,
-      vmap_method,
-      result_shape_dtypes,
-      name,
-      narrow,
-      return_mutated,
-      api,
-      owner,
-      anchor,
-    )
+  now = unshaped_now and not scope.is_staged()
+  now = now and not any(isinstance(d, jax.core.Tracer) for d in dyn)
+  if entry is _UNSHAPED and now:
+    return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated)
+  if entry is None or entry is _UNSHAPED:
+    try:
+      entry = _build(
+        fn,
+        spec,
+        tuple(statics),
+        avals,
+        vmap_method,
+        result_shape_dtypes,
+        name,
+        narrow,
+        return_mutated,
+        api,
+        owner,
+        anchor,
+      )
+    except scope.TracedValueError as e:
+      if not (now and isinstance(e.__cause__, _SHAPE_FROM_DATA)):
+        raise
+      table[cache_key] = _UNSHAPED  # (the next such call skips the fake run)
+      return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated)
+    table[cache_key] = entry
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
   if not any(isinstance(d, jax.core.Tracer) for d in dyn) and not (
@@ -687,6 +702,51 @@ def call(
     return result
   leaf_of_dyn = [i for i, s in enumerate(statics) if s is _DYN]
   return result, {leaf_of_dyn[i]: v for i, v in zip(written, it)}
+
+
+# The fake run's exceptions for outputs whose shapes depend on the inputs' values.
+_SHAPE_FROM_DATA = (DataDependentOutputException, DynamicOutputShapeException)
+# A cache entry: the outputs' shapes depend on the data, so there is no program to keep.
+_UNSHAPED = object()
+
+
+def _call_unshaped(
+  fn: Callable[..., Any], spec: Any, statics: tuple, dyn: list, return_mutated: bool
+) -> Any:
+  """`fn` run now on concrete arrays (`call`'s `unshaped_now`), for outputs whose shapes only
+  its run tells: no program is built, so none needs them. Whether `fn` writes to its inputs
+  is not known before it runs (its fake run stopped), so it runs on copies of them; a copy
+  it writes to (its version counter, or an op's schema, says so) is returned as the input's
+  new value with `return_mutated`, as `call` returns it."""
+  with jax.enable_x64(True):
+    inputs = [
+      transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument").clone() for a in dyn
+    ]
+  versions = [t._version for t in inputs]
+  recorder = _Recorder()
+  args, kwargs = tree_lib.unflatten(spec, tree_lib.merge(statics, iter(inputs), _unbox))
+  with recorder:
+    out = fn(*args, **kwargs)
+  if type(out) is not torch.Tensor and type(out).__module__ == "torch.return_types":
+    out = tuple(out)
+
+  def to_jax(t: torch.Tensor, i: int) -> jax.Array:
+    with jax.enable_x64(True):  # torch's dtypes exactly, as in trace mode
+      return transfer.tensor_to_jax(t.detach(), copy=True, api=API, where=lambda: f"output {i}")
+
+  tree_lib.register_output_types(out)
+  leaves, out_spec = tree_lib.flatten(out)
+  result = tree_lib.unflatten(
+    out_spec, [to_jax(x, i) if isinstance(x, torch.Tensor) else x for i, x in enumerate(leaves)]
+  )
+  if not return_mutated:
+    return result
+  leaf_of_dyn = [i for i, s in enumerate(statics) if s is _DYN]
+  return result, {
+    leaf_of_dyn[i]: to_jax(t, i)
+    for i, (t, v) in enumerate(zip(inputs, versions))
+    if t._version != v or id(_root(t)) in recorder.written
+  }
 
 
 def _build(

@@ -78,6 +78,8 @@ CASES = [
     (X, m(3), [i(0, 9, 2), i(1, 1, -7)], r(3)),
     {},
   ),
+  # reads from a size-0 dim (an empty slice's `src` in `slice_scatter`): all `fill`
+  (aten._unsafe_masked_index.default, (r(4, 0), m(1, 3), [None, i(0, 1, 2)], 7.0), {}),
   # index_* along a dim
   (aten.index_select.default, (X, 1, i(4, 0, 0)), {}),
   (aten.index_select.default, (X3, -1, i(2)), {}),
@@ -303,3 +305,37 @@ def test_scatter_prod_grad_with_repeats_and_zeros(include_self):
   got, expected = _scatter_prod_grads(self, index, src, include_self)
   for g, e in zip(got, expected):
     torch.testing.assert_close(g, e)
+
+
+# torch's decompositions of these read the empty `src` through `_unsafe_masked_index`
+EMPTY_SCATTERS = [
+  (aten.slice_scatter.default, (X3, r(3, 0, 5), 1, 4)),
+  (aten.slice_scatter.default, (X3, r(3, 0, 5), 1, 1, 1)),
+  (aten.slice_scatter.default, (X3, r(3, 4, 0), 2, 5, 9, 2)),
+  (aten.slice_backward.default, (r(3, 0, 5), [3, 4, 5], 1, 4, 4, 1)),
+]
+
+
+@pytest.mark.parametrize("op,args", EMPTY_SCATTERS, ids=[_id(c) for c in EMPTY_SCATTERS])
+def test_scatter_of_an_empty_slice_on_the_device(op, args):
+  on_device = [a.to("jax") if isinstance(a, torch.Tensor) else a for a in args]
+  torch.testing.assert_close(op(*on_device).cpu(), op(*args), rtol=0, atol=0)
+
+
+EMPTY_VIEWS = {
+  "slice": lambda g: g[:, 3:],
+  "slice_step": lambda g: g[:, 1:3:2, 4:],
+  "narrow": lambda g: g.narrow(1, 3, 0),
+  "index_select": lambda g: g.index_select(1, torch.zeros(0, dtype=torch.int64, device=g.device)),
+  "of_empty": lambda g: g[:, :0][:, 0:0],
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_VIEWS))
+def test_backward_through_an_empty_view_gives_zeros(name):
+  grads = {}
+  for dev in ("cpu", "jax"):
+    g = torch.arange(24.0).reshape(2, 3, 4).to(dev).requires_grad_()
+    torch.sin(EMPTY_VIEWS[name](g)).sum().backward()
+    grads[dev] = g.grad
+  torch.testing.assert_close(grads["jax"].cpu(), grads["cpu"], rtol=0, atol=0)

@@ -44,6 +44,12 @@ RAISES = {
   "fmod": lambda d: torch.fmod(_t(d, 2, 3), _t(d, 0, 1)),
   "fmod_scalar": lambda d: torch.fmod(_t(d, 2, 3), 0),
   "fmod_in_place": lambda d: _t(d, 2, 3).fmod_(0),
+  "masked_scatter_short_source": lambda d: torch.zeros(3, device=d).masked_scatter(
+    _t(d, True, False, True, dtype=torch.bool), torch.ones(1, device=d)
+  ),
+  "masked_scatter_empty_source": lambda d: torch.zeros(3, device=d).masked_scatter(
+    _t(d, False, True, False, dtype=torch.bool), torch.ones(0, device=d)
+  ),
 }
 
 # What torch computes without raising: the same values (and dtypes) here.

@@ -95,7 +95,12 @@ def lowering(func: Any) -> registry.Lowering | None:
       raise_not_found(func)
     _note(func)
     return callback.call(
-      func, args, kwargs, name=f"the fallback of {op_name(func)}", api=callback.FALLBACK
+      func,
+      args,
+      kwargs,
+      name=f"the fallback of {op_name(func)}",
+      api=callback.FALLBACK,
+      unshaped_now=True,  # (an eager op whose shapes depend on the data: run as torch would)
     )
 
   run.__name__ = f"fallback_{func._schema.name.split('::')[-1]}"
@@ -131,6 +136,7 @@ def writing(func: Any) -> Callable[[tuple, dict], tuple] | None:
       name=f"the fallback of {op_name(func)}",
       return_mutated=True,
       api=callback.FALLBACK,
+      unshaped_now=True,
     )
     return outs, [(leaves[i], new) for i, new in written.items()]
 

@@ -15,16 +15,19 @@ values (or, when the values broadcast, the mask's size padded with indices that
 are out of range and so dropped). `index.Tensor` is one overload for integer and
 boolean indices alike, so integer indexing runs eagerly too.
 
-Over 600 lines on purpose: every lowering here shares one index normalisation and one set of
-range checks (`_dim`, `_check_along`, `_check_advanced`, `_check_flat`), which a split would
-have to import back.
+Over 700 lines on purpose: every lowering here shares one index normalisation and one set of
+range and dtype checks (`_dim`, `_check_along`, `_check_advanced`, `_check_flat`,
+`_index_dtypes`), which a split would have to import back.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from bridge_ops._lowering import (
   aten,
@@ -33,6 +36,7 @@ from bridge_ops._lowering import (
   highest,
   lowering,
   lowest,
+  torch_dtype,
   weak,
   with_derivative,
 )
@@ -88,13 +92,71 @@ def _check_along(self, dim, index, error, message, negative=False):
   )
 
 
+def _torch_name(dtype) -> str:
+  """torch's name of a dtype in its messages: "Char" for int8, "Float" for float32."""
+  return torch.empty(0, dtype=torch_dtype(dtype)).type().removeprefix("torch.")[: -len("Tensor")]
+
+
+def _index_dtypes(position, allowed, error, message):
+  """torch's rule for the dtype of the index (or mask) argument at `position`, a tensor or
+  a list of them (`None`s in it are slices): one of `allowed` (NumPy dtype names), else
+  `error(message)`, with `{dtype}` torch's name of the dtype refused. In a program without
+  64-bit types, int32 also stands for int64 (the dtype torch saw)."""
+  allowed = frozenset(np.dtype(a) for a in allowed)
+
+  def decorate(fn):
+    name = list(inspect.signature(fn).parameters)[position]
+
+    def wrapped(*args, **kwargs):
+      index = args[position] if len(args) > position else kwargs[name]
+      ok = allowed
+      if np.dtype("int64") in ok and jax.dtypes.canonicalize_dtype(jnp.int64) != jnp.int64:
+        ok = ok | {np.dtype("int32")}
+      for i in index if isinstance(index, (list, tuple)) else [index]:
+        if i is not None and np.dtype(i.dtype) not in ok:
+          raise error(message.format(dtype=_torch_name(i.dtype)))
+      return fn(*args, **kwargs)
+
+    wrapped.__name__, wrapped.__qualname__ = fn.__name__, fn.__qualname__
+    wrapped.__module__, wrapped.__doc__ = fn.__module__, fn.__doc__
+    return wrapped
+
+  return decorate
+
+
+# torch's rule for advanced indices (uint8 ones are masks)
+_advanced_dtypes = _index_dtypes(
+  1,
+  ("int64", "int32", "uint8", "bool"),
+  IndexError,
+  "tensors used as indices must be long, int, byte or bool tensors",
+)
+
+
 # --- advanced indexing ------------------------------------------------------------------------
 
 
+def _check_masks(self, indices):
+  """torch's check that each boolean mask has the shape of the dims of `self` it indexes
+  (JAX's error says it in other words; `index_put` would drop or misplace the values)."""
+  d = 0
+  for i in indices:
+    if i is not None and i.dtype == jnp.bool_ and d + i.ndim <= self.ndim:
+      for j in range(i.ndim):
+        if i.shape[j] != self.shape[d + j]:
+          raise IndexError(
+            f"The shape of the mask {list(i.shape)} at index {j} does not match the shape "
+            f"of the indexed tensor {list(self.shape)} at index {d + j}"
+          )
+    d += i.ndim if i is not None and i.dtype == jnp.bool_ else 1
+
+
 def _check_advanced(self, indices):
-  """torch's check of advanced indices: every integer index in [-size, size) of its dim. torch
-  names the first bad element (in broadcast order; the index tensors' order within it) and
-  numbers the dim among the index tensors (a k-dim mask counts k), not among `self`'s dims."""
+  """torch's check of advanced indices: masks of the shape they index (`_check_masks`), and
+  every integer index in [-size, size) of its dim. torch names the first bad element (in
+  broadcast order; the index tensors' order within it) and numbers the dim among the index
+  tensors (a k-dim mask counts k), not among `self`'s dims."""
+  _check_masks(self, indices)
   arrays, dims, j, d = [], [], 0, 0
   for i in indices:
     if i is not None and i.dtype == jnp.bool_:
@@ -130,6 +192,7 @@ def _check_advanced(self, indices):
 
 
 @lowering(aten.index.Tensor, aten.index.Tensor_hacked_twin, dynamic_shape="bool_inputs")
+@_advanced_dtypes
 def index(self, indices):
   indices = _masks_to_bool(indices)
   _check_advanced(self, indices)
@@ -191,6 +254,7 @@ def _index_put(self, indices, values, accumulate):
 
 
 @lowering(aten.index_put.default, aten.index_put.hacked_twin)
+@_advanced_dtypes
 def index_put(self, indices, values, accumulate=False):
   _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
@@ -199,12 +263,16 @@ def index_put(self, indices, values, accumulate=False):
 @lowering(
   aten._index_put_impl.default, aten._index_put_impl_.default, aten._index_put_impl_.hacked_twin
 )
+@_advanced_dtypes
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
   _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
 
 
 @lowering(aten._unsafe_index.Tensor, aten._unsafe_index.Tensor_hacked_twin)
+@_index_dtypes(
+  1, ("int64", "int32"), RuntimeError, "_unsafe_index found unexpected index type {dtype}"
+)
 def _unsafe_index(self, indices):
   """`index` with integer indices only (what decompositions emit): static shapes."""
   _check_advanced(self, indices)
@@ -212,9 +280,21 @@ def _unsafe_index(self, indices):
 
 
 @lowering(aten._unsafe_index_put.default, aten._unsafe_index_put.hacked_twin)
+@_advanced_dtypes
 def _unsafe_index_put(self, indices, values, accumulate=False):
   _check_advanced(self, _masks_to_bool(indices))
   return _index_put(self, indices, values, accumulate)
+
+
+def _readable(self, dims, fill=0):
+  """`self`, or where one of its `dims` has size 0, a stand-in with that dim grown to one
+  element of `fill`: JAX cannot build a gather from a size-0 dim. Any index there is out of
+  range: the lowering's check raises torch's error for it in eager mode; a program reads
+  `fill`, as it reads a clamped element for an index out of range elsewhere."""
+  if all(self.shape[d] != 0 for d in dims):
+    return self
+  shape = tuple(1 if d in dims and n == 0 else n for d, n in enumerate(self.shape))
+  return jnp.full(shape, fill, self.dtype)
 
 
 def _clamped(self, indices):
@@ -227,8 +307,11 @@ def _clamped(self, indices):
 
 @lowering(aten._unsafe_masked_index.default)
 def _unsafe_masked_index(self, mask, indices, fill):
-  out = self[_getitem_tuple(_clamped(self, indices))]
-  return jnp.where(mask, out, jnp.asarray(fill).astype(self.dtype))
+  """`self[indices]` where `mask`, else `fill` (what torch's `slice_scatter` decomposes to: an
+  empty slice's `src` has a size-0 dim, read nowhere)."""
+  fill = jnp.asarray(fill).astype(self.dtype)
+  src = _readable(self, [d for d, ix in enumerate(indices) if ix is not None], fill)
+  return jnp.where(mask, src[_getitem_tuple(_clamped(src, indices))], fill)
 
 
 @lowering(aten._unsafe_masked_index_put_accumulate.default)
@@ -247,6 +330,9 @@ def _along(self, dim, index):
 
 
 @lowering(aten.index_select.default)
+@_index_dtypes(
+  2, ("int64", "int32"), RuntimeError, "index_select(): Expected dtype int32 or int64 for index"
+)
 def index_select(self, dim, index):
   if index.ndim > 1:
     raise IndexError("index_select(): Index is supposed to be a vector")
@@ -263,10 +349,30 @@ def index_select(self, dim, index):
     _check_along(self, dim, index, IndexError, "index out of range in self")
   if self.ndim == 0:
     return jnp.reshape(self, (1,))[jnp.reshape(index, (-1,))].reshape(())
-  return self[_along(self, dim, index)]
+  if self.ndim > 1 and self.shape[_dim(dim, self.ndim)] == 0 and index.size:
+    _select_from_empty()  # (1-d: the check above raises)
+  return _readable(self, [_dim(dim, self.ndim)])[_along(self, dim, index)]
+
+
+def _select_from_empty():
+  """torch's error, known from the shapes, for rows selected from a size-0 dim
+  (`index_select`, `embedding`)."""
+  check(
+    np.ones((), bool),
+    None,
+    RuntimeError,
+    "index_select(): self indexing axis dim should be positive",
+    kind="index",
+  )
 
 
 @lowering(aten.index_add.default)
+@_index_dtypes(
+  2,
+  ("int64", "int32"),
+  RuntimeError,
+  "index_add_(): Expected dtype int32/int64 for index but got: {dtype}",
+)
 def index_add(self, dim, index, source, *, alpha=1):
   if self.ndim == 0:
     return index_add(self.reshape(1), 0, index, source.reshape(1), alpha=alpha).reshape(())
@@ -283,6 +389,9 @@ def _indexed_shape(self, dim, index):
 
 
 @lowering(aten.index_copy.default)
+@_index_dtypes(
+  2, ("int64",), RuntimeError, "index_copy_(): Expected a long tensor for index, but got {dtype}"
+)
 def index_copy(self, dim, index, source):
   _check_along(self, dim, index, IndexError, _dim_message("index_copy_(): "))
   if self.ndim == 0:
@@ -292,6 +401,7 @@ def index_copy(self, dim, index, source):
 
 
 @lowering(aten.index_fill.int_Scalar)
+@_index_dtypes(2, ("int64",), IndexError, "index_fill_(): Expected dtype int64 for index.")
 def index_fill_int_Scalar(self, dim, index, value):
   if self.ndim == 0:
     return index_fill_int_Scalar(self.reshape(1), 0, index, value).reshape(())
@@ -305,6 +415,12 @@ def index_fill_int_Tensor(self, dim, index, value):
 
 
 @lowering(aten.index_reduce.default)
+@_index_dtypes(
+  2,
+  ("int64", "int32"),
+  RuntimeError,
+  "index_reduce_(): Expected dtype int32/int64 for index but got: {dtype}",
+)
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
   """scatter_reduce with `index` spread over `source`'s other dims."""
   if self.ndim == 0:
@@ -347,6 +463,9 @@ def take(self, index):
 
 
 @lowering(aten.put.default)
+@_index_dtypes(
+  1, ("int64",), RuntimeError, "put_(): Expected a long tensor for index, but got {dtype}"
+)
 def put(self, index, source, accumulate=False):
   """Writes `source` at flat positions `index` of `self` (negative ones count from the end)."""
   _check_flat(self, index, "put_(): Tried to put elements into an empty tensor")
@@ -367,6 +486,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
   torch through `_embedding`'s JVP rule."""
   if weight.ndim != 2:
     raise RuntimeError("'weight' must be 2-D")
+  if weight.shape[0] == 0 and indices.size:
+    _select_from_empty()
   check_index(indices, weight.shape[0], IndexError, "index out of range in self")
   if ((padding_idx is None or padding_idx < 0) and not scale_grad_by_freq) or not jnp.issubdtype(
     weight.dtype, jnp.inexact
@@ -383,9 +504,10 @@ def _rows(weight, indices):
   The indices are clipped in their own dtype and then narrowed where the rows fit int32:
   `jnp.take`'s own clamp mixes int32 bounds with int64 indices under `jax.grad` when
   64-bit types are switched on for the op only."""
+  weight = _readable(weight, [0])
   n = weight.shape[0]
   if isinstance(n, int) and n < 2**31 and np.dtype(indices.dtype).itemsize > 4:
-    indices = jnp.clip(indices, 0, max(n - 1, 0)).astype(jnp.int32)
+    indices = jnp.clip(indices, 0, n - 1).astype(jnp.int32)
   return jnp.take(weight, indices, axis=0, mode="clip")
 
 
@@ -477,7 +599,7 @@ def _check_scatter(self, dim, index):
 @_as_1d("index")
 def gather(self, dim, index, *, sparse_grad=False):
   _check_scatter(self, dim, index)
-  return self[_scatter_index(self, dim, index)]
+  return _readable(self, [_dim(dim, self.ndim)])[_scatter_index(self, dim, index)]
 
 
 def _reduce_at(x, idx, values, reduce):
@@ -600,11 +722,21 @@ def _scatter_reduce_two(self, dim, index, src, reduce, include_self):
 
 
 @lowering(aten.masked_scatter.default)
+@_index_dtypes(
+  1,
+  ("bool",),
+  RuntimeError,
+  "masked_scatter_ only supports boolean masks, but got mask with dtype {dtype}",
+)
 def masked_scatter(self, mask, source):
   shape = jnp.broadcast_shapes(self.shape, mask.shape)
   flat = jnp.broadcast_to(self, shape).reshape(-1)
   m = jnp.broadcast_to(mask, shape).reshape(-1)
   src = jnp.reshape(source, (-1,)).astype(self.dtype)
+  count = jnp.sum(m, dtype=jnp.int64)
+  check(
+    count > src.size, None, RuntimeError, "Number of elements of source < number of ones in mask"
+  )
   if src.size == 0:
     return flat.reshape(shape)
   pos = jnp.cumsum(m, dtype=jnp.int64) - 1  # the i-th selected element takes source[i]
@@ -613,6 +745,7 @@ def masked_scatter(self, mask, source):
 
 
 @lowering(aten.masked_select.default, dynamic_shape=True)
+@_index_dtypes(1, ("bool",), RuntimeError, "masked_select: expected BoolTensor for mask")
 def masked_select(self, mask):
   s, m = jnp.broadcast_arrays(self, mask.astype(jnp.bool_))
   return s[m]
