@@ -4,7 +4,9 @@ programs, checked against eager torch (forward, gradients of every parameter, tr
 from __future__ import annotations
 
 import copy
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -632,6 +634,60 @@ def test_check_indices_option_raises_torchs_index_error():
   torch.testing.assert_close(checked(x, torch.tensor([3])), f(x, torch.tensor([3])))
   with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 5"):
     checked(x, torch.tensor([7]))
+
+
+# name -> (function, its arguments): eager torch raises RuntimeError on values a program
+# checks only with `options={"check_indices": True}`
+_VALUE_ERRORS = {
+  "floor_divide": (lambda a, z: a // z, (torch.tensor([-7, 3, 7]), torch.tensor([1, 0, 1]))),
+  "remainder": (lambda a, z: a % z, (torch.tensor([-7, 3]), torch.tensor([0, 1]))),
+  "div_trunc": (
+    lambda a, z: torch.div(a, z, rounding_mode="trunc"),
+    (torch.tensor([-7, 3]), torch.tensor([0, 1])),
+  ),
+  "multinomial_nan": (lambda p: torch.multinomial(p, 1), (torch.tensor([0.2, math.nan, 0.3]),)),
+  "multinomial_negative": (lambda p: torch.multinomial(p, 1), (torch.tensor([0.2, -1.0, 0.3]),)),
+}
+
+
+@pytest.mark.parametrize("name", list(_VALUE_ERRORS))
+def test_check_indices_option_checks_values_too(name):
+  fn, args = _VALUE_ERRORS[name]
+  with pytest.raises(RuntimeError) as expected:
+    fn(*args)
+  torch._dynamo.reset()
+  checked = torch.compile(fn, backend="jax", options={"check_indices": True})
+  with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+    checked(*args)
+
+
+@pytest.mark.parametrize(
+  "fn",
+  [lambda t: t.softmax(0), lambda t: t.log_softmax(0), lambda t: t.t().softmax(-1)],
+  ids=["softmax", "log_softmax", "softmax_last_dim"],
+)
+def test_softmax_over_an_empty_dim_with_its_gradient(fn):
+  x = torch.zeros(0, 4, requires_grad=True)
+  want = fn(x)
+  (want * 2).sum().backward()
+  torch._dynamo.reset()
+  y = x.detach().clone().requires_grad_(True)
+  got = torch.compile(fn, backend="jax")(y)
+  (got * 2).sum().backward()
+  torch.testing.assert_close(got, want)
+  torch.testing.assert_close(y.grad, x.grad)
+
+
+@pytest.mark.parametrize(
+  "fn", [lambda t: t.max(), lambda t: t.min(), lambda t: t.max(0)], ids=["max", "min", "max_dim"]
+)
+def test_reducing_nothing_raises_torchs_error(fn):
+  x = torch.zeros(0, 4)
+  with pytest.raises((RuntimeError, IndexError)) as expected:
+    fn(x)
+  torch._dynamo.reset()
+  with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+    torch.compile(fn, backend="jax")(x)
 
 
 def test_options_and_mode_are_checked():

@@ -13,6 +13,7 @@ import bridge
 
 L = torch.long
 B = torch.bool
+D = torch.float64
 
 # name -> (function of tensors, its inputs as (shape, dtype)); CPU torch raises for each.
 MISTAKES = {
@@ -59,6 +60,61 @@ MISTAKES = {
     [((2, 3), None), ((2, 3), torch.complex64)],
   ),
   "div_in_place_long": (lambda a, b: a.clone().div_(b), [((2, 3), L), ((2, 3), L)]),
+  # matrix products of mixed dtypes: torch's CPU kernels refuse them, each in its own words
+  "addmm_long_bias": (
+    lambda b, x, y: torch.addmm(b, x, y),
+    [((2, 2), L), ((2, 2), None), ((2, 2), None)],
+  ),
+  "addmm_long_matrices": (
+    lambda b, x, y: torch.addmm(b, x, y),
+    [((2,), None), ((2, 2), L), ((2, 2), L)],
+  ),
+  "addmm_double_mat2": (
+    lambda b, x, y: torch.addmm(b, x, y),
+    [((2, 2), None), ((2, 2), None), ((2, 2), D)],
+  ),
+  "addmv_long_vec": (
+    lambda b, m, v: torch.addmv(b, m, v),
+    [((2,), None), ((2, 2), None), ((2,), L)],
+  ),
+  "addbmm_long_bias": (
+    lambda b, x, y: torch.addbmm(b, x, y),
+    [((2, 2), L), ((3, 2, 2), None), ((3, 2, 2), None)],
+  ),
+  "baddbmm_double_bias": (
+    lambda b, x, y: torch.baddbmm(b, x, y),
+    [((3, 2, 2), D), ((3, 2, 2), None), ((3, 2, 2), None)],
+  ),
+  "baddbmm_double_batch2": (
+    lambda b, x, y: torch.baddbmm(b, x, y),
+    [((3, 2, 2), None), ((3, 2, 2), None), ((3, 2, 2), D)],
+  ),
+  "bmm_mixed": (lambda a, b: torch.bmm(a, b), [((3, 2, 2), None), ((3, 2, 2), D)]),
+  "mv_mixed": (lambda a, b: torch.mv(a, b), [((2, 2), None), ((2,), L)]),
+  "dot_mixed": (lambda a, b: torch.dot(a, b), [((2,), D), ((2,), None)]),
+  "vdot_mixed": (lambda a, b: torch.vdot(a, b), [((2,), None), ((2,), L)]),
+  "einsum_mixed": (lambda a, b: torch.einsum("ij,jk->ik", a, b), [((2, 2), None), ((2, 2), D)]),
+  "linear_long_bias": (
+    lambda x, w, b: F.linear(x, w, b),
+    [((2, 2), None), ((2, 2), None), ((2,), L)],
+  ),
+  "cross_mixed": (lambda a, b: torch.linalg.cross(a, b), [((3,), None), ((3,), L)]),
+  # reductions with no identity over nothing
+  "max_of_nothing": (lambda a: a.max(), [((0, 4), None)]),
+  "min_of_nothing": (lambda a: a.min(), [((4, 0), None)]),
+  "max_over_an_empty_dim": (lambda a: a.max(0), [((0, 4), None)]),
+  "min_over_an_empty_dim": (lambda a: a.min(-1, keepdim=True), [((4, 0), None)]),
+  "amax_over_an_empty_dim": (lambda a: a.amax(-1), [((4, 0), None)]),
+  "amin_of_nothing": (lambda a: a.amin(), [((0, 4), None)]),
+  "aminmax_of_nothing": (lambda a: torch.aminmax(a), [((0, 4), None)]),
+  "aminmax_over_an_empty_dim": (lambda a: torch.aminmax(a, dim=-1), [((4, 0), None)]),
+  "argmax_of_nothing": (lambda a: a.argmax(), [((0, 4), None)]),
+  "argmin_over_an_empty_dim": (lambda a: a.argmin(0), [((0, 4), None)]),
+  "kthvalue_over_an_empty_dim": (lambda a: a.kthvalue(1, 0), [((0, 4), None)]),
+  "median_over_an_empty_dim": (lambda a: a.median(-1), [((4, 0), None)]),
+  "nanmedian_over_an_empty_dim": (lambda a: a.nanmedian(0), [((0, 4), None)]),
+  "mode_over_an_empty_dim": (lambda a: a.mode(), [((4, 0), None)]),
+  "topk_of_an_empty_dim": (lambda a: a.topk(1), [((0,), None)]),
 }
 
 

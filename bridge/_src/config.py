@@ -45,16 +45,21 @@ class Config:
       quickly with XLA's optimizations off, so that the first call returns sooner, then
       fully in a background thread, whose program replaces the quick one when ready.
       False compiles once, fully, on the first call. Read at each program's first call.
-    check_indices: check indices inside JAX programs too. In eager mode the `jax` device
+    check_indices: check inside JAX programs too the values torch checks: indices (the
+      name), and every other value an op's lowering checks. In eager mode the `jax` device
       always raises torch's error for an index out of range (`x[i]`, `gather`,
-      `index_select`, `scatter`, `embedding`...), as under `jax.grad` without `jax.jit`.
-      Inside `jax.jit`, `bridge.compile`, `lax.scan`... (and `jax.vmap`) the values are
-      unknown while the program is built, and by default unchecked: JAX clamps an
-      out-of-range read into range and drops an out-of-range write. True adds a host call after each such op that fails the
-      program's run with an error naming the op and the first bad index (a
-      `jax.errors.JaxRuntimeError`, raised when the result is waited for). It costs a
-      host round trip per op, and needs a platform whose programs can call back into Python
-      (CPU, GPU). Read when a program is traced: a program built without it stays unchecked.
+      `index_select`, `scatter`, `embedding`...), an integer division or remainder by
+      zero, an integer to a negative power, invalid `multinomial` weights (NaN, inf,
+      negative, a row of zeros)..., as under `jax.grad` without `jax.jit`. Inside
+      `jax.jit`, `bridge.compile`, `lax.scan`... (and `jax.vmap`) the values are unknown
+      while the program is built, and by default unchecked: JAX clamps an out-of-range read
+      into range and drops an out-of-range write, an integer division by zero gives an
+      unspecified number, `multinomial` samples from invalid weights. True adds a host call
+      after each such op that fails the program's run with torch's error naming the op and
+      the first bad value (a `jax.errors.JaxRuntimeError`, raised when the result is waited
+      for; `torch.compile` re-raises torch's exception itself). It costs a host round trip
+      per checked op, and needs a platform whose programs can call back into Python (CPU,
+      GPU). Read when a program is traced: a program built without it stays unchecked.
     cpu_convolution: who runs a convolution (`aten.convolution` and its backward) in a
       program for the CPU: "torch" (the default) calls torch's own CPU kernel (oneDNN)
       from inside the program, on XLA's buffers, as the fallback runs an op (no warning),

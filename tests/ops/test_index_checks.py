@@ -1,6 +1,7 @@
 """Out-of-range indices on the `jax` device: torch's exception (type and message) in eager mode,
 valid negative indices still valid, and inside `jax.jit` / `bridge.compile` JAX's clamped
-reads unless `bridge.config(check_indices=True)` asks for the check there too."""
+reads unless `bridge.config(check_indices=True)` asks for the check there too (and for the other
+values torch checks: integer division by zero, `multinomial`'s weights)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,28 @@ BAD = {
     torch.randn(1, 3, 2, 2, device=d), torch.full((1, 2, 2), 5, device=d)
   ),
   "cross_entropy": lambda d: F.cross_entropy(torch.randn(2, 3, device=d), _t(d, 0, 3)),
+  # reads from a size-0 dim (JAX cannot build the gather): torch's error, known from the shapes
+  "index_select_from_empty_dim": lambda d: ONES(2, 0, device=d).index_select(1, _t(d, 0)),
+  "index_select_from_empty_dim0": lambda d: ONES(0, 2, device=d).index_select(0, _t(d, 3)),
+  "index_select_from_empty_1d": lambda d: ONES(0, device=d).index_select(0, _t(d, 0)),
+  "embedding_of_empty_weight": lambda d: F.embedding(_t(d, 1), ONES(0, 3, device=d)),
+  "gather_from_empty_dim": lambda d: ONES(2, 0, device=d).gather(1, _t(d, [3], [0])),
+  "gather_from_empty_dim0": lambda d: ONES(0, 2, device=d).gather(0, _t(d, [2, 0])),
+  # boolean masks of another shape than the dims they index
+  "getitem_mask_too_short": lambda d: _x(d)[_t(d, True, False)],
+  "getitem_mask_second_dim": lambda d: _x2(d)[:, _t(d, True, False)],
+  "getitem_2d_mask": lambda d: _x2(d)[ONES(3, 5, dtype=torch.bool, device=d)],
+  "getitem_uint8_mask": lambda d: _x(d)[ONES(2, dtype=torch.uint8, device=d)],
+  "getitem_mask_after_index": lambda d: ONES(3, 4, 2, device=d)[
+    _t(d, True, False, True), _t(d, 0), _t(d, True, False, True)
+  ],
+  "setitem_mask_too_short": lambda d: _set(_x(d), _t(d, True, False), 1.0),
+  "setitem_mask_second_dim": lambda d: _set(
+    _x2(d), (slice(None), _t(d, True)), ONES(3, 1, device=d)
+  ),
+  "index_put_mask_accumulate": lambda d: _x(d).index_put(
+    (_t(d, True, False),), _t(d, 1.0), accumulate=True
+  ),
 }
 
 # torch's CPU kernels word some errors by their own fast paths (FBGEMM's embedding_bag reports
@@ -168,8 +191,71 @@ GOOD = {
     torch.arange(6.0, device=d).reshape(2, 3), _t(d, 2, 7), ignore_index=7
   ),
   "index_select_empty_index": lambda d: torch.index_select(_x2(d), 1, _t(d, dtype=torch.int64)),
+  "index_select_empty_from_empty_dim": lambda d: ONES(2, 0, device=d).index_select(
+    1, _t(d, dtype=torch.int64)
+  ),
+  "gather_empty_from_empty_dim": lambda d: ONES(2, 0, device=d).gather(
+    1, torch.zeros(2, 0, dtype=torch.int64, device=d)
+  ),
+  "embedding_empty_of_empty_weight": lambda d: F.embedding(
+    _t(d, dtype=torch.int64), ONES(0, 3, device=d)
+  ),
   "setitem_empty_index": lambda d: _set(_x2(d), (slice(None), _t(d, dtype=torch.int64)), 1.0),
 }
+
+
+# Index (and mask) dtypes: what torch accepts, it computes the same; what it refuses, it refuses
+# with its own exception (its meta kernel takes int8 for a mask, and refuses uint8).
+INDEX_DTYPES = [
+  torch.int8,
+  torch.int16,
+  torch.int32,
+  torch.int64,
+  torch.uint8,
+  torch.uint16,
+  torch.bool,
+  torch.float32,
+]
+
+
+def _index(dev, dtype):
+  if dtype == torch.bool:
+    return torch.tensor([True, False, True], device=dev)
+  return torch.tensor([0, 2, 1], device=dev).to(dtype)
+
+
+WITH_INDEX = {
+  "getitem": lambda d, i: _x(d)[i],
+  "getitem_second_dim": lambda d, i: _x2(d)[:, i[:3] if i.dtype == torch.bool else i],
+  "setitem": lambda d, i: _set(_x(d), i, _t(d, 7.0)),
+  "index_put_accumulate": lambda d, i: _x(d).index_put((i,), _t(d, 1.0), accumulate=True),
+  "unsafe_index": lambda d, i: torch.ops.aten._unsafe_index(_x(d), [i]),
+  "index_select": lambda d, i: _x(d).index_select(0, i),
+  "index_add": lambda d, i: ONES(3, device=d).index_add(0, i, ONES(3, device=d)),
+  "index_copy": lambda d, i: ONES(3, device=d).index_copy(0, i, _t(d, 4.0, 5.0, 6.0)),
+  "index_fill": lambda d, i: ONES(3, device=d).index_fill(0, i, 2.0),
+  "index_reduce": lambda d, i: ONES(3, device=d).index_reduce(0, i, _x(d)[:3], "amax"),
+  "put": lambda d, i: ONES(3, device=d).put(i, _t(d, 4.0, 5.0, 6.0)),
+  "take": lambda d, i: _x(d).take(i),
+  "gather": lambda d, i: _x(d).gather(0, i),
+  "masked_select": lambda d, i: _x(d)[:3].masked_select(i),
+  "masked_scatter": lambda d, i: ONES(3, device=d).masked_scatter(i, _x(d)[:3]),
+  "masked_fill": lambda d, i: ONES(3, device=d).masked_fill(i, 2.0),
+}
+
+
+@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(WITH_INDEX))
+def test_index_dtypes_follow_torch(name, dtype):
+  try:
+    expected = WITH_INDEX[name]("cpu", _index("cpu", dtype))
+  except (IndexError, RuntimeError) as e:
+    with pytest.raises(type(e)) as info:
+      WITH_INDEX[name]("jax", _index("jax", dtype))
+    assert str(info.value) == str(e)
+    return
+  got = WITH_INDEX[name]("jax", _index("jax", dtype))
+  torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
 
 
 def _error(fn, dev):
@@ -284,6 +370,47 @@ def test_jit_with_check_indices_raises_naming_the_op_and_index(name):
       jax.block_until_ready(f(*args))
   assert message in str(info.value)
   assert "check_indices" in str(info.value)
+
+
+# The other value checks, staged the same way: name -> (fn, its arguments, the op named).
+VALUE_CHECKED = {
+  "floor_divide": (lambda a, b: a // b, ([-7, 3], [0, 1]), "aten.floor_divide.default"),
+  "remainder": (lambda a, b: a % b, ([-7, 3], [1, 0]), "aten.remainder.Tensor"),
+  "div_trunc": (
+    lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    ([-7, 3], [0, 1]),
+    "aten.div.Tensor_mode",
+  ),
+  "multinomial_nan": (
+    lambda p: torch.multinomial(p, 1).int(),
+    ([0.2, np.nan],),
+    "aten.multinomial.default",
+  ),
+  "multinomial_negative_rows": (
+    lambda p: torch.multinomial(p, 2, True).int(),
+    ([[0.2, 0.1], [1.0, -1.0]],),
+    "aten.multinomial.default",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(VALUE_CHECKED))
+def test_jit_with_check_indices_checks_values_as_torch(name):
+  fn, args, op = VALUE_CHECKED[name]
+  with pytest.raises(RuntimeError) as expected:
+    fn(*(torch.tensor(a) for a in args))
+
+  def program(key, *arrays):
+    with bridge.rng_key(key):  # (multinomial draws)
+      return bridge.jax_view(fn)(*arrays)
+
+  arrays = [jnp.asarray(a) for a in args]
+  key = jax.random.key(0)
+  jax.block_until_ready(jax.jit(program)(key, *arrays))  # unchecked by default
+  with bridge.config(check_indices=True):
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+      jax.block_until_ready(jax.jit(lambda *a: program(*a))(key, *arrays))
+  assert f"{op}: {expected.value}" in str(info.value)
 
 
 def test_check_indices_passes_valid_indices_under_jit_grad_and_vmap():

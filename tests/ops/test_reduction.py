@@ -299,12 +299,39 @@ EMPTY = [
   (aten.any.default, (0,), ()),
   (aten.cumsum.default, (0, 3), (0,)),
   (aten.sort.default, (0, 3), (0,)),
+  # softmax over an empty dim is empty (its shift, a max, has no identity: -inf)
+  (aten._softmax.default, (0, 3), (0, False)),
+  (aten._softmax.default, (3, 0), (-1, False)),
+  (aten._log_softmax.default, (0, 3), (0, False)),
+  (aten._safe_softmax.default, (3, 0), (-1,)),
+  (aten.kthvalue.default, (3, 0), (1, 0)),
+  (aten.max.dim, (3, 0), (0,)),
 ]
 
 
 @pytest.mark.parametrize("op,shape,args", EMPTY, ids=[str(c[0]) for c in EMPTY])
 def test_empty(op, shape, args):
   check(op, torch.zeros(shape), *args)
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dim", [((0, 4), 0), ((4, 0), -1)], ids=str)
+def test_softmax_over_an_empty_dim_in_a_program_with_its_gradient(fn, shape, dim):
+  import bridge
+
+  def loss(t):
+    out = fn(t, dim)
+    return out, (out * 2).sum()
+
+  x = torch.zeros(shape, requires_grad=True)
+  want, want_sum = loss(x)
+  want_sum.backward()
+  with jax.enable_x64(True):
+    a = jax.numpy.zeros(shape, jax.numpy.float32)
+    got = jax.jit(lambda a: bridge.call_torch(loss, a)[0])(a)
+    grad = jax.jit(jax.grad(lambda a: bridge.call_torch(loss, a)[1]))(a)
+  torch.testing.assert_close(bridge.to_torch(got), want.detach())
+  torch.testing.assert_close(bridge.to_torch(grad), x.grad)
 
 
 # ----------------------------------------------------------------------------- dtype= arguments

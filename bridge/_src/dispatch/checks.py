@@ -59,28 +59,29 @@ def _report_check(bad: Any, values: Any, error: type[Exception], message: Any, k
   found = getattr(check_state, "found", None)
   if found is not None:
     found.append(jnp.any(bad))
-  elif kind == "index" and _config_var.get().check_indices:
-    _stage_check(bad, values, error, message)
+  elif _config_var.get().check_indices:  # every rule, not only indices (see `Config`)
+    _stage_check(bad, values, error, message, kind)
 
 
-def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any) -> None:
+def _stage_check(bad: Any, values: Any, error: type[Exception], message: Any, kind: str) -> None:
   """A host call in the program being staged that raises torch's error if `bad` holds."""
   op = getattr(check_state, "op", None)
   if not ffi.supported():
+    what = "indices" if kind == "index" else "values"
     raise BridgeError(
-      f"`bridge.config(check_indices=True)`: checking the indices of {op} inside a JAX "
+      f"`bridge.config(check_indices=True)`: checking the {what} of {op} inside a JAX "
       f"program needs a host call, which programs on {ffi.platform()} cannot make. Leave "
-      "check_indices off there (out-of-range reads are clamped, writes dropped), or check "
-      "the indices before the program."
+      "check_indices off there (out-of-range reads are clamped, writes dropped, an integer "
+      f"division by zero gives an unspecified number), or check the {what} before the program."
     )
-  kind = _TORCH_ERRORS.get(error, error)
+  torch_type = _TORCH_ERRORS.get(error, error)
   ffi.stage_check(
     bad,
     values,
-    lambda value, position: kind(
+    lambda value, position: torch_type(
       f"`bridge.config(check_indices=True)`: {op}: " + _check_message(message, value, position)
     ),
-    ffi.check_name("index", op, kind, message),
+    ffi.check_name("index", op, torch_type, message),
   )
 
 

@@ -111,7 +111,7 @@ class Executable:
     if found is not None:
       found.append(flag)
     elif _config_var.get().check_indices:
-      self.run(*dyn)  # (stages the index checks, which run at once here)
+      self.run(*dyn)  # (stages the value checks, which run at once here)
 
   def raise_failed_check(self, dyn: list) -> None:
     """Run the op again on the same arrays, op by op: the failing rule raises torch's error."""

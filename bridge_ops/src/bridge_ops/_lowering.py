@@ -166,7 +166,8 @@ def check(
   `values` (`bad`'s shape, or None) holds the offending values; `message` is torch's text,
   a str formatted with `value` (the first offending value, in C order) and `position` (its
   flat position), or a function of (value, position). `kind`: "index" for an index out of
-  range (also checked inside `jax.jit` with `bridge.config(check_indices=True)`), or "value".
+  range, or "value" (it names what is checked in the core's messages). Inside `jax.jit`,
+  both are checked only with `bridge.config(check_indices=True)`.
   """
   report = _REPORT[0]
   if report is not None:

@@ -1,5 +1,6 @@
 """Helpers shared by the reduction families (`reduction`, `sorting`, `histogram`): the
-`dim` argument as axes, torch's reduction dtypes, and a stable sort."""
+`dim` argument as axes, torch's reduction dtypes, torch's errors for reducing nothing, and a
+stable sort."""
 
 from __future__ import annotations
 
@@ -28,6 +29,27 @@ def _one_axis(x, dim: int):
   if x.ndim == 0:
     return x.reshape(1), 0
   return x, dim % x.ndim
+
+
+def _nonempty(x, dims, name: str, wrap: bool = True) -> None:
+  """torch's `zero_numel_check_dims` for the reductions with no identity (max, min, kthvalue,
+  median, mode...): reducing `x` over an empty one of `dims` (an int or ints) raises IndexError
+  naming it, wrapped into [0, ndim) as most kernels print it (`amax`/`amin`: `wrap=False`, as
+  given). The shapes are static, so this is decided while a program is traced."""
+  if x.ndim == 0:  # one element: nothing is empty
+    return
+  for d in [dims] if isinstance(dims, int) else dims:
+    if x.shape[d] == 0:
+      d = d % x.ndim if wrap else d
+      raise IndexError(f"{name}: Expected reduction dim {d} to have non-zero size.")
+
+
+def _nonempty_all(x, name: str, error: type[Exception] = RuntimeError, hint: bool = True) -> None:
+  """torch's error for reducing all of an empty `x` with no identity (`x.max()`): `error`
+  (RuntimeError, IndexError for argmax/argmin), its hint to give a dim with `hint`."""
+  if x.size == 0:
+    message = f"{name}: Expected reduction dim to be specified for input.numel() == 0."
+    raise error(message + (" Specify the reduction dim with the 'dim' argument." if hint else ""))
 
 
 def _is_int(dtype) -> bool:

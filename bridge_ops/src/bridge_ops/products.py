@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -34,8 +36,34 @@ from bridge_ops._lowering import (
 from bridge_ops._linalg import _HIGHEST
 
 
+def _one_dtype(op, tensors: int):
+  """torch's matrix products refuse tensors of different dtypes, each kernel with its own
+  message (`self and mat2 must have the same dtype, but got Long and Float`, `dot : expected
+  both vectors to have same dtype...`), and their meta kernels do not check. So where the
+  first `tensors` arguments (None skipped) differ in dtype, `op`'s CPU kernel on zeros of
+  their shapes and dtypes (it refuses them before computing) raises torch's own error."""
+
+  def decorate(fn):
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+      given = args[:tensors]
+      if len({np.dtype(t.dtype) for t in given if t is not None}) > 1:
+        op(*(None if t is None else _zeros(t) for t in given))
+      return fn(*args, **kwargs)
+
+    return checked
+
+  return decorate
+
+
+def _zeros(x):
+  """CPU zeros of `x`'s shape (a symbolic dim as 1) and dtype, in one element's memory."""
+  shape = [d if isinstance(d, int) else 1 for d in x.shape]
+  return torch.zeros((), dtype=torch_dtype(x.dtype)).expand(shape)
+
+
 def _same_dtype(a, b):
-  # torch's matrix products refuse mixed dtypes (its meta kernels do not check this)
+  # `_grouped_mm`'s operands (see `_one_dtype` for the others)
   if a.dtype != b.dtype:
     raise RuntimeError(
       f"expected m1 and m2 to have the same dtype, but got: "
@@ -67,8 +95,7 @@ _CONTRACTIONS = {
 
 def _product(subscripts, a, b):
   """A matrix product at full precision, in the accumulation dtype (float32 for 16-bit
-  floats)."""
-  _same_dtype(a, b)
+  floats); `_one_dtype` has checked the dtypes."""
   return lax.dot_general(
     a, b, _CONTRACTIONS[subscripts], precision=_HIGHEST, preferred_element_type=opmath(a.dtype)
   )
@@ -102,20 +129,22 @@ def _add_scaled(self, product, beta, alpha, out_dtype, zero_alpha_ignores_produc
 
 
 @lowering(aten.mm.default)
+@_one_dtype(aten.mm.default, 2)
 def mm(self, mat2):
   return _product("ij,jk->ik", self, mat2).astype(self.dtype)
 
 
 @lowering(aten.bmm.default)
+@_one_dtype(aten.bmm.default, 2)
 def bmm(self, mat2):
   return _product("bij,bjk->bik", self, mat2).astype(self.dtype)
 
 
 @lowering(aten.linear.default)
+@_one_dtype(aten.linear.default, 3)
 def linear(input, weight, bias=None):
   # torch decomposes `linear` (`t` + `addmm`, or an expanded `bmm` for a non-contiguous 3-D
   # input); the core runs this instead when autograd is not recording.
-  _same_dtype(input, weight)
   out = lax.dot_general(
     input,
     weight,
@@ -127,35 +156,40 @@ def linear(input, weight, bias=None):
 
 
 @lowering(aten.matmul.default)
+@_one_dtype(aten.matmul.default, 2)
 def matmul(self, other):
   # torch's `matmul` broadcasts by expanding to `bmm`; XLA contracts the batch dims directly.
-  _same_dtype(self, other)
   return jnp.matmul(
     self, other, precision=_HIGHEST, preferred_element_type=opmath(self.dtype)
   ).astype(self.dtype)
 
 
 @lowering(aten.mv.default)
+@_one_dtype(aten.mv.default, 2)
 def mv(self, vec):
   return _product("ij,j->i", self, vec).astype(self.dtype)
 
 
 @lowering(aten.dot.default)
+@_one_dtype(aten.dot.default, 2)
 def dot(self, tensor):
   return _product("i,i->", self, tensor).astype(self.dtype)
 
 
 @lowering(aten.vdot.default)
+@_one_dtype(aten.vdot.default, 2)
 def vdot(self, other):
   return _product("i,i->", jnp.conj(self), other).astype(self.dtype)
 
 
 @lowering(aten.addmm.default)
+@_one_dtype(aten.addmm.default, 3)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
   return _add_scaled(self, _product("ij,jk->ik", mat1, mat2), beta, alpha, mat1.dtype)
 
 
 @lowering(aten.addmv.default)
+@_one_dtype(aten.addmv.default, 3)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
   return _add_scaled(self, _product("ij,j->i", mat, vec), beta, alpha, mat.dtype)
 
@@ -228,12 +262,12 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
 
 
 @lowering(aten.baddbmm.default)
+@_one_dtype(aten.baddbmm.default, 3)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
   if batch1.shape[1] * batch1.shape[2] * batch2.shape[2] >= 400:  # BLAS
     return _add_scaled(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha, batch1.dtype)
   # torch's own loop for small products: each dot product summed in order over k (in the
   # accumulation dtype), then `self * beta + alpha * acc`; alpha multiplies, so NaN propagates.
-  _same_dtype(batch1, batch2)
   acc_dtype = opmath(batch1.dtype)
   a, b = batch1.astype(acc_dtype), batch2.astype(acc_dtype)
 
@@ -248,10 +282,10 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 
 @lowering(aten.addbmm.default)
+@_one_dtype(aten.addbmm.default, 3)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
   # torch: `addmm_` once per batch entry, in order (beta for the first, 1 after), so the sum
   # over the batch is rounded to the dtype at each step.
-  _same_dtype(batch1, batch2)
   out = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2])).astype(batch1.dtype)
   if not batch1.shape[0]:
     return _add_scaled(out, jnp.zeros(out.shape, opmath(out.dtype)), beta, 0, out.dtype)
@@ -326,6 +360,7 @@ def _rounded(x):
 
 
 @lowering(aten.linalg_cross.default)
+@_one_dtype(aten.linalg_cross.default, 2)
 def linalg_cross(self, other, dim=-1):
   """torch's `a[i+1] b[i+2] - a[i+2] b[i+1]`, each product rounded in 16-bit dtypes."""
   a, b = jnp.broadcast_arrays(self, other)

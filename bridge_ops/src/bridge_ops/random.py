@@ -22,6 +22,7 @@ import numpy as np
 
 from bridge_ops._lowering import (
   aten,
+  check,
   default_float,
   jax_dtype,
   lowering,
@@ -329,9 +330,54 @@ def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_mem
   return jax.random.permutation(key, n).astype(jax_dtype(dtype, jnp.int64))
 
 
+# torch's CPU kernel's messages for invalid weights: one check of the whole tensor without
+# replacement or for one sample, else one per element and row (`_check_weights`)
+_INVALID = "probability tensor contains either `inf`, `nan` or element < 0"
+_NEGATIVE = "invalid multinomial distribution (encountering probability entry < 0)"
+_NOT_FINITE = "invalid multinomial distribution (encountering probability entry = infinity or NaN)"
+_ZERO_SUM = "invalid multinomial distribution (sum of probabilities <= 0)"
+_WEIGHT_ERRORS = {1: _INVALID, 2: _NEGATIVE, 3: _NOT_FINITE, 4: _ZERO_SUM}
+
+
+def _weight_error(code, position):
+  return _WEIGHT_ERRORS[int(code)]
+
+
+def _check_weights(self, num_samples, replacement):
+  """torch's checks of `multinomial`'s arguments: the counts now, the weights' values through
+  `check` (a NaN, an inf or a negative weight, a row of zeros), in the order its CPU kernel
+  makes them."""
+  n = self.shape[-1]
+  if num_samples <= 0:
+    raise RuntimeError("cannot sample n_sample <= 0 samples")
+  if not replacement and num_samples > n:
+    raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+  rows = self.reshape(self.shape[0] if self.ndim == 2 else 1, n)
+  if not rows.shape[0]:  # nothing to draw
+    return
+  zero_row = jnp.all(rows == 0, axis=-1)  # (a sum of valid weights is 0 only then)
+  if not replacement or num_samples == 1:
+    # the whole tensor at once: any invalid weight, then any row of zeros
+    if not n:
+      raise RuntimeError(
+        "aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+        "identity."
+      )
+    invalid = jnp.any(~(rows >= 0) | (rows == jnp.inf))
+    bad = jnp.stack([invalid, jnp.any(zero_row)])
+    codes = jnp.array([1, 4])
+  else:
+    # row by row, each weight in order (< 0 or NaN, then inf), then the row's sum
+    each = jnp.where(~(rows >= 0), 2, jnp.where(jnp.isinf(rows), 3, 0))
+    codes = jnp.concatenate([each, jnp.where(zero_row, 4, 0)[:, None]], axis=1)
+    bad = codes != 0
+  check(bad, codes, RuntimeError, _weight_error)
+
+
 @lowering(aten.multinomial.default, random=True)
 def multinomial(self, num_samples, replacement=False, *, generator=None, key):
   """Rows of `self` are unnormalized weights; without replacement: Gumbel top-k."""
+  _check_weights(self, num_samples, replacement)
   f = jnp.float64 if np.dtype(self.dtype) == np.float64 else jnp.float32
   logits = jnp.log(self.astype(f))
   if replacement:

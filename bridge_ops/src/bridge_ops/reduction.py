@@ -8,6 +8,8 @@ torch semantics kept here (each checked against torch on CPU in tests/ops/test_r
   float16/bfloat16 accumulate in float32 and round once, as torch's CPU kernels do.
 * max/min/argmax/argmin propagate NaN and pick the first NaN or the first tie; cummax/cummin
   pick the *last* tie (and the last NaN), as torch does.
+* The reductions with no identity (max, min, amax, amin, aminmax, argmax, argmin) of nothing
+  raise torch's error (its type and message) while traced; softmax over an empty dim is empty.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ from bridge_ops._lowering import (
   torch_abs,
   with_derivative,
 )
-from bridge_ops._reduction import _axes, _count, _is_int, _one_axis, _squeeze, _sum_dtype
+from bridge_ops._reduction import (
+  _axes,
+  _count,
+  _is_int,
+  _nonempty,
+  _nonempty_all,
+  _one_axis,
+  _squeeze,
+  _sum_dtype,
+)
 
 
 # ----------------------------------------------------------------------------- sum, mean, prod
@@ -79,33 +90,53 @@ def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowering(aten.max.default)
 def max_default(self):
+  _nonempty_all(self, "max()")
   return jnp.max(self)
 
 
 @lowering(aten.min.default)
 def min_default(self):
+  _nonempty_all(self, "min()")
   return jnp.min(self)
 
 
 @lowering(aten.amax.default)
 def amax(self, dim=(), keepdim=False):
+  _no_identity(self, dim, "amax()")
   return jnp.max(self, axis=_axes(self, dim), keepdims=keepdim)
 
 
 @lowering(aten.amin.default)
 def amin(self, dim=(), keepdim=False):
+  _no_identity(self, dim, "amin()")
   return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+def _no_identity(x, dim, name):
+  """torch's errors for amax/amin of nothing: no dim given (every dim), or an empty one."""
+  if dim is None or (not isinstance(dim, int) and not len(dim)):
+    _nonempty_all(x, name)
+  else:
+    _nonempty(x, dim, name, wrap=False)
 
 
 @lowering(aten.aminmax.default)
 def aminmax(self, *, dim=None, keepdim=False):
+  if dim is None and self.size == 0:
+    raise RuntimeError(
+      "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity."
+    )
+  if dim is not None:
+    _nonempty(self, dim, "aminmax")
   return amin(self, dim, keepdim), amax(self, dim, keepdim)
 
 
-def _arg_reduce(arg_fn, x, dim, keepdim):
+def _arg_reduce(arg_fn, x, dim, keepdim, name):
   if dim is None:
+    _nonempty_all(x, name, IndexError, hint=False)
     i = arg_fn(x.reshape(-1)).astype(jnp.int64)
     return i.reshape((1,) * x.ndim) if keepdim else i
+  _nonempty(x, dim, name)
   x1, axis = _one_axis(x, dim)
   i = arg_fn(x1, axis=axis, keepdims=True).astype(jnp.int64)
   return _squeeze(i, axis, keepdim, x.ndim == 0)
@@ -113,15 +144,18 @@ def _arg_reduce(arg_fn, x, dim, keepdim):
 
 @lowering(aten.argmax.default)
 def argmax(self, dim=None, keepdim=False):
-  return _arg_reduce(jnp.argmax, self, dim, keepdim)  # first max; first NaN wins, as torch
+  return _arg_reduce(
+    jnp.argmax, self, dim, keepdim, "argmax()"
+  )  # first max; first NaN wins, as torch
 
 
 @lowering(aten.argmin.default)
 def argmin(self, dim=None, keepdim=False):
-  return _arg_reduce(jnp.argmin, self, dim, keepdim)
+  return _arg_reduce(jnp.argmin, self, dim, keepdim, "argmin()")
 
 
-def _value_index(arg_fn, x, dim, keepdim):
+def _value_index(arg_fn, x, dim, keepdim, name):
+  _nonempty(x, dim, name)
   x1, axis = _one_axis(x, dim)
   i = arg_fn(x1, axis=axis, keepdims=True).astype(jnp.int64)
   v = jnp.take_along_axis(x1, i, axis)
@@ -130,12 +164,12 @@ def _value_index(arg_fn, x, dim, keepdim):
 
 @lowering(aten.max.dim)
 def max_dim(self, dim, keepdim=False):
-  return _value_index(jnp.argmax, self, dim, keepdim)
+  return _value_index(jnp.argmax, self, dim, keepdim, "max()")
 
 
 @lowering(aten.min.dim)
 def min_dim(self, dim, keepdim=False):
-  return _value_index(jnp.argmin, self, dim, keepdim)
+  return _value_index(jnp.argmin, self, dim, keepdim, "min()")
 
 
 # ----------------------------------------------------------------------------- var, std
@@ -350,11 +384,17 @@ def logsumexp(self, dim, keepdim=False):
   return (r if keepdim else jnp.squeeze(r, axes)).astype(out)
 
 
+def _shift(x, axes):
+  """The max over `axes` (kept) that softmax subtracts before `exp`: -inf over an empty dim
+  (torch's softmax of nothing is empty; JAX's max of nothing is an error)."""
+  return jnp.max(x, axis=axes, keepdims=True, initial=-jnp.inf)
+
+
 @lowering(aten._softmax.default)
 def _softmax(self, dim, half_to_float):
   x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
-  e = jnp.exp(x - jnp.max(x, axis=axes, keepdims=True))
+  e = jnp.exp(x - _shift(x, axes))
   out = jnp.float32 if half_to_float else self.dtype
   return (e / jnp.sum(e, axis=axes, keepdims=True)).astype(out)
 
@@ -374,7 +414,7 @@ def _safe_softmax(self, dim, dtype=None):
   # the mask, the max and the exp into one kernel, as it does for a plain softmax.
   # (Not `maximum(total, 1)`: its gradient is halved where a sum is exactly 1.)
   lowest = jnp.finfo(x.dtype).min
-  m = lax.stop_gradient(jnp.max(jnp.maximum(x, lowest), axis=axes, keepdims=True))
+  m = lax.stop_gradient(jnp.max(jnp.maximum(x, lowest), axis=axes, keepdims=True, initial=lowest))
   e = jnp.exp(x - m)
   total = jnp.sum(e, axis=axes, keepdims=True)
   return (e / jnp.where(total == 0, jnp.ones_like(total), total)).astype(out_dtype)
@@ -384,7 +424,7 @@ def _safe_softmax(self, dim, dtype=None):
 def _log_softmax(self, dim, half_to_float):
   x = self.astype(opmath(self.dtype))
   axes = _axes(x, dim)
-  shifted = x - jnp.max(x, axis=axes, keepdims=True)
+  shifted = x - _shift(x, axes)
   total = jnp.sum(jnp.exp(shifted), axis=axes, keepdims=True)
   if x.dtype != self.dtype and not half_to_float and axes == (self.ndim - 1,):
     # torch's CPU kernel over the last dim keeps the sum of exps in the 16-bit type before its

@@ -29,7 +29,7 @@ from bridge_ops._lowering import (
   while_loop,
   with_derivative,
 )
-from bridge_ops._reduction import _one_axis, _sort, _squeeze
+from bridge_ops._reduction import _nonempty, _one_axis, _sort, _squeeze
 
 
 # ---------------------------------------------------------------- sort, topk, order statistics
@@ -293,6 +293,8 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
   then sort) gives."""
   x1, axis = _one_axis(self, dim)
   n = x1.shape[axis]
+  if not 0 <= k <= n:  # (torch's meta kernel says so too, but an empty row fails here first)
+    raise RuntimeError("selected index k out of range")
   if k == 0:
     if largest:
       xm = jnp.moveaxis(x1, axis, -1)
@@ -385,6 +387,7 @@ def _quickselect_order(key, kth: int):
 def kthvalue(self, k, dim=-1, keepdim=False):
   """The k-th smallest value (NaN largest) and the index torch's CPU quickselect gives it
   among equal values."""
+  _nonempty(self, dim, "kthvalue()")
   x1, axis = _one_axis(self, dim)
   xm = jnp.moveaxis(x1, axis, -1)
   rows = xm.reshape(-1, xm.shape[-1])
@@ -454,12 +457,14 @@ def nanmedian(self):
 
 @lowering(aten.median.dim)
 def median_dim(self, dim, keepdim=False):
+  _nonempty(self, dim, "median()")
   x1, axis = _one_axis(self, dim)
   return _median(x1, axis, keepdim, self.ndim == 0, ignore_nan=False)
 
 
 @lowering(aten.nanmedian.dim)
 def nanmedian_dim(self, dim, keepdim=False):
+  _nonempty(self, dim, "median()")  # (torch's nanmedian says median() too)
   x1, axis = _one_axis(self, dim)
   return _median(x1, axis, keepdim, self.ndim == 0, ignore_nan=True)
 
@@ -468,6 +473,7 @@ def nanmedian_dim(self, dim, keepdim=False):
 def mode(self, dim=-1, keepdim=False):
   """Most frequent value (the smallest on a tie) and the index of its last occurrence, as
   torch's CPU kernel gives while its sort keeps equal values in order."""
+  _nonempty(self, dim, "mode()")
   x1, axis = _one_axis(self, dim)
   v, i = _sort(x1, axis, descending=False)
   n = x1.shape[axis]
