@@ -159,6 +159,20 @@ BAD = {
   "index_put_mask_accumulate": lambda d: _x(d).index_put(
     (_t(d, True, False),), _t(d, 1.0), accumulate=True
   ),
+  # a mask selecting another number of places than there are values (they were dropped, or
+  # the last place written twice)
+  "setitem_mask_more_values": lambda d: _set(
+    _x2(d), _t(d, True, False, True), ONES(3, 4, device=d)
+  ),
+  "setitem_mask_fewer_values": lambda d: _set(
+    _x2(d), _t(d, True, True, True), ONES(2, 4, device=d)
+  ),
+  "setitem_mask_second_dim_values": lambda d: _set(
+    _x2(d), (slice(None), _t(d, True, False, False, True)), ONES(3, 3, device=d)
+  ),
+  "index_put_mask_more_values": lambda d: _x(d).index_put(
+    ((torch.arange(9, device=d) % 2 == 0),), ONES(4, device=d), accumulate=True
+  ),
 }
 
 # torch's CPU kernels word some errors by their own fast paths (FBGEMM's embedding_bag reports
@@ -455,3 +469,23 @@ def test_bridge_compile_with_check_indices():
       jax.errors.JaxRuntimeError, match="aten.embedding.default: index out of range in self"
     ):
       compiled(bad)
+
+
+def test_jit_with_check_indices_checks_how_many_places_a_mask_selects():
+  def put(x, mask):
+    return bridge.call_torch(
+      lambda t, m: t.index_put((m,), torch.ones(3, 2, device=t.device)), x, mask
+    )
+
+  x = jnp.zeros((4, 2))
+  good = jnp.array([True, False, True, True])
+  np.testing.assert_array_equal(jax.jit(put)(x, good), [[1, 1], [0, 0], [1, 1], [1, 1]])
+  with bridge.config(check_indices=True):  # (a new jit: the setting is read as it traces)
+    checked = jax.jit(lambda a, m: put(a, m))
+    np.testing.assert_array_equal(checked(x, good), [[1, 1], [0, 0], [1, 1], [1, 1]])
+    with pytest.raises(
+      Exception,
+      match=r"value tensor of shape \[3, 2\] cannot be broadcast to "
+      r"indexing result of shape \[2, 2\]",
+    ):
+      checked(x, jnp.array([True, False, True, False]))

@@ -231,6 +231,8 @@ def _put_tuple(self, indices, values):
   padded = count is None
   if padded:  # values broadcast over the selection: pad with out-of-range indices, dropped
     count = min(int(np.prod(i.shape)) for i in indices if i is not None and i.dtype == jnp.bool_)
+  else:
+    _check_selected(self, indices, values, count)
   out, dim = [], 0
   for i in indices:
     if i is not None and i.dtype == jnp.bool_:
@@ -244,6 +246,30 @@ def _put_tuple(self, indices, values):
       out.append(slice(None) if i is None else i)
       dim += 1
   return tuple(out), padded
+
+
+def _check_selected(self, indices, values, count):
+  """torch's error where the one boolean mask of an `index_put` selects another number of
+  elements than the values give (`x[mask] = v`, 3 values for 2 places): the selection is
+  read from static-size indices, which would drop the extra values or repeat the last."""
+  masks = [i for i in indices if i is not None and i.dtype == jnp.bool_]
+  if len(masks) != 1 or any(i is not None and i.dtype != jnp.bool_ for i in indices):
+    return
+  selected = jnp.sum(masks[0], dtype=jnp.int32)
+  values_shape = list(np.shape(values))
+  shape, mask_ndim = tuple(self.shape), masks[0].ndim
+  before = next(k for k, i in enumerate(indices) if i is not None)
+
+  def message(value, position):
+    del position
+    rest = shape[before + mask_ndim :]
+    result = [*shape[:before], int(value), *rest]
+    return (
+      f"shape mismatch: value tensor of shape {values_shape} cannot be broadcast to indexing "
+      f"result of shape {result}"
+    )
+
+  check(selected != count, selected, RuntimeError, message)
 
 
 def _index_put(self, indices, values, accumulate):
