@@ -44,3 +44,18 @@ def _bounded_memory_mappings():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def fresh_dynamo():
+  """A test of `torch.compile` that compiles from scratch (dynamo's caches and recompile
+  limits are per code object) and counts the backend's work from zero; used by a module's
+  `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`."""
+  import torch
+
+  import bridge
+
+  torch._dynamo.reset()
+  bridge.compile_stats(reset=True)
+  yield
+  torch._dynamo.reset()

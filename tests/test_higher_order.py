@@ -8,13 +8,16 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import torch
 from torch._higher_order_ops import scan, while_loop
 from torch._higher_order_ops.map import map as torch_map
 
 import bridge
 from bridge._src.dispatch import higher_order
-from tests.test_torch_compile_backend import _fresh_dynamo  # noqa: F401 - (autouse)
+
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Gate(torch.nn.Module):

@@ -12,13 +12,7 @@ import bridge
 from bridge._src import dynamo
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-  """Each test compiles from scratch (dynamo's caches and recompile limits are per code)."""
-  torch._dynamo.reset()
-  bridge.compile_stats(reset=True)
-  yield
-  torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _both(fn, *args):

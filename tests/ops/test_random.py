@@ -283,40 +283,6 @@ def test_multinomial_batched_with_replacement():
   torch.testing.assert_close(freq1, torch.tensor([0.0, 0.5, 0.5]).double(), atol=0.015, rtol=0)
 
 
-def _p(dev, *rows):
-  return torch.tensor(rows, device=dev, dtype=torch.float32)
-
-
-_NAN, _INF = math.nan, math.inf
-
-# name -> multinomial call on device `dev`; torch on CPU raises RuntimeError for each. Its
-# weights are checked all at once without replacement or for one sample, else row by row,
-# weight by weight, then the row's sum.
-MULTINOMIAL_ERRORS = {
-  "nan": lambda d: torch.multinomial(_p(d, 0.2, _NAN, 0.3), 1),
-  "negative": lambda d: torch.multinomial(_p(d, 0.2, -1.0), 1, True),
-  "inf": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [1.0, _INF]), 2),
-  "zero_row": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [0.0, 0.0]), 1),
-  "zero_row_then_nan": lambda d: torch.multinomial(_p(d, [0.0, 0.0], [_NAN, 1.0]), 2),
-  "rows_nan": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [_NAN, 1.0]), 2, True),
-  "rows_inf": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [1.0, _INF]), 2, True),
-  "rows_zero_then_nan": lambda d: torch.multinomial(_p(d, [0.0, 0.0], [_NAN, 1.0]), 2, True),
-  "rows_negative_then_zero": lambda d: torch.multinomial(_p(d, [0.5, -0.5], [0.0, 0.0]), 3, True),
-  "too_many": lambda d: torch.multinomial(_p(d, 0.2, 0.3), 3),
-  "no_samples": lambda d: torch.multinomial(_p(d, 0.2, 0.3), 0, True),
-  "no_weights": lambda d: torch.multinomial(_p(d, [], []), 1, True),
-}
-
-
-@pytest.mark.parametrize("name", list(MULTINOMIAL_ERRORS))
-def test_multinomial_raises_torchs_error_on_the_jax_device(name):
-  with pytest.raises(RuntimeError) as expected:
-    MULTINOMIAL_ERRORS[name]("cpu")
-  with pytest.raises(RuntimeError) as info:
-    MULTINOMIAL_ERRORS[name]("jax")
-  assert str(info.value) == str(expected.value)
-
-
 @pytest.mark.parametrize(
   "p,train", [(0.2, True), (0.5, None), (0.0, True), (1.0, True), (0.3, False)]
 )

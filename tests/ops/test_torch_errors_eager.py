@@ -1,8 +1,11 @@
 """Value errors and signed zeros on the `jax` device, as torch on CPU: integer division by
-zero and integers to negative integer powers raise torch's RuntimeError in eager mode, and the
+zero, integers to negative integer powers and multinomial's bad weights raise torch's
+RuntimeError in eager mode, and the
 ops whose sign of zero torch's CPU kernels define keep it."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -51,6 +54,32 @@ RAISES = {
     _t(d, False, True, False, dtype=torch.bool), torch.ones(0, device=d)
   ),
 }
+
+
+def _p(dev, *rows):
+  return torch.tensor(rows, device=dev, dtype=torch.float32)
+
+
+_NAN, _INF = math.nan, math.inf
+
+# name -> multinomial call on device `dev`; torch on CPU raises RuntimeError for each. Its
+# weights are checked all at once without replacement or for one sample, else row by row,
+# weight by weight, then the row's sum.
+_MULTINOMIAL = {
+  "nan": lambda d: torch.multinomial(_p(d, 0.2, _NAN, 0.3), 1),
+  "negative": lambda d: torch.multinomial(_p(d, 0.2, -1.0), 1, True),
+  "inf": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [1.0, _INF]), 2),
+  "zero_row": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [0.0, 0.0]), 1),
+  "zero_row_then_nan": lambda d: torch.multinomial(_p(d, [0.0, 0.0], [_NAN, 1.0]), 2),
+  "rows_nan": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [_NAN, 1.0]), 2, True),
+  "rows_inf": lambda d: torch.multinomial(_p(d, [0.2, 0.3], [1.0, _INF]), 2, True),
+  "rows_zero_then_nan": lambda d: torch.multinomial(_p(d, [0.0, 0.0], [_NAN, 1.0]), 2, True),
+  "rows_negative_then_zero": lambda d: torch.multinomial(_p(d, [0.5, -0.5], [0.0, 0.0]), 3, True),
+  "too_many": lambda d: torch.multinomial(_p(d, 0.2, 0.3), 3),
+  "no_samples": lambda d: torch.multinomial(_p(d, 0.2, 0.3), 0, True),
+  "no_weights": lambda d: torch.multinomial(_p(d, [], []), 1, True),
+}
+RAISES.update({f"multinomial_{k}": v for k, v in _MULTINOMIAL.items()})
 
 # What torch computes without raising: the same values (and dtypes) here.
 COMPUTES = {
