@@ -504,6 +504,43 @@ def test_torch_compile_backend_jax_with_cuda_tensors():
     torch.testing.assert_close(p.grad, q.grad, **TOL)
 
 
+def test_torch_compile_backend_jax_random_ops_draw_from_the_cuda_generator():
+  # dropout on CUDA inputs keys its program from the CUDA generator's seed and offset
+  # (`rng.from_torch_generator`): torch.cuda.set_rng_state replays it, each call moves it
+  def f(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+  g = torch.compile(f, backend="jax")
+  x = torch.randn(1000, device=CUDA)
+  torch.cuda.manual_seed(0)
+  g(x)
+  state = torch.cuda.get_rng_state()
+  a = g(x)
+  assert a.device.type == "cuda"
+  assert not torch.equal(torch.cuda.get_rng_state(), state)
+  assert not torch.equal(g(x), a)
+  torch.cuda.set_rng_state(state)
+  torch.testing.assert_close(g(x), a)
+
+
+def test_bridge_compile_reads_an_unaligned_cuda_parameter_after_a_write_through_data():
+  # a CUDA view at an odd offset is imported as a copy (XLA on a GPU needs 16-byte alignment);
+  # that copy was kept while the version counter stood still, which `.data` writes leave
+  # still: it is now imported on every call
+  base = torch.randn(17, device=CUDA)
+  lin = torch.nn.Linear(4, 4, bias=False).to(CUDA)
+  lin.weight = torch.nn.Parameter(base[1:].view(4, 4))
+  assert lin.weight.data_ptr() % 16
+  x = torch.randn(2, 4, device=CUDA)
+  compiled = bridge.compile(lin)
+  with torch.no_grad():
+    torch.testing.assert_close(compiled(x), lin(x), **TOL)
+    lin.weight.data.mul_(0.5)
+    torch.testing.assert_close(compiled(x), lin(x), **TOL)
+    base.add_(1.0)  # through the buffer the view shares
+    torch.testing.assert_close(compiled(x), lin(x), **TOL)
+
+
 def test_torch_compile_backend_jax_runs_torch_cond_and_flex_attention_on_cuda():
   """Higher-order operators with CUDA tensors: `torch.cond` (both directions of the gradient)
   and `flex_attention` forward and backward (torch allows its backward on CUDA only)."""
