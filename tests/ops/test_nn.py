@@ -613,3 +613,27 @@ def test_embedding_bag_backward_leaves_out_trailing_indices():
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(grad, expected)
     assert not grad[7].any()
+
+
+_EMPTY_BATCH_POOLS = {
+  "adaptive_max_pool1d": lambda x: torch.nn.functional.adaptive_max_pool1d(x, 4),
+  "adaptive_max_pool2d": lambda x: torch.nn.functional.adaptive_max_pool2d(x.unsqueeze(-1), (4, 1)),
+  "adaptive_avg_pool1d": lambda x: torch.nn.functional.adaptive_avg_pool1d(x, 4),
+  "fractional_max_pool2d": lambda x: torch.nn.functional.fractional_max_pool2d(
+    x.unsqueeze(-1).expand(0, 3, 8, 8), 2, output_size=4, _random_samples=x.new_zeros(0, 3, 2)
+  ),
+  "max_pool1d": lambda x: torch.nn.functional.max_pool1d(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(_EMPTY_BATCH_POOLS))
+def test_pooling_a_batch_of_none(name):
+  # `reshape(lead + (-1,))` with a 0 in `lead` cannot infer the last size: the adaptive and
+  # fractional max pools and unpooling raised ZeroDivisionError on a zero-size batch.
+  fn = _EMPTY_BATCH_POOLS[name]
+  want = fn(torch.zeros(0, 3, 8))
+  x = torch.zeros(0, 3, 8, device="jax", requires_grad=True)
+  got = fn(x)
+  assert got.shape == want.shape and got.dtype == want.dtype
+  got.sum().backward()
+  assert x.grad.shape == (0, 3, 8)

@@ -274,9 +274,15 @@ def _adaptive_windows(spatial, output_size):
   return flat, valid
 
 
+def _numel(shape) -> int:
+  """The elements of a shape: `reshape(lead + (-1,))` cannot infer them when `lead` holds a 0
+  (a batch of none)."""
+  return int(np.prod(shape))
+
+
 def _gather_windows(x, flat, nd):
   lead = x.shape[:-nd]
-  v = jnp.take(x.reshape(lead + (-1,)), jnp.asarray(flat.reshape(-1)), axis=-1)
+  v = jnp.take(x.reshape(lead + (_numel(x.shape[-nd:]),)), jnp.asarray(flat.reshape(-1)), axis=-1)
   return v.reshape(lead + flat.shape)
 
 
@@ -323,8 +329,10 @@ def _scatter_back(grad_output, self, indices, nd):
   """The gradient of a pooling that picked `indices` (flat offsets per plane): each output's
   gradient added at its index, in float32 for the 16-bit floats."""
   lead = self.shape[:-nd]
-  g = grad_output.astype(opmath(grad_output.dtype)).reshape(lead + (-1,))
-  idx = indices.reshape(lead + (-1,))
+  g = grad_output.astype(opmath(grad_output.dtype)).reshape(
+    lead + (_numel(grad_output.shape[-nd:]),)
+  )
+  idx = indices.reshape(lead + (_numel(indices.shape[-nd:]),))
   plane = int(np.prod(self.shape[-nd:]))
   zeros = jnp.zeros(lead + (plane,), g.dtype)
   batch = [jnp.arange(n).reshape((-1,) + (1,) * (len(lead) - i)) for i, n in enumerate(lead)]
@@ -387,8 +395,11 @@ def _fractional_max(x, kernel_size, output_size, samples, nd):
     shape[2 + a] = out[a]
     shape[2 + nd + a] = k[a]
     flat = flat + pos[a].reshape(shape) * stride
-  flat = flat.reshape((n, c) + tuple(out) + (-1,))
-  v = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, c, -1), axis=-1)
+  window = int(np.prod(k))
+  flat = flat.reshape((n, c) + tuple(out) + (window,))
+  v = jnp.take_along_axis(
+    x.reshape(n, c, _numel(spatial)), flat.reshape(n, c, _numel(out) * window), axis=-1
+  )
   v = v.reshape(flat.shape)
   values, index = _select_max(v, jnp.ones(flat.shape, bool), flat, axis=-1)
   if not batched:
@@ -426,7 +437,7 @@ def _max_unpool(x, indices, output_size, nd):
   lead = x.shape[:-nd]
   plane = int(np.prod(output_size))
   batch = tuple(jnp.arange(n).reshape((-1,) + (1,) * (len(lead) - i)) for i, n in enumerate(lead))
-  idx = indices.reshape(lead + (-1,)).astype(jnp.int64)
+  idx = indices.reshape(lead + (_numel(indices.shape[-nd:]),)).astype(jnp.int64)
 
   @jax.custom_vjp
   def unpool(values):
@@ -439,7 +450,9 @@ def _max_unpool(x, indices, output_size, nd):
     return (g[(*batch, jnp.clip(idx, 0, plane - 1))] * (idx < plane).astype(g.dtype),)
 
   unpool.defvjp(forward, backward)
-  return unpool(x.reshape(lead + (-1,))).reshape(lead + tuple(int(o) for o in output_size))
+  return unpool(x.reshape(lead + (_numel(x.shape[-nd:]),))).reshape(
+    lead + tuple(int(o) for o in output_size)
+  )
 
 
 @lowering(aten.max_unpool2d.default)
