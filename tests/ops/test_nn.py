@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -637,3 +639,41 @@ def test_pooling_a_batch_of_none(name):
   assert got.shape == want.shape and got.dtype == want.dtype
   got.sum().backward()
   assert x.grad.shape == (0, 3, 8)
+
+
+_NONE = {
+  "searchsorted_empty_batch": lambda d: torch.searchsorted(
+    torch.zeros(0, 4, device=d), torch.zeros(0, 3, device=d)
+  ),
+  "searchsorted_empty_rows": lambda d: torch.searchsorted(
+    torch.zeros(2, 0, device=d), torch.ones(2, 3, device=d)
+  ),
+  "unique_consecutive_dim_of_none": lambda d: torch.unique_consecutive(
+    torch.zeros(0, 3, device=d), dim=0
+  ),
+  "unique_consecutive_other_dim_empty": lambda d: torch.unique_consecutive(
+    torch.zeros(2, 0, device=d), dim=0
+  ),
+  "embedding_bag_max_of_nothing": lambda d: torch.nn.functional.embedding_bag(
+    torch.zeros(0, dtype=torch.long, device=d),
+    torch.ones(4, 3, device=d),
+    torch.zeros(2, dtype=torch.long, device=d),
+    mode="max",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(_NONE))
+def test_ops_on_inputs_of_none_as_cpu(name):
+  # each raised ZeroDivisionError (reshape with -1 and a 0 beside it) or a JAX gather error
+  # (embedding_bag's max gathered from no rows), or computed where torch refuses
+  fn = _NONE[name]
+  try:
+    want = fn("cpu")
+  except RuntimeError as e:
+    with pytest.raises(RuntimeError, match=re.escape(str(e))):
+      fn("jax")
+    return
+  got = fn("jax")
+  assert got.shape == want.shape and got.dtype == want.dtype
+  torch.testing.assert_close(got.cpu(), want)

@@ -331,7 +331,10 @@ def _embedding_bag(
     rows = rows * per_sample_weights.astype(ct)[:, None]
   count = jax.ops.segment_sum(valid.astype(jnp.int64), segment, n_bags + 1)[:n_bags]
   max_indices = jnp.zeros((0,), indices.dtype)
-  if mode == _BAG_MAX:
+  if mode == _BAG_MAX and n == 0:  # every bag empty: zeros, as torch (nothing to gather)
+    out = jnp.zeros((n_bags, weight.shape[1]), ct)
+    max_indices = jnp.zeros((n_bags, weight.shape[1]), indices.dtype)
+  elif mode == _BAG_MAX:
     out = jax.ops.segment_max(rows, segment, n_bags + 1)[:n_bags]
     empty = (count == 0)[:, None]
     out = jnp.where(empty, jnp.zeros((), ct), out)

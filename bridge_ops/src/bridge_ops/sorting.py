@@ -532,9 +532,13 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     v, inv, cnt = _unique_flat(self, False, True, return_inverse, return_counts)
     return v, inv.reshape(self.shape) if return_inverse else inv, cnt
   axis = dim % self.ndim
+  if any(size == 0 for d, size in enumerate(self.shape) if d != axis):
+    raise RuntimeError(
+      "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied"
+    )
   x = jnp.moveaxis(self, axis, 0)
   n = x.shape[0]
-  flat = x.reshape(n, -1)
+  flat = x.reshape(n, int(np.prod(x.shape[1:])))
   new = jnp.any(flat[1:] != flat[:-1], axis=1)
   starts = jnp.concatenate([jnp.ones((min(n, 1),), jnp.bool_), new])
   group = jnp.cumsum(starts) - 1
@@ -578,8 +582,9 @@ def _searchsorted(seq, values, out_int32, side, sorter=None):
   right = side == "right"
   if seq.ndim == 1:
     return _binary_search(seq, values, right).astype(out_dtype)
-  rows = jnp.reshape(seq, (-1, seq.shape[-1]))
-  vals = jnp.reshape(values, (rows.shape[0], -1))
+  # (sizes given: a batch of none leaves `-1` nothing to infer from)
+  rows = jnp.reshape(seq, (int(np.prod(seq.shape[:-1])), seq.shape[-1]))
+  vals = jnp.reshape(values, (rows.shape[0], values.shape[-1]))
   return jnp.reshape(_binary_search(rows, vals, right), values.shape).astype(out_dtype)
 
 
