@@ -381,21 +381,23 @@ class _Graph:
     # input itself, as torch's graph returns it, not the program's copy; so torch's version
     # check sees it changed in place before the backward, as in eager.
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    flat = outputs if isinstance(outputs, (tuple, list)) else [outputs]
     self.passthrough = [
       (i, placeholders.index(o))
-      for i, o in enumerate(outputs if isinstance(outputs, (tuple, list)) else [outputs])
+      for i, o in enumerate(flat)
       if isinstance(o, torch.fx.Node) and o.op == "placeholder"
     ]
+    key = "example_value" if direct else "val"  # (where dynamo and aot keep fake values)
     # torch's layouts for the caller's outputs: all of an inference graph's; of a forward's
     # outputs not those it saves for the backward
     self.layouts: _Layouts | None = None
     if kind == "inference":
-      self.layouts = _Layouts(outputs, "example_value" if direct else "val")
+      self.layouts = _Layouts(flat, key)
     elif kind == "forward":
-      self.layouts = _Layouts(outputs, "val", _user_outputs())
+      self.layouts = _Layouts(flat, key, _user_outputs())
     self.compiled = compile_lib.compile(graph)
     # torch's generator for a program that draws on CPU or CUDA inputs (`_generator`)
-    self.generator = _generator(gm, "example_value" if direct else "val")
+    self.generator = _generator(gm, key)
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     self.traced: dict[str, Any] | None = None  # the input signature of the last trace
 
@@ -455,12 +457,12 @@ class _Layouts:
   2)`: a write to one shows in the other). Taken from the example outputs where their sizes
   and strides are static; the outputs of each call are then copied into that layout."""
 
-  def __init__(self, outputs: Any, key: str, only: set[int] | None = None):
+  def __init__(self, outputs: Sequence[Any], key: str, only: set[int] | None = None):
     # (`only`: a forward's outputs, which leave through aot's autograd.Function: no views
     # there, where torch forbids writing to them; aot makes the views of its outputs itself)
     values = [
       o.meta.get(key) if isinstance(o, torch.fx.Node) and (only is None or i in only) else None
-      for i, o in enumerate(outputs if isinstance(outputs, (tuple, list)) else [outputs])
+      for i, o in enumerate(outputs)
     ]
     groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
     for i, v in enumerate(values):
@@ -646,7 +648,7 @@ def _generator(gm: torch.fx.GraphModule, key: str) -> torch.device | None:
 # torch-level random functions in dynamo's own graphs (aot's are aten ops: `_draws`)
 _RANDOM_FUNCTIONS = frozenset(
   ["dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
-  + ["rrelu", "rand_like", "randn_like", "randint_like", "bernoulli_", "native_dropout"]
+  + ["rrelu", "rand_like", "randn_like", "randint_like", "native_dropout"]
 )
 
 
@@ -860,7 +862,6 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
   are fine: dynamo passes them as ints, each its own program (`bridge.compile`'s static ints).
   """
   from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols  # (lazy: `_compiler`)
-  from torch.multiprocessing.reductions import StorageWeakRef
 
   if torch.is_grad_enabled() and any(
     isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
@@ -876,7 +877,7 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         continue  # a size
       if not isinstance(value, torch.Tensor):
         return False  # a float dynamo made symbolic, or another input aot handles
-      storage = StorageWeakRef(value.untyped_storage())
+      storage = _storage_key(value)
       if storage in storages:
         return False  # two inputs sharing memory (a tensor and a view of it): aot's aliasing
       storages.add(storage)
@@ -899,7 +900,7 @@ def _direct(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
       for out in outs:
         value = out.meta.get("example_value")
         if isinstance(value, torch.Tensor):
-          storage = StorageWeakRef(value.untyped_storage())
+          storage = _storage_key(value)
           if storage in storages:
             return False  # an output sharing an input's memory, or another output's (`z`
             # and `z.view(...)`: aot returns the second as a view of the first)

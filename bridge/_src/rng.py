@@ -271,9 +271,14 @@ def _torch_key(device: torch.device) -> Any:
     if hasattr(generator, "get_offset"):  # (philox: seed and offset, advanced without a sync)
       offset = generator.get_offset()
       generator.set_offset(offset + 4)
-      bits = (generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % 2**64
-      return jnp.asarray(np.array([bits >> 32, bits & 0xFFFFFFFF], dtype=np.uint32))
-  bits = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
+      bits = generator.initial_seed() * 0x9E3779B97F4A7C15 + offset
+      return _raw_key(bits)
+  return _raw_key(int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)))
+
+
+def _raw_key(bits: int) -> Any:
+  """A raw uint32[2] key of the low 64 bits of `bits`."""
+  bits %= 2**64
   return jnp.asarray(np.array([bits >> 32, bits & 0xFFFFFFFF], dtype=np.uint32))
 
 

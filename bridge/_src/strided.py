@@ -395,17 +395,17 @@ def restore(flat: Any, like: Any) -> Any:
   back = back.reshape(like.shape)
   src, dst = np.dtype(flat.dtype), np.dtype(like.dtype)
   if _component(src) != _component(dst) and dst.kind in "fc":
-    back = _keep_tangent(like, back)
+    back = keep_tangent(like, back)
   return back
 
 
 @jax.custom_jvp
-def _keep_tangent(old: Any, new: Any) -> Any:
-  """`new`, whose derivative is `old`'s."""
+def keep_tangent(old: Any, new: Any) -> Any:
+  """`new`, whose derivative is `old`'s (a write torch does not record)."""
   return new
 
 
-@_keep_tangent.defjvp
+@keep_tangent.defjvp
 def _keep_tangent_jvp(primals: tuple, tangents: tuple) -> tuple:
   return primals[1], tangents[0]
 

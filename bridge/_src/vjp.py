@@ -285,14 +285,10 @@ class _Call:
       ]
       for pos, t in zip(self.positions, tangents):
         if t is not None and _inexact(primals[pos].dtype):
-          tans[pos] = (
-            tensor_lib.value(t)
-            if isinstance(t, tensor_lib.Tensor)
-            else transfer.tensor_to_jax_arg(t.detach(), api=_API, where=lambda: "a tangent")
-          )
+          tans[pos] = _full_array(t, "a tangent")
       out = self.entry.vjp.jvp()(tuple(primals), tuple(tans))
       return [
-        (_on_device(c, self.device) if _inexact(c.dtype) else None)
+        (_on_device(c, self.device, "an output tangent") if _inexact(c.dtype) else None)
         for c in jax.tree_util.tree_leaves(out)
       ]
 
@@ -318,12 +314,12 @@ class _Call:
     return written() if written is not None else frozenset()
 
 
-def _full_array(g: torch.Tensor) -> Any:
-  """An output gradient as an array of its full shape (a differentiable input of the
-  pullback, so no stride-0 shortcut)."""
+def _full_array(g: torch.Tensor, what: str = "an output gradient") -> Any:
+  """An output gradient (or a tangent) as an array of its full shape (a differentiable input
+  of the pullback, so no stride-0 shortcut)."""
   if isinstance(g, tensor_lib.Tensor):
     return tensor_lib.value(g)
-  return transfer.tensor_to_jax_arg(g.detach(), api=_API, where=lambda: "an output gradient")
+  return transfer.tensor_to_jax_arg(g.detach(), api=_API, where=lambda: what)
 
 
 def _differentiation_error(name: str, cause: Exception) -> BridgeError:
@@ -358,18 +354,15 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
   return np.conj(ct) if g.is_complex() else ct
 
 
-def _on_device(c: jax.Array, device: torch.device | None) -> torch.Tensor:
+def _on_device(c: jax.Array, device: torch.device | None, what: str) -> torch.Tensor:
+  """`c` as a tensor: on the `jax` device `device`, or (None) where the array is."""
   if device is not None:
     return tensor_lib.make(c, device)
-  return transfer.array_to_torch_arg(c, api=_API, where=lambda: "an output tangent")
+  return transfer.array_to_torch_arg(c, api=_API, where=lambda: what)
 
 
 def _gradient(c: jax.Array, device: torch.device | None) -> torch.Tensor:
-  if c.dtype.kind == "c":
-    c = c.conj()
-  if device is not None:
-    return tensor_lib.make(c, device)
-  return transfer.array_to_torch_arg(c, api=_API, where=lambda: "an input gradient")
+  return _on_device(c.conj() if c.dtype.kind == "c" else c, device, "an input gradient")
 
 
 class _JaxFunction(torch.autograd.Function):

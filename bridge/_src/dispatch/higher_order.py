@@ -313,7 +313,7 @@ def run_and_save_rng_state(op: Any, *args: Any, **kwargs: Any) -> tuple:
   """aot_autograd's replayable random op (activation checkpointing around dropout): the key
   `op` is about to draw from, as a uint32 tensor, and `op`'s result."""
   device = _device([*args, *kwargs.values()])
-  state = tensor_lib.make(_rng_key(), device, torch.uint32)
+  state = tensor_lib.make(_rng_key(rng.current_box()), device, torch.uint32)
   return state, op(*args, **kwargs)
 
 
@@ -328,7 +328,7 @@ def run_with_rng_state(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> An
       f"{getattr(rng_state, 'dtype', '')}{tuple(getattr(rng_state, 'shape', ()))}."
     )
   box = rng.current_box()
-  before = _rng_key()
+  before = _rng_key(box)
   _set_rng_key(box, key)
   try:
     return op(*args, **kwargs)
@@ -336,9 +336,9 @@ def run_with_rng_state(rng_state: Any, op: Any, *args: Any, **kwargs: Any) -> An
     _set_rng_key(box, before)
 
 
-def _rng_key() -> Any:
-  """The key the next random op splits: the program's (`rng_key`), or the generator's."""
-  box = rng.current_box()
+def _rng_key(box: Any) -> Any:
+  """The key the next random op splits: the program's (`box`, from `rng_key`), or the
+  generator's."""
   return box.key if box is not None else rng.current_key()
 
 

@@ -18,6 +18,7 @@ import torch
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
+from bridge._src import strided
 from bridge._src.dispatch import fallback
 from bridge._src.dispatch.functional import FunctionalPlan
 from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decomposition
@@ -271,20 +272,10 @@ def store(target: Any, new: Any, resize: bool = False) -> None:
     # parameter's own), so the storage takes the new value with the old value's derivative.
     old = value(target, recorded=True)
     if isinstance(old, jax.core.Tracer) or isinstance(v, jax.core.Tracer):
-      v = _unrecorded_update(old, v)
+      v = strided.keep_tangent(old, v)
   if scope.narrow():  # a 32-bit program: the tensor's bound takes the written values'
     narrowing.stored(target, new)
   write(target, v)
-
-
-@jax.custom_jvp
-def _unrecorded_update(old: Any, new: Any) -> Any:
-  return new
-
-
-@_unrecorded_update.defjvp
-def _unrecorded_update_jvp(primals: tuple, tangents: tuple) -> tuple:
-  return primals[1], tangents[0]
 
 
 cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
