@@ -357,3 +357,16 @@ def test_an_op_whose_shapes_depend_on_the_data_is_still_refused_inside_a_program
     fn(x, r)  # (eagerly first: the verdict cached for these shapes must not leak into jit)
     with pytest.raises(bridge.TracedValueError, match="outputs cannot be found before it runs"):
       jax.jit(fn)(x, r)
+
+
+@pytest.mark.parametrize("method", ["to_sparse", "to_sparse_csr"])
+def test_a_fallback_whose_output_is_sparse_names_the_op(method):
+  # (the error named `bridge.call_torch` and "output 0", which the user never called)
+  x = torch.randn(3, 3, device="jax")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    with pytest.raises(bridge.BridgeTypeError) as info:
+      getattr(x, method)()
+  msg = str(info.value)
+  assert f"aten::_{method}.default" in msg and "sparse tensor" in msg, msg
+  assert "call_torch" not in msg, msg

@@ -448,7 +448,7 @@ def run_eagerly_or_stage(apply: Callable[..., tuple], dyn: Sequence[Any]) -> tup
   return outs
 
 
-def _call_now(program: _Program, dyn: list) -> list:
+def _call_now(program: _Program, dyn: list, api: str = API) -> list:
   """A call on concrete arrays, outside any JAX transformation: no program to build, so the
   host function runs directly on zero-copy tensors of the arrays (exceptions propagate as
   they are); the results are copied into new arrays, as a program's outputs would be."""
@@ -469,7 +469,10 @@ def _call_now(program: _Program, dyn: list) -> list:
       r = ffi.check_result(r, spec.shape, want, i, program.name).detach()
       outs.append(
         transfer.tensor_to_jax(
-          r if r.dtype == want else r.to(want), copy=True, api=API, where=lambda: f"output {i}"
+          r if r.dtype == want else r.to(want),
+          copy=True,
+          api=api,
+          where=lambda: f"output {i} of {program.name}",
         )
       )
   return outs
@@ -660,7 +663,7 @@ def call(
   now = unshaped_now and not scope.is_staged()
   now = now and not any(isinstance(d, jax.core.Tracer) for d in dyn)
   if entry is _UNSHAPED and now:
-    return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated)
+    return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated, api, name)
   if entry is None or entry is _UNSHAPED:
     try:
       entry = _build(
@@ -681,7 +684,7 @@ def call(
       if not (now and isinstance(e.__cause__, _SHAPE_FROM_DATA)):
         raise
       table[cache_key] = _UNSHAPED  # (the next such call skips the fake run)
-      return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated)
+      return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated, api, name)
     table[cache_key] = entry
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
@@ -691,7 +694,7 @@ def call(
     # nothing to stage: torch runs it right here. (Not a random function while a program is
     # built on known inputs, `torch.empty(n).normal_()`: run now, its numbers would be
     # constants of the program, the same on every run.)
-    outs = _call_now(program, dyn)
+    outs = _call_now(program, dyn, api)
   else:
     if program.random:
       dyn.insert(0, _seed())
@@ -711,7 +714,13 @@ _UNSHAPED = object()
 
 
 def _call_unshaped(
-  fn: Callable[..., Any], spec: Any, statics: tuple, dyn: list, return_mutated: bool
+  fn: Callable[..., Any],
+  spec: Any,
+  statics: tuple,
+  dyn: list,
+  return_mutated: bool,
+  api: str,
+  name: str,
 ) -> Any:
   """`fn` run now on concrete arrays (`call`'s `unshaped_now`), for outputs whose shapes only
   its run tells: no program is built, so none needs them. Whether `fn` writes to its inputs
@@ -732,7 +741,9 @@ def _call_unshaped(
 
   def to_jax(t: torch.Tensor, i: int) -> jax.Array:
     with jax.enable_x64(True):  # torch's dtypes exactly, as in trace mode
-      return transfer.tensor_to_jax(t.detach(), copy=True, api=API, where=lambda: f"output {i}")
+      return transfer.tensor_to_jax(
+        t.detach(), copy=True, api=api, where=lambda: f"output {i} of {name}"
+      )
 
   tree_lib.register_output_types(out)
   leaves, out_spec = tree_lib.flatten(out)
