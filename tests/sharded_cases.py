@@ -535,3 +535,26 @@ def test_bridge_compile_with_tensors_on_two_meshes_raises_device_mismatch_error(
   half = NamedSharding(Mesh(np.array(DEVICES[:4]), ("x",)), P("x"))
   with pytest.raises(bridge.DeviceMismatchError, match=r"0\.weight"):
     bridge.compile(model)(bridge.shard(torch.ones(8, 16), half))
+
+
+def test_call_jax_of_tensors_on_two_meshes_names_both_arguments():
+  # (it was JAX's ValueError naming the bridge's internal `arrays[0]`, `arrays[1]`)
+  half = Mesh(np.array(DEVICES[:4]), ("x",))
+  a = bridge.shard(torch.randn(8, 4), BATCH)
+  b = bridge.shard(torch.randn(8, 4), NamedSharding(half, P("x")))
+  with pytest.raises(bridge.DeviceMismatchError) as info:
+    bridge.call_jax(lambda x, y: x + y, a, b)
+  message = str(info.value)
+  assert "`bridge.call_jax`" in message, message
+  assert "args[0]: shape (8, 4)" in message and "devices [0, 1, 2, 3, 4, 5, 6, 7]" in message
+  assert "args[1]: shape (8, 4), NamedSharding(mesh {x=4}" in message, message
+
+
+def test_bridge_compile_placement_error_names_the_argument_not_the_key():
+  # a replicated module called with a tensor on one device: the argument is what is misplaced
+  model = bridge.shard(torch.nn.Linear(4, 4), REPLICATED)
+  with pytest.raises(bridge.DeviceMismatchError) as info:
+    bridge.compile(model)(torch.ones(2, 4).to("jax"))
+  message = str(info.value)
+  assert "argument 0: shape (2, 4), SingleDeviceSharding" in message, message
+  assert "random key" not in message, message

@@ -34,7 +34,8 @@ from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
 from bridge._src import vjp
-from bridge._src.errors import BridgeError, BridgeTypeError, TransferError
+from bridge._src.errors import BridgeError, BridgeTypeError, DeviceMismatchError, TransferError
+from bridge._src.placement import placement_lines
 
 API = "bridge.call_jax"
 _DYN = tree_lib.DYN
@@ -584,15 +585,32 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     if split.device is None
     else functools.partial(_outputs_on_device, split.device)
   )
-  if (split.needs_grad and torch.is_grad_enabled()) or (
-    _fwd_ad._current_level >= 0 and _has_tangent(split.tensors)
-  ):
-    if entry.weak:  # the graph holds the function (see `_keeping`)
-      to_torch = functools.partial(_keeping, fn, to_torch)
-    outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch, split.device)
-  else:
-    outs, out_def = to_torch(entry, entry.forward(*split.arrays))
+  try:
+    if (split.needs_grad and torch.is_grad_enabled()) or (
+      _fwd_ad._current_level >= 0 and _has_tangent(split.tensors)
+    ):
+      if entry.weak:  # the graph holds the function (see `_keeping`)
+        to_torch = functools.partial(_keeping, fn, to_torch)
+      outs, out_def = vjp.call_with_grad(entry, split.arrays, split.tensors, to_torch, split.device)
+    else:
+      outs, out_def = to_torch(entry, entry.forward(*split.arrays))
+  except ValueError as e:
+    if split.device is None or "incompatible devices" not in str(e):
+      raise
+    raise _placement_error(split, args, kwargs) from e
   return out_def.unflatten(outs)
+
+
+def _placement_error(split: _Leaves, args: tuple, kwargs: dict) -> DeviceMismatchError:
+  """`jax` tensors of one call placed on different sets of devices (meshes)."""
+  described = _Args(args, kwargs)
+  lines = placement_lines((described.describe(i), split.arrays[pos]) for pos, i, _ in split.tensors)
+  return DeviceMismatchError(
+    f"`{API}`: the tensors of one call are placed on different sets of devices:\n"
+    + "\n".join(lines)
+    + "\nOne JAX call runs on one mesh: place them together first (`bridge.shard(x, "
+    "sharding)` with shardings over the same mesh, or `.to('jax')` for one device)."
+  )
 
 
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor

@@ -1156,12 +1156,15 @@ class Compiled:
 
   def _placement_error(self, arrays: list, n: int) -> Exception:
     """The module's state and the arguments are on different sets of devices (meshes)."""
-    names = (
-      [f"parameter/buffer {name}" for name in self._names]
-      + ["the random key"]
-      + [f"argument {i}" for i in range(len(arrays) - n - 1)]
-    )
-    lines = placement_lines(zip(names, arrays), distinct=True)  # a line per set of devices
+    state = [f"parameter/buffer {name}" for name in self._names]
+    # a line per set of devices the state is on, and one per argument (the user's own
+    # tensors, each named); the bridge's key only where it is alone on its devices
+    lines = placement_lines(zip(state, arrays[:n]), distinct=True)
+    lines += placement_lines((f"argument {i}", a) for i, a in enumerate(arrays[n + 1 :]))
+    if len(arrays) > n and _devices(arrays[n]) not in {
+      _devices(a) for i, a in enumerate(arrays) if i != n
+    }:
+      lines += placement_lines([("the random key", arrays[n])])
     return DeviceMismatchError(
       f"`{API}({self.name})`: the module's state and the arguments are placed on different "
       "sets of devices:\n" + "\n".join(lines) + "\nOne compiled program runs on one mesh: "
@@ -1318,6 +1321,14 @@ def _check_unshared(written: tuple, dyn: Sequence[Any], name: str) -> None:
         "program takes them as independent tensors, so it would not see the write through "
         "the other. Pass tensors that do not share memory (`.clone()` one of them)."
       )
+
+
+def _devices(a: Any) -> tuple | None:
+  """The ids of the devices an array is on (None: not a placed array)."""
+  sharding = getattr(a, "sharding", None)
+  if sharding is None or not hasattr(sharding, "device_set"):
+    return None
+  return tuple(sorted(d.id for d in sharding.device_set))
 
 
 def _device_error(name: str, first: Any, other: Any) -> TransferError:
