@@ -122,3 +122,24 @@ def test_whole_model_cast_to_bfloat16():
     expected = model(x)
   assert out.dtype == torch.bfloat16
   torch.testing.assert_close(out.cpu(), expected, **BF16)
+
+
+def test_lstm_under_autocast_gives_the_autocast_dtype_as_on_cpu():
+  # CPU's lstm runs oneDNN's mkldnn_rnn_layer, on torch's lower-precision list; the jax
+  # device lowers lstm whole and gave float32 outputs
+  torch.manual_seed(0)
+  lstm, x = torch.nn.LSTM(4, 3), torch.randn(5, 2, 4)
+  on_jax = copy.deepcopy(lstm).to("jax")
+  with torch.autocast("cpu", dtype=torch.bfloat16):
+    y, (h, c) = lstm(x)
+  with torch.autocast("jax", dtype=torch.bfloat16):
+    yj, (hj, cj) = on_jax(x.to("jax"))
+  for want, got in ((y, yj), (h, hj), (c, cj)):
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu(), want, **BF16)
+
+
+def test_a_float16_tensor_and_a_complex_scalar_raise_a_clear_error():
+  # torch gives complex32, which JAX lacks: it was a bare KeyError
+  with pytest.raises(RuntimeError, match=r"complex32 here, and JAX has no such type"):
+    torch.ones(2, dtype=torch.float16, device="jax") + 1j

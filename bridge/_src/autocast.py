@@ -56,6 +56,10 @@ _LOWER = frozenset(
   }
 )
 _PROMOTE = frozenset({"cat", "stack", "index_copy"})
+# Ops torch's CPU autocast reaches below the op itself: CPU's `lstm` runs oneDNN's
+# `mkldnn_rnn_layer` (on `_LOWER`), so its outputs come in the autocast dtype; the
+# bridge lowers `lstm` whole, so it gets the same policy at the op.
+_LOWER_BELOW = ("lstm.input", "lstm.data")
 _KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 _library: Any = None
 
@@ -118,4 +122,9 @@ def register() -> None:
       continue
     policy = "lower" if short in _LOWER else "promote" if short in _PROMOTE else "fp32"
     kernels.impl(short, functools.partial(_kernel, policy, op))
+  for short in _LOWER_BELOW:
+    packet, _, overload = short.partition(".")
+    kernels.impl(
+      short, functools.partial(_kernel, "lower", getattr(getattr(torch.ops.aten, packet), overload))
+    )
   _library = (fallthrough, kernels)

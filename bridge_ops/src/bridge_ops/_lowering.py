@@ -364,6 +364,18 @@ def result_dtypes(*args: Any, kind: str = "default") -> tuple[Any, Any]:
     *fakes, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind.upper())
   )
   to_jax = _dtype_map("to_jax")
+  for dtype in (compute, result):
+    if dtype not in to_jax:  # complex32: a float16 tensor with a complex scalar or tensor
+      # (RuntimeError, as torch's dtype errors: a TypeError in `x + 1j` would become
+      # Python's "unsupported operand type(s)")
+      raise RuntimeError(
+        f"torch's type promotion gives {dtype} here, and JAX has no such type. Cast the "
+        f"inputs first (float16 to float32 for a complex64 result); the inputs: "
+        + ", ".join(
+          str(f.dtype) if isinstance(f, torch.Tensor) else type(f).__name__ for f in fakes
+        )
+        + "."
+      )
   return to_jax[compute], to_jax[result]
 
 
