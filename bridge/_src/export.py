@@ -22,6 +22,7 @@ artifact with `jax.export.deserialize` and `safetensors` (README, "Export").
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -30,7 +31,7 @@ import json
 import operator
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,9 @@ from bridge._src.errors import BridgeError, BridgeTypeError, OperatorNotFound, T
 from bridge._src.registry import REGISTRY
 
 API = "bridge.export"
+APPLY = "bridge.Exported.apply"
+# weights: a dict name -> array, or `Exported.split_weights`' pair (trainable, rest)
+Weights: TypeAlias = dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]
 FORMAT = 1  # the artifact layout's own version (manifest "format")
 PROGRAM_FILE, WEIGHTS_FILE, MANIFEST_FILE = (
   "program.jaxexport",
@@ -426,11 +430,32 @@ def _conform(out: Any, expected: Any) -> Any:
 # ----------------------------------------------------------------------------- building
 
 
+def _refuse_mutations(sig: Any) -> None:
+  """An exported program is pure: refuse a function that updates a buffer or an input in
+  place, naming them (torch.export's signature maps graph outputs to what they overwrite)."""
+  buffers = sorted(sig.buffers_to_mutate.values())
+  if buffers:
+    raise BridgeError(
+      f"`{API}`: the module updates its buffers {buffers} in place (a BatchNorm in training "
+      "mode updates its running statistics on every call); an exported program is pure and "
+      "cannot. Export the module in eval mode: `module.eval()` before `bridge.export` (a "
+      "BatchNorm then uses its running statistics), or move the update out of `forward`."
+    )
+  inputs = sorted(getattr(sig, "user_inputs_to_mutate", {}).values())
+  if inputs:
+    raise BridgeError(
+      f"`{API}`: the function updates its input(s) {inputs} in place (`x.add_(...)`, "
+      "`x[i] = ...`); an exported program is pure and cannot. Compute a new tensor "
+      "(`x = x + ...`) and return it."
+    )
+
+
 @dataclasses.dataclass
 class _Weight:
   name: str
   kind: str  # "parameter", "buffer" (persistent), "constant" (non-persistent buffer, lifted)
   value: np.ndarray
+  trainable: bool  # a floating-point parameter that requires grad (what torch's optimizer takes)
 
 
 class _Builder:
@@ -442,12 +467,7 @@ class _Builder:
   def build(self, platforms: tuple[str, ...], vjp_order: int) -> "Exported":
     ep = self.ep
     sig = ep.graph_signature
-    mutated = list(sig.buffers_to_mutate) + list(getattr(sig, "user_inputs_to_mutate", {}))
-    if mutated:
-      raise BridgeError(
-        f"`{API}`: the function updates {sorted(mutated)} in place (a BatchNorm in training "
-        "mode, for example); an exported program is pure. Export the module in eval mode."
-      )
+    _refuse_mutations(sig)
     weights, aliases, sources = self._weights()
     placeholders = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
     user = [n for n in placeholders if n.name in set(sig.user_inputs)]
@@ -490,7 +510,13 @@ class _Builder:
       "output_names": _leaf_names(outputs),
       "symbols": symbols,
       "weights": [
-        {"name": w.name, "kind": w.kind, "dtype": str(w.value.dtype), "shape": list(w.value.shape)}
+        {
+          "name": w.name,
+          "kind": w.kind,
+          "trainable": w.trainable,
+          "dtype": str(w.value.dtype),
+          "shape": list(w.value.shape),
+        }
         for w in weights
       ],
       "aliases": aliases,
@@ -524,7 +550,6 @@ class _Builder:
         raise BridgeError(
           f"`{API}`: the function holds a {spec.kind.name} ({spec.target}); only tensors can be exported."
         )
-      t = t.detach()
       key = (
         t.untyped_storage().data_ptr(),
         t.storage_offset(),
@@ -538,7 +563,10 @@ class _Builder:
         sources.append(first)
         continue
       seen[key] = spec.target
-      weights.append(_Weight(spec.target, kind, _numpy(t)))
+      trainable = (
+        kind == "parameter" and t.requires_grad and (t.is_floating_point() or t.is_complex())
+      )
+      weights.append(_Weight(spec.target, kind, _numpy(t.detach()), trainable))
       sources.append(spec.target)
     return weights, aliases, sources
 
@@ -654,7 +682,8 @@ def _jax_shape(shape: list, scope: Any) -> tuple:
 
 def _tree_json(spec: Any) -> dict:
   """A torch pytree spec of the outputs as JSON: tensors, sequences and named fields (dicts,
-  Hugging Face `ModelOutput`s and named tuples become dicts of arrays)."""
+  Hugging Face `ModelOutput`s and named tuples become dicts of arrays). Each container
+  records its Python type ("container": list, tuple, dict or OrderedDict) for `_unflatten`."""
   if spec is None or spec.is_leaf():
     return {"kind": "array"}
   children = [_tree_json(c) for c in spec.children()]
@@ -665,7 +694,7 @@ def _tree_json(spec: Any) -> dict:
   if t in (tuple, list) or (
     isinstance(t, type) and issubclass(t, tuple) and not hasattr(t, "_fields")
   ):
-    return {"kind": "list", "items": children}
+    return {"kind": "list", "container": "list" if t is list else "tuple", "items": children}
   if t is type(None):
     return {"kind": "none"}
   if hasattr(t, "_fields"):  # a named tuple
@@ -677,7 +706,8 @@ def _tree_json(spec: Any) -> dict:
       f"`{API}`: the function returns a {getattr(t, '__name__', t)}; outputs must be tensors, tuples, lists, "
       "dicts or named tuples of them."
     )
-  return {"kind": "dict", "keys": keys, "items": children}
+  container = "OrderedDict" if t is collections.OrderedDict else "dict"
+  return {"kind": "dict", "container": container, "keys": keys, "items": children}
 
 
 def _leaf_names(tree: dict, prefix: str = "output") -> list[str]:
@@ -693,13 +723,18 @@ def _leaf_names(tree: dict, prefix: str = "output") -> list[str]:
 
 
 def _unflatten(tree: dict, leaves: Any) -> Any:
+  """The outputs' structure from the manifest's tree; a tree without "container" records
+  (an artifact of an older bridge) gives tuples and dicts, as that bridge did."""
   if tree["kind"] == "array":
     return next(leaves)
   if tree["kind"] == "none":
     return None
   items = [_unflatten(c, leaves) for c in tree["items"]]
+  container = tree.get("container")
   if tree["kind"] == "list":
-    return tuple(items)
+    return list(items) if container == "list" else tuple(items)
+  if container == "OrderedDict":
+    return collections.OrderedDict(zip(tree["keys"], items))
   return dict(zip(tree["keys"], items))
 
 
@@ -741,11 +776,7 @@ class Exported:
     self.weights = weights
     self.manifest = manifest
     self._order = [w["name"] for w in manifest["weights"]]
-    call = program.call
-    if not program.has_vjp():  # loaded from an artifact saved with vjp_order=0
-      call = jax.custom_jvp(call)
-      call.defjvp(_no_derivatives)
-    self._call = jax.jit(call)  # (compiled once per input shape, not per call)
+    self._call = jax.jit(_differentiable(program))  # (compiled once per input shape)
 
   def __repr__(self) -> str:
     ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.manifest["inputs"])
@@ -783,8 +814,15 @@ class Exported:
     m = self.manifest
     bound: dict[str, tuple[int, str]] = {}
     for x, spec in zip(flat, m["inputs"]):
-      shape = tuple(getattr(x, "shape", ()))
       name = spec["name"]
+      if not (isinstance(x, (int, float, complex, np.generic)) or hasattr(x, "shape")):
+        got = type(x).__name__
+        raise BridgeTypeError(
+          f"`{API}`: input {name!r} is a {got}; the program takes a tensor there (torch, JAX or "
+          f"NumPy) of shape {tuple(spec['shape'])} and dtype {spec['dtype']}: pass one tensor, "
+          f"not a {got}."
+        )
+      shape = tuple(getattr(x, "shape", ()))
       if len(shape) != len(spec["shape"]):
         raise BridgeTypeError(
           f"`{API}`: input {name!r} has shape {shape}; the program takes {len(spec['shape'])} "
@@ -823,24 +861,60 @@ class Exported:
             "the input, or export again with an input of this dtype)."
           )
 
-  def apply(self, weights: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-    """The program as a pure JAX function of `weights` (name -> array) and the inputs."""
+  def apply(self, weights: Weights, *args: Any, **kwargs: Any) -> Any:
+    """The program as a pure JAX function of `weights` and the inputs.
+
+    Args:
+      weights: a dict name -> array, as `exported.weights`; or the pair
+        ``(trainable, rest)`` that `split_weights` gives, for `jax.grad` of the trainable ones.
+      *args: the inputs, as the exported function takes them.
+      **kwargs: its keyword inputs.
+
+    Returns:
+      The outputs as JAX arrays, in the function's structure.
+    """
     return self._apply(weights, args, kwargs, exact=False)
 
-  def _apply(self, weights: dict[str, Any], args: tuple, kwargs: dict, exact: bool) -> Any:
-    missing = [n for n in self._order if n not in weights]
+  def _apply(self, weights: Weights, args: tuple, kwargs: dict, exact: bool) -> Any:
+    merged = _merge_weights(weights)
+    missing = [n for n in self._order if n not in merged]
     if missing:
       raise BridgeTypeError(
-        f"`{API}`: weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}."
+        f"`{APPLY}`: weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}; pass "
+        "every name of `exported.weights` (or the pair `exported.split_weights()` gives)."
       )
     flat = self._flat_inputs(args, kwargs, exact)
     with jax.enable_x64(True):
+      ws = [_weight_array(merged[w["name"]], w) for w in self.manifest["weights"]]
       xs = [
         jnp.asarray(x, dtype=np.dtype(s["dtype"])) for x, s in zip(flat, self.manifest["inputs"])
       ]
-      ws = [weights[n] for n in self._order]
       outs = self._call(*ws, *xs)
     return _unflatten(self.manifest["outputs"], iter(outs))
+
+  def split_weights(self, weights: Weights | None = None) -> tuple[dict, dict]:
+    """`weights` (default: `exported.weights`) as ``(trainable, rest)``, for fine-tuning.
+
+    ``trainable`` holds the floating-point parameters that required grad in torch (what
+    `jax.grad` and an optimizer take); ``rest`` the buffers and constants, which stay as they
+    are (BatchNorm's running statistics, and its int64 ``num_batches_tracked``, which
+    `jax.grad` refuses). `apply` and `state_dict` take the pair as they take one dict.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, torch, bridge
+      >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).eval()
+      >>> exported = bridge.export(model, torch.randn(4, 3))
+      >>> params, rest = exported.split_weights()
+      >>> sorted(params)
+      ['0.bias', '0.weight', '1.bias', '1.weight']
+      >>> grads = jax.grad(lambda p: exported.apply((p, rest), jnp.ones((4, 3))).sum())(params)
+    """
+    merged = _merge_weights(self.weights if weights is None else weights)
+    trainable = {w["name"] for w in self.manifest["weights"] if _trainable(w)}
+    return (
+      {n: a for n, a in merged.items() if n in trainable},
+      {n: a for n, a in merged.items() if n not in trainable},
+    )
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     """Runs the program with the artifact's own weights: torch tensors in give torch tensors
@@ -863,10 +937,11 @@ class Exported:
 
   # -- torch
 
-  def state_dict(self, weights: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+  def state_dict(self, weights: Weights | None = None) -> dict[str, torch.Tensor]:
     """The parameters and persistent buffers as CPU tensors under the module's names (tied
-    names too): ``module.load_state_dict(exported.state_dict(trained))``."""
-    weights = self.weights if weights is None else weights
+    names too): ``module.load_state_dict(exported.state_dict(trained))``; `weights` is a dict
+    or `split_weights`' pair."""
+    weights = self.weights if weights is None else _merge_weights(weights)
     kinds = {w["name"]: w["kind"] for w in self.manifest["weights"]}
     out = {}
     for name, kind in kinds.items():
@@ -886,7 +961,8 @@ class Exported:
     from safetensors.numpy import save_file  # (import cost: only when saving)
 
     os.makedirs(path, exist_ok=True)
-    program = self.program.serialize(vjp_order=self.manifest["vjp_order"])
+    with jax.enable_x64(True):  # (`serialize` traces the VJPs: with the program's 64-bit types)
+      program = self.program.serialize(vjp_order=self.manifest["vjp_order"])
     weights_path = os.path.join(path, WEIGHTS_FILE)
     save_file({n: np.asarray(self.weights[n]) for n in self._order}, weights_path)
     with open(os.path.join(path, PROGRAM_FILE), "wb") as f:
@@ -898,6 +974,93 @@ class Exported:
     }
     with open(os.path.join(path, MANIFEST_FILE), "w") as f:
       json.dump(manifest, f, indent=1)
+
+
+def _merge_weights(weights: Any) -> dict[str, Any]:
+  """One dict name -> array from a dict or `split_weights`' pair ``(trainable, rest)``."""
+  if isinstance(weights, dict):
+    return weights
+  if (
+    isinstance(weights, (tuple, list))
+    and len(weights) == 2
+    and all(isinstance(w, dict) for w in weights)
+  ):
+    both = sorted(set(weights[0]) & set(weights[1]))
+    if both:
+      raise BridgeTypeError(
+        f"`{APPLY}`: weights {both[:5]} are in both dicts of the pair; each name goes in one "
+        "(`exported.split_weights()` splits them)."
+      )
+    return {**weights[1], **weights[0]}
+  raise BridgeTypeError(
+    f"`{APPLY}`: weights must be a dict name -> array (as `exported.weights`) or the pair "
+    f"(trainable, rest) that `exported.split_weights()` gives; got a {type(weights).__name__}."
+  )
+
+
+def _trainable(spec: dict) -> bool:
+  """A manifest weight's "trainable" (an artifact of an older bridge lacks it: its
+  floating-point parameters)."""
+  if "trainable" in spec:
+    return bool(spec["trainable"])
+  return spec["kind"] == "parameter" and np.dtype(spec["dtype"]).kind in "fc"
+
+
+def _weight_array(value: Any, spec: dict) -> Any:
+  """One weight as the program takes it, checked against its manifest entry: its shape
+  exactly, its dtype exactly or as JAX's 32-bit type of a 64-bit one (cast back)."""
+  name, want_shape, want = spec["name"], tuple(spec["shape"]), np.dtype(spec["dtype"])
+  if isinstance(value, torch.Tensor):
+    value = _to_jax(value)
+  if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+    raise BridgeTypeError(
+      f"`{APPLY}`: weight {name!r} is a {type(value).__name__}; the program takes an array "
+      f"of shape {want_shape} and dtype {want} (as `exported.weights[{name!r}]`)."
+    )
+  shape = tuple(value.shape)
+  if shape != want_shape:
+    raise BridgeTypeError(
+      f"`{APPLY}`: weight {name!r} has shape {shape}; the program takes {want_shape}, its shape "
+      "when exported. Pass an array of that shape (as `exported.weights` holds), or export "
+      "again from a module with the new shape."
+    )
+  got = np.dtype(value.dtype)
+  if got != want and not _widens(got, want):
+    raise BridgeTypeError(
+      f"`{APPLY}`: weight {name!r} has dtype {got}; the program takes {want}, its dtype when "
+      f"exported. Convert it (`.astype(jnp.{want})`), or export again from the module in "
+      f"{got}."
+    )
+  return jnp.asarray(value, dtype=want)
+
+
+def _differentiable(program: Any) -> Callable[..., Any]:
+  """`program.call`, whose derivatives are built with JAX's 64-bit types on, as the program
+  was. (`jax.export` traces a program's VJP when a derivative or `serialize` first asks for it;
+  with 64-bit types off that trace would narrow its float64 and int64 values: float32-precision
+  gradients, an int32 argmax where the program returns int64.) Without a VJP (an artifact saved
+  with `vjp_order=0`), a derivative says how to save one."""
+  if not program.has_vjp():
+    plain = jax.custom_jvp(program.call)
+    plain.defjvp(_no_derivatives)
+    return plain
+  vjp: list[Callable[..., Any]] = []  # (exported once, on the first derivative)
+
+  @jax.custom_vjp
+  def call(*args: Any) -> tuple:
+    return tuple(program.call(*args))
+
+  def forward(*args: Any) -> tuple:
+    return call(*args), args
+
+  def backward(args: tuple, cotangents: tuple) -> tuple:
+    if not vjp:
+      with jax.enable_x64(True):
+        vjp.append(_differentiable(program.vjp()))
+    return tuple(vjp[0](*args, *cotangents))
+
+  call.defvjp(forward, backward)
+  return call
 
 
 def _no_derivatives(primals: Any, tangents: Any) -> Any:

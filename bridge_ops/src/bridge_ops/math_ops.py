@@ -434,7 +434,9 @@ def polar(abs, angle):  # (schema names)
   return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
 
 
-@lowering(aten._conj_physical.default, aten.conj_physical.default)
+# `_conj_copy`: `Tensor.conj()`'s view op as a functional graph holds it (`bridge.export`; the
+# `jax` device keeps torch's lazy conj bit instead). A real tensor's conjugate is itself.
+@lowering(aten._conj_physical.default, aten.conj_physical.default, aten._conj_copy.default)
 def conj_physical(self):
   return jnp.conj(self) if jnp.issubdtype(self.dtype, jnp.complexfloating) else self
 
