@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import weakref
 from typing import Any, Callable, Sequence
@@ -88,6 +89,13 @@ def _root(t: torch.Tensor) -> torch.Tensor:
   while t._base is not None:
     t = t._base
   return t
+
+
+def _version(t: torch.Tensor) -> int | None:
+  """`t`'s version counter, or None for an inference tensor (made under
+  `torch.inference_mode()`), which has none: writes to it are seen by `_Recorder`, from the
+  ops' schemas."""
+  return None if t.is_inference() else t._version
 
 
 class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
@@ -160,7 +168,11 @@ def _fake_run(
   name: str,
   module: torch.nn.Module | None = None,
   api: str = API,
+  values: Sequence[Any] | None = None,
 ) -> _FakeResult:
+  """`call` run on fake tensors of `in_specs`; if that raises, torch's own exception for the
+  call where it differs (`_torchs_own_error`, run on copies of `values`, the arguments'
+  arrays when they are concrete, else on zeros)."""
   mode = FakeTensorMode(allow_non_fake_inputs=True)
   recorder = _Recorder()
   # A module runs with fake copies of its state: fake mode would otherwise run in-place
@@ -170,11 +182,12 @@ def _fake_run(
   if module is not None:
     fake_state = {n: mode.from_tensor(t) for n, t in state_lib.module_state(module).items()}
     state = state_lib.reparametrized(module, fake_state)  # for this thread only
-  state_versions = {n: t._version for n, t in fake_state.items()}
+  state_versions = {n: _version(t) for n, t in fake_state.items()}
+  failure: Exception | None = None
   with mode, state:
     device = ffi.torch_device()  # where the real run's tensors will be
     fakes = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in in_specs]
-    versions = [t._version for t in fakes]
+    versions = [_version(t) for t in fakes]
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     if _quiet_filter not in fake_log.filters:
       fake_log.addFilter(_quiet_filter)
@@ -206,25 +219,88 @@ def _fake_run(
         f"the op one (`torch.library.register_fake`), or {_shapes_advice(api)}."
       ) from e
     except RuntimeError as e:
-      if "no fake impl" not in str(e) and "fake impl" not in str(e).lower():
-        _note_fake_run(e, name, api)
-        raise
-      raise BridgeError(
-        f"{_speaker(api)}: {name} calls an op with no fake implementation, so "
-        "its outputs' shapes cannot be found without running it. Give the op one "
-        f"(`torch.library.register_fake`), or {_shapes_advice(api)}. Torch said: "
-        f"{str(e).splitlines()[0]}"
-      ) from e
-    except Exception as e:
-      _note_fake_run(e, name, api)
-      raise
+      if "fake impl" in str(e).lower():
+        raise BridgeError(
+          f"{_speaker(api)}: {name} calls an op with no fake implementation, so "
+          "its outputs' shapes cannot be found without running it. Give the op one "
+          f"(`torch.library.register_fake`), or {_shapes_advice(api)}. Torch said: "
+          f"{str(e).splitlines()[0]}"
+        ) from e
+      failure = e
+    except Exception as e:  # noqa: BLE001 - the user's code: any exception, raised below
+      failure = e
     finally:
       _quiet.on = False
-  mutated = tuple(t._version != v or id(t) in recorder.written for t, v in zip(fakes, versions))
+  if failure is not None:  # (outside fake mode, and with the module's own state back)
+    own = _torchs_own_error(failure, call, in_specs, module, values)
+    if own is not None:
+      if values is None:
+        own.add_note(
+          f"(bridge: torch raised this running {name} on zeros of its arguments' shapes and "
+          f"dtypes, after its run on fake tensors (which {_speaker(api)} makes to find its "
+          "outputs' shapes before the JAX program runs) failed.)"
+        )
+      raise own from None
+    _note_fake_run(failure, name, api)
+    raise failure
+  mutated = tuple(_version(t) != v or id(t) in recorder.written for t, v in zip(fakes, versions))
   writes_state = any(
-    t._version != state_versions[n] or id(t) in recorder.written for n, t in fake_state.items()
+    _version(t) != state_versions[n] or id(t) in recorder.written for n, t in fake_state.items()
   )
   return _FakeResult(out, mutated, recorder.random, writes_state)
+
+
+# The most bytes of arguments that `_torchs_own_error` copies, or makes zeros of.
+_OWN_ERROR_BYTES = 1 << 28
+
+
+def _torchs_own_error(
+  failure: Exception,
+  call: Callable[[list], Any],
+  in_specs: Sequence[tuple],
+  module: torch.nn.Module | None,
+  values: Sequence[Any] | None,
+) -> BaseException | None:
+  """Torch's own exception where the fake run's `failure` is a fake (meta) kernel's (for
+  `t @ t` on (2, 3): "a and b must have same reduction dim", where torch says "mat1 and mat2
+  shapes cannot be multiplied (2x3 and 2x3)"): `call` run for real, on copies of the
+  arguments' concrete arrays `values`, or else on zeros of their specs. Any exception of
+  the first; on zeros only one of `failure`'s type (another could come from the zeros, a
+  singular matrix). None if the run raises none, the same one, or is not made (bridge
+  errors; large arguments). The run leaves torch's generators and a module's state as they
+  were (it runs on copies of the state, in this thread only)."""
+  if isinstance(failure, BridgeError):
+    return None
+  if sum(math.prod(shape) * dtype.itemsize for shape, dtype in in_specs) > _OWN_ERROR_BYTES:
+    return None
+  device = ffi.torch_device()
+  if values is not None:
+    with jax.enable_x64(True):
+      inputs = [
+        transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument").clone() for a in values
+      ]
+  else:
+    inputs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in in_specs]
+  state: Any = contextlib.nullcontext()
+  if module is not None:
+    copies = {n: _state_copy(t) for n, t in state_lib.module_state(module).items()}
+    state = state_lib.reparametrized(module, copies)  # for this thread only
+  cuda = [device.index or 0] if device.type == "cuda" else []
+  try:
+    with torch.random.fork_rng(devices=cuda), state:
+      call(inputs)
+  except Exception as e:  # noqa: BLE001 - torch's own exception is what is wanted
+    same = type(e) is type(failure) and str(e) == str(failure)
+    if same or (values is None and type(e) is not type(failure)):
+      return None
+    return e
+  return None
+
+
+def _state_copy(t: torch.Tensor) -> torch.Tensor:
+  """A copy of a module's parameter or buffer, for a run that must not change it."""
+  copy = t.detach().clone()
+  return copy.requires_grad_() if t.requires_grad and torch.is_grad_enabled() else copy
 
 
 def _note_fake_run(e: BaseException, name: str, api: str) -> None:
@@ -679,6 +755,7 @@ def call(
         api,
         owner,
         anchor,
+        None if any(isinstance(d, jax.core.Tracer) for d in dyn) else dyn,
       )
     except scope.TracedValueError as e:
       if not (now and isinstance(e.__cause__, _SHAPE_FROM_DATA)):
@@ -731,7 +808,7 @@ def _call_unshaped(
     inputs = [
       transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument").clone() for a in dyn
     ]
-  versions = [t._version for t in inputs]
+  versions = [_version(t) for t in inputs]
   recorder = _Recorder()
   args, kwargs = tree_lib.unflatten(spec, tree_lib.merge(statics, iter(inputs), _unbox))
   with recorder:
@@ -756,7 +833,7 @@ def _call_unshaped(
   return result, {
     leaf_of_dyn[i]: to_jax(t, i)
     for i, (t, v) in enumerate(zip(inputs, versions))
-    if t._version != v or id(_root(t)) in recorder.written
+    if _version(t) != v or id(_root(t)) in recorder.written
   }
 
 
@@ -773,9 +850,11 @@ def _build(
   api: str,
   owner: Any,
   anchor: Any = None,
+  values: Sequence[Any] | None = None,
 ) -> tuple:
   """The program of `fn` for one argument structure; with `anchor` (`_cache_for`), it refers
-  to `fn` and its module weakly."""
+  to `fn` and its module weakly. `values`: the arguments' arrays, where they are concrete
+  (for torch's own exception if the fake run fails: `_fake_run`)."""
   in_torch = [
     (shape, dtypes.torch_dtype(dt, api=api, where=_where(i))) for i, (shape, dt) in enumerate(avals)
   ]
@@ -816,7 +895,7 @@ def _build(
 
   if result_shape_dtypes is None:
     fake_run = make_run(state["mutated"], False, lambda: fn)
-    fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module, api)
+    fake = _fake_run(lambda inputs: fake_run(inputs)[0], in_torch, name, module, api, values)
     state["mutated"], state["random"] = fake.mutated, fake.random
     state["writes_state"] = fake.writes_state
     tree_lib.register_output_types(fake.out)  # (a `ModelOutput`, a cache: JAX nodes)

@@ -514,6 +514,19 @@ def _make_host_call_p(ffi_prim: Any = None) -> Any:
     return _host_call_p[0] if _host_call_p else None
 
 
+class _Held:
+  """What a program's host call needs alive (the user's function), as a host callback of the
+  program: XLA keeps those as long as the executable and its running executions. Never called."""
+
+  __slots__ = ("obj",)
+
+  def __init__(self, obj: Any):
+    self.obj = obj
+
+  def __call__(self, *args: Any) -> Any:  # pragma: no cover - never called
+    raise RuntimeError("bridge: a keep-alive holder was called")
+
+
 def _new_host_call_p(ffi_prim: Any) -> Any:
   from jax.extend.core import Primitive
   from jax.interpreters import batching, mlir
@@ -533,7 +546,10 @@ def _new_host_call_p(ffi_prim: Any) -> Any:
 
   def lower(ctx: Any, *operands: Any, keep: Any, host_key: int, **params: Any) -> Any:
     if keep is not None:
-      ctx.module_context.add_keepalive(keep)
+      # held by the runtime executable, which a running execution holds: a throw-away
+      # `jax.jit` may drop its Python executable (and what `add_keepalive` holds) while the
+      # program is still queued, and the host function must outlive that run
+      ctx.module_context.add_host_callback(_Held(keep))
     lowering = jax.ffi.ffi_lowering(TARGET, has_side_effect=params["has_side_effect"])
     return lowering(ctx, *operands, key=np.int64(host_key))
 

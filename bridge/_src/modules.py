@@ -17,10 +17,13 @@ program no longer matches its module.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import types
 import warnings
-from typing import Any, Callable, Mapping
+import weakref
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -391,24 +394,56 @@ def _is_param(module: torch.nn.Module, name: str) -> bool:
   return leaf in module.get_submodule(owner)._parameters
 
 
+_locks: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_locks_lock = threading.Lock()  # (held only to make a module's lock)
+
+
+def state_lock(module: torch.nn.Module) -> threading.RLock:
+  """The lock of `module`'s own parameters and buffers (reentrant: a forward may call its
+  module, or a submodule, again)."""
+  lock = _locks.get(module)
+  if lock is None:
+    with _locks_lock:
+      lock = _locks.get(module)
+      if lock is None:
+        lock = _locks[module] = threading.RLock()
+  return lock
+
+
+@contextlib.contextmanager
+def state_held(module: torch.nn.Module) -> Iterator[None]:
+  """Hold the state locks of `module` and of every submodule, so that reading the state,
+  running the forward and writing the updates back is one step for other threads' calls
+  of it or of a module that shares a submodule with it. The locks are taken in one order
+  (by `id`), so two calls on overlapping modules cannot wait for each other."""
+  with contextlib.ExitStack() as stack:
+    for _, m in sorted({id(m): m for m in module.modules()}.items()):
+      stack.enter_context(state_lock(m))
+    yield
+
+
 def call_module(
   module: torch.nn.Module, fn: Callable[..., Any], args: tuple, kwargs: dict, api: str
 ) -> Any:
-  """`call_torch` of a module or one of its bound methods."""
-  params = state_to_jax(module_state(module), copy=None, api=api)
-  targs, tkwargs = tracing.inputs_to_torch((args, kwargs), api)
-  out, mutated = apply(module, fn, params, targs, tkwargs, api)
-  check_no_leak(module, api)
-  if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
-    warn_dropped_updates(
-      module,
-      list(mutated),
-      api,
-      "To keep them, train through `bridge.extract_jax(module, "
-      "return_state=True)` or use `bridge.compile`.",
-    )
-  else:  # concrete values (an eager call): as torch would, the module's buffers change
-    write_back(module, mutated)
+  """`call_torch` of a module or one of its bound methods. A call that runs now (not staged
+  into a program) holds the module's state (`state_held`) from reading it to writing back
+  what its forward updated (BatchNorm's statistics), so that concurrent calls count each."""
+  held = contextlib.nullcontext() if scope.is_staged() else state_held(module)
+  with held:
+    params = state_to_jax(module_state(module), copy=None, api=api)
+    targs, tkwargs = tracing.inputs_to_torch((args, kwargs), api)
+    out, mutated = apply(module, fn, params, targs, tkwargs, api)
+    check_no_leak(module, api)
+    if any(isinstance(v, jax.core.Tracer) for v in mutated.values()):
+      warn_dropped_updates(
+        module,
+        list(mutated),
+        api,
+        "To keep them, train through `bridge.extract_jax(module, "
+        "return_state=True)` or use `bridge.compile`.",
+      )
+    else:  # concrete values (an eager call): as torch would, the module's buffers change
+      write_back(module, mutated)
   return tracing.outputs_to_jax(out, api)
 
 
@@ -455,8 +490,9 @@ def extract_jax(
 
   64-bit state (float64 parameters, int64 counters) is extracted exactly; note that a
   program built with JAX's 64-bit types disabled cannot hold it: there `fn` checks that
-  int64 state fits in int32 (and returns it, as new state, as int32) and refuses float64
-  state (`bridge.NarrowingError`; a warning says so here); enable them with
+  int64 state fits in int32 (and returns it, as new state, as int64 again: the new state has
+  the dtypes of `params`, so it can be a `lax.scan` carry) and refuses float64 state
+  (`bridge.NarrowingError`; a warning says so here); enable them with
   `jax.config.update('jax_enable_x64', True)`.
 
   Args:
@@ -525,13 +561,39 @@ def _with_state(
   updated, or `out` (and a warning if there were updates to drop)."""
   if return_state:
     new = dict(params)
-    new.update(mutated)
+    for name, value in mutated.items():
+      given = params.get(name)
+      if given is None:
+        given = module_state(module)[name]
+      new[name] = _in_dtype_of(value, given)
     return out, new
   if mutated:
     warn_dropped_updates(
       module, list(mutated), API, "Pass `return_state=True` to `extract_jax` to get them."
     )
   return out
+
+
+# (held, given) dtypes of integer state that a 32-bit program holds narrower: int32 for int64
+_HELD_NARROWER = {
+  (dtypes.TORCH_TO_JAX[narrow], dtypes.TORCH_TO_JAX[wide])
+  for wide, narrow in dtypes.NARROWED.items()
+  if not (wide.is_floating_point or wide.is_complex)
+}
+
+
+def _in_dtype_of(value: Any, given: Any) -> Any:
+  """A new state value in the dtype of the value it replaces (`given`, an array or the
+  module's tensor), where a program built with JAX's 64-bit types off holds it narrower: an
+  int64 counter held as int32, checked to fit (`narrowing`), goes back to int64, exactly, so
+  that the state keeps its types (a `lax.scan` carry)."""
+  given_dtype = given.dtype
+  if isinstance(given_dtype, torch.dtype):
+    given_dtype = dtypes.TORCH_TO_JAX.get(given_dtype)
+  if (np.dtype(value.dtype), given_dtype) not in _HELD_NARROWER:
+    return value
+  with jax.enable_x64(True):  # (the bridge's own computation: 64-bit in a scoped way)
+    return jax.lax.convert_element_type(value, np.dtype(given_dtype))
 
 
 def _callback_fn(

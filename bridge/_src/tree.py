@@ -242,7 +242,7 @@ def _is_child(x: Any) -> bool:
     return True
   if x is None or isinstance(x, (bool, int, float, complex, str, bytes, type)):
     return False
-  if type(x) in (list, tuple):
+  if type(x) is list or isinstance(x, tuple):  # (torch's `return_types` too: JAX leaves)
     return any(map(_is_child, x))
   if type(x) is dict:
     return any(map(_is_child, x.values()))
@@ -291,14 +291,19 @@ class _ObjectAux:
     return ", ".join(f"{n}={next(statics)!r}" for n, c in zip(self.names, self.children) if not c)
 
 
-def _object_node(cls: Any) -> None:
-  """A plain object (a Hugging Face `DynamicCache`, its `DynamicLayer`s) as a JAX node: the
-  attributes that hold arrays are its children, the others (flags, sizes, a sliding window,
-  a device) are static; it is rebuilt without running `__init__`, into a new `__dict__`."""
+def _object_node(cls: Any, names_of: Callable[[Any], tuple[str, ...]] | None = None) -> None:
+  """A plain object (a Hugging Face `DynamicCache`, its `DynamicLayer`s, a dataclass) as a JAX
+  node: the attributes that hold arrays are its children, the others (flags, sizes, a sliding
+  window, a device, a name) are static; it is rebuilt without running `__init__`. `names_of`
+  gives an object's attribute names in order (sorted names of its `__dict__` if not given)."""
 
   def split(obj: Any) -> tuple[dict, tuple[str, ...], tuple[bool, ...]]:
-    state = vars(obj)
-    names = tuple(sorted(state))
+    if names_of is None:
+      state = vars(obj)
+      names = tuple(sorted(state))
+    else:
+      names = names_of(obj)
+      state = {n: getattr(obj, n) for n in names}
     kept = _children_of.get(id(obj), frozenset())
     return state, names, tuple(n in kept or _is_child(state[n]) for n in names)
 
@@ -319,7 +324,11 @@ def _object_node(cls: Any) -> None:
     obj = cls.__new__(cls)
     values, statics = iter(values), iter(aux.statics)
     for n, c in zip(aux.names, aux.children):
-      obj.__dict__[n] = next(values) if c else _copy_static(next(statics))
+      value = next(values) if c else _copy_static(next(statics))
+      if names_of is None:
+        obj.__dict__[n] = value
+      else:  # (a frozen or slotted dataclass too)
+        object.__setattr__(obj, n, value)
     try:
       weakref.finalize(obj, _children_of.pop, id(obj), None).atexit = False
     except TypeError:  # no weak references to it: its children go by what they hold
@@ -329,6 +338,14 @@ def _object_node(cls: Any) -> None:
 
   _tu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
   _object_nodes.add(cls)
+
+
+def _dataclass_names(obj: Any) -> tuple[str, ...]:
+  """A dataclass's attribute names: its fields in order (those set), then any other
+  attributes in its `__dict__` (set by `__post_init__`), sorted."""
+  fields = tuple(f.name for f in dataclasses.fields(obj) if hasattr(obj, f.name))
+  extra = vars(obj).keys() - set(fields) if hasattr(obj, "__dict__") else ()
+  return fields + tuple(sorted(extra))
 
 
 def register_output_types(tree: Any) -> None:
@@ -350,12 +367,9 @@ def register_output_types(tree: Any) -> None:
     if isinstance(x, dict):  # a dict subclass (ModelOutput)
       _register(cls, functools.partial(_mapping_node, cls))
       stack.extend(x.values())
-    elif is_dataclass_instance(x):
-      names = [f.name for f in dataclasses.fields(x)]
-      _register(
-        cls, functools.partial(_tu.register_dataclass, cls, data_fields=names, meta_fields=[])
-      )
-      stack.extend(getattr(x, n) for n in names)
+    elif is_dataclass_instance(x):  # (its fields that hold no array are static, as below)
+      _register(cls, functools.partial(_object_node, cls, _dataclass_names))
+      stack.extend(getattr(x, n) for n in _dataclass_names(x))
     elif isinstance(x, tuple) and hasattr(cls, "_fields"):  # a named tuple: JAX knows them
       stack.extend(x)
     elif cls in _object_nodes or (_plain_object(x) and _is_child(x)):  # an object of tensors
