@@ -11,6 +11,13 @@ same numbers. There the key is state threaded through the program instead: a
 feeds the generator's key in and its successor out). A random op in a staged
 program with no key raises and says so.
 
+A box's key is a value of one JAX trace (its "frame": the trace that stages or batches
+values, below `jax.grad`'s derivative traces). A random op draws from it only in that
+frame: in a nested body (`lax.scan`, `jax.checkpoint`, `custom_vjp`, an inner `jax.jit`),
+which JAX traces once and reuses, an outer key would be a constant of the body, and under
+`jax.vmap` an unbatched key would give every example the same numbers. There the op raises
+and says to open `rng_key` inside, with a key the body receives (`KeyBox.check`).
+
 Keys are JAX's raw uint32[2] key data throughout; random ops draw through them as keys of
 the bridge's own PRNG (`IMPL`, below), which compiles far faster than threefry.
 """
@@ -28,9 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from jax._src import core as _jax_core
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
 
 from bridge._src import scope
-from bridge._src.errors import BridgeError
+from bridge._src.errors import BridgeError, LeakedTracerError
 
 _lock = threading.RLock()  # also held by a compiled call that draws (`generator_lock`)
 _key: Any = None
@@ -112,11 +122,25 @@ def _impl_fold_in(key: Any, data: Any) -> Any:
 
 
 def _impl_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
-  state = jnp.concatenate([key, jnp.zeros(2, jnp.uint32)])  # Philox: 64-bit key, counter 0
   dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}[bit_width]
   draw = jnp.uint64 if bit_width == 64 else jnp.uint32
-  _, bits = lax.rng_bit_generator(state, shape, draw, algorithm=lax.RandomAlgorithm.RNG_PHILOX)
-  return bits.astype(dtype)
+
+  @jax.custom_batching.custom_vmap
+  def philox(key: Any) -> Any:
+    state = jnp.concatenate([key, jnp.zeros(2, jnp.uint32)])  # Philox: 64-bit key, counter 0
+    _, bits = lax.rng_bit_generator(state, shape, draw, algorithm=lax.RandomAlgorithm.RNG_PHILOX)
+    return bits
+
+  @philox.def_vmap
+  def per_key(axis_size: int, in_batched: list, keys: Any) -> tuple[Any, bool]:
+    # JAX batches RngBitGenerator by drawing every example's bits from the first key:
+    # under `jax.vmap` over keys, each key draws its own here, as it would alone
+    del axis_size
+    if not in_batched[0]:
+      return philox(keys), False
+    return lax.map(philox, keys), True
+
+  return philox(key).astype(dtype)
 
 
 IMPL = jax.extend.random.define_prng_impl(
@@ -153,17 +177,79 @@ def _split(key: Any) -> tuple[Any, Any]:
   return raw(new), raw(sub)
 
 
-class KeyBox:
-  """A (possibly traced) key that random ops split from while it is current."""
+# Traces that compute values in their parent trace (`jax.grad`'s, `jax.jvp`'s): a key of the
+# parent serves random ops under them as it is.
+_DERIVATIVE_TRACES = (_ad.JVPTrace, _ad.LinearizeTrace)
 
-  __slots__ = ("key", "used")
+
+def _frame(trace: Any) -> Any:
+  """The trace that stages or batches the values computed at `trace`: `trace` itself, or the
+  one below its derivative traces."""
+  while isinstance(trace, _DERIVATIVE_TRACES):
+    trace = trace.parent_trace
+  return trace
+
+
+def _here() -> Any:
+  """The frame random ops draw in now."""
+  return _frame(_jax_core.trace_ctx.trace)
+
+
+class KeyBox:
+  """A (possibly traced) key that random ops split from while it is current.
+
+  `home` is the frame the box was opened in: a concrete key serves random ops there (and
+  eagerly), a traced key in its own trace's frame (`check`).
+  """
+
+  __slots__ = ("key", "used", "home")
 
   def __init__(self, key: Any):
     self.key = key
     self.used = False
+    self.home = _here()
 
-  def split(self) -> Any:
-    """A fresh key (of the bridge's PRNG, `IMPL`) for one random op; advances the box."""
+  def check(self, op: Any = None) -> None:
+    """Raise unless random ops may draw from the key here: where the key is a value of the
+    current frame, never a constant of a nested body or the same for every example of a
+    `jax.vmap`; so the box never takes a tracer of a trace that outlives it."""
+    here = _here()
+    if isinstance(self.key, jax.core.Tracer):
+      if _frame(self.key._trace) is here:
+        return
+    elif self.home is here and not isinstance(here, _batching.BatchTrace):
+      return
+    if isinstance(here, _batching.BatchTrace):
+      raise BridgeError(
+        f"bridge: the random op {_name(op)} runs under `jax.vmap` with a key that is not "
+        "batched (the `bridge.rng_key` block was opened outside the vmapped function, or "
+        "with one key for all), so every example would draw the same numbers (`torch.vmap` "
+        "refuses this too: randomness='error'). Map over keys instead: pass "
+        "`jax.random.split(key, n)` as a batched argument of the vmapped function and open "
+        "`with bridge.rng_key(key):` inside it."
+      )
+    if isinstance(here, _jax_core.EvalTrace):
+      raise LeakedTracerError(
+        f"bridge: the random op {_name(op)} runs eagerly, but the current `bridge.rng_key` "
+        f"key is a tracer of a JAX trace that has ended ({self.key._trace}): the block was "
+        "opened inside a traced function and kept. Open `bridge.rng_key` where the key is "
+        "used, inside the traced function or with a concrete key outside it."
+      )
+    raise BridgeError(
+      f"bridge: the random op {_name(op)} runs inside a nested JAX trace (the body of "
+      "`lax.scan`/`fori_loop`/`while_loop`/`cond`, a `jax.checkpoint`ed or `custom_vjp` "
+      "function, an inner `jax.jit`), but the current `bridge.rng_key` key comes from "
+      "outside it. JAX traces such a body once and reuses it (every iteration, every later "
+      "call of a `jax.checkpoint`ed function), so that key would be a constant of the body "
+      "and repeat the same numbers. Give the body a key of its own, as an argument or carry, "
+      "and open `with bridge.rng_key(key):` inside it: "
+      "`bridge.rng_key(jax.random.fold_in(key, i))` in iteration `i` of a loop; "
+      "`jax.checkpoint(lambda x, key: ...)(x, key)` for a checkpointed function."
+    )
+
+  def split(self, op: Any = None) -> Any:
+    """A fresh key (of the bridge's PRNG, `IMPL`) for the random op `op`; advances the box."""
+    self.check(op)
     new, sub = jax.random.split(typed(self.key))
     self.key = raw(new) if not jax.dtypes.issubdtype(self.key.dtype, jax.dtypes.prng_key) else new
     self.used = True
@@ -176,17 +262,27 @@ _BOX: contextvars.ContextVar[KeyBox | None] = contextvars.ContextVar("bridge_rng
 class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
   """Context manager: random torch ops in the block draw from the JAX key `key`.
 
-  Inside `jax.jit` (and `lax.scan`, `jax.checkpoint`...) torch's random ops
-  (`dropout`, `torch.randn`, `bernoulli`...) run by `bridge.call_torch` or an
-  `extract_jax` function need a key that is an input of the program; otherwise
-  each run would repeat the same numbers. The block splits `key` as it goes, so
-  successive ops get different subkeys. Outside a staged program the `jax`
-  device's generator (seeded by `torch.manual_seed`) is used when no key is given.
+  Inside `jax.jit` torch's random ops (`dropout`, `torch.randn`, `bernoulli`...)
+  run by `bridge.call_torch` or an `extract_jax` function need a key that is an
+  input of the program; otherwise each run would repeat the same numbers. The
+  block splits `key` as it goes, so successive ops get different subkeys; `jax.grad`
+  and `jax.value_and_grad` inside the block draw from it too. Outside a staged
+  program the `jax` device's generator (seeded by `torch.manual_seed`) is used
+  when no key is given.
+
+  The key serves the trace the block was opened in. A body that JAX traces once and
+  reuses (`lax.scan`, `fori_loop`, `while_loop`, `cond`, a `jax.checkpoint`ed function,
+  an inner `jax.jit`) needs a block of its own, opened inside it with a key it receives
+  as an argument or carry (`bridge.rng_key(jax.random.fold_in(key, i))` in iteration
+  `i`); under `jax.vmap`, with a batched key (`jax.random.split(key, n)` passed to the
+  vmapped function), so each example draws from its own key. A random op that would
+  draw from a key of another trace raises `BridgeError` and says so.
 
   Args:
     key: a JAX PRNG key (`jax.random.key(0)` or `jax.random.PRNGKey(0)`), typically
-      an argument of the jitted function. Its data keys the bridge's PRNG (Philox bits),
-      whatever JAX's implementation of it.
+      an argument of the jitted function (or of the loop body, checkpointed or vmapped
+      function). Its data keys the bridge's PRNG (Philox bits), whatever JAX's
+      implementation of it.
 
   Example:
     >>> import jax, torch, bridge
@@ -196,6 +292,11 @@ class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
     ...     return bridge.call_torch(torch.nn.functional.dropout, x, 0.5)
     >>> noisy(jax.numpy.ones(4), jax.random.key(0)).shape
     (4,)
+    >>> def body(key, i):  # a loop body: a block of its own, with a key per iteration
+    ...   with bridge.rng_key(jax.random.fold_in(key, i)):
+    ...     return key, bridge.call_torch(torch.nn.functional.dropout, jax.numpy.ones(4), 0.5)
+    >>> jax.lax.scan(body, jax.random.key(0), jax.numpy.arange(3))[1].shape
+    (3, 4)
   """
 
   def __init__(self, key: Any):
@@ -203,6 +304,7 @@ class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
     self._token: Any = None
 
   def __enter__(self) -> KeyBox:
+    self.box.home = _here()
     self._token = _BOX.set(self.box)
     return self.box
 
@@ -215,14 +317,25 @@ def current_box() -> KeyBox | None:
   return _BOX.get()
 
 
+def _name(op: Any) -> str:
+  return f"`{op}`" if op is not None else "here"
+
+
 def next_key(op: Any = None) -> Any:
   """A fresh PRNG key for one random op; advances the generator (or the current `rng_key`)."""
   box = _BOX.get()
   if box is not None:
-    return box.split()
+    return box.split(op)
+  if isinstance(_here(), _batching.BatchTrace):
+    raise BridgeError(
+      f"bridge: the random op {_name(op)} runs under `jax.vmap`, where the `jax` device's "
+      "generator would give every example the same numbers (`torch.vmap` refuses this too: "
+      "randomness='error'). Map over keys: pass `jax.random.split(key, n)` as a batched "
+      "argument of the vmapped function and open `with bridge.rng_key(key):` inside it."
+    )
   if scope.is_staged():
     raise BridgeError(
-      f"bridge: the random op {op or 'here'} runs inside a staged JAX program (`jax.jit`, "
+      f"bridge: the random op {_name(op)} runs inside a staged JAX program (`jax.jit`, "
       "`lax.scan`, ...), where the `jax` device's generator would be baked in as a constant "
       "key and repeat the same numbers on every run. Pass a key into the program and make "
       "it current with `with bridge.rng_key(key): ...` around the call, or use "
