@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 
 import bridge
@@ -101,24 +100,6 @@ def _inner_jit():
   f(jnp.ones(N), _key(0))
 
 
-def _custom_function_under_jit():
-  class Drop(torch.autograd.Function):  # a custom Function runs as a `jax.custom_vjp`
-    @staticmethod
-    def forward(ctx, x):
-      return F.dropout(x, 0.5)
-
-    @staticmethod
-    def backward(ctx, g):
-      return g
-
-  @jax.jit
-  def f(a, key):
-    with bridge.rng_key(key):
-      return bridge.call_torch(lambda t: Drop.apply(t), a)
-
-  f(jnp.ones(N), _key(0))
-
-
 def _vmap_under_jit():
   @jax.jit
   def g(a, key):
@@ -154,7 +135,6 @@ def _vmap_of_one_key_opened_inside():
     _scan_eagerly,
     _fori_loop_under_jit,
     _inner_jit,
-    _custom_function_under_jit,
     _vmap_under_jit,
     _vmap_eagerly,
     _vmap_eagerly_without_a_key,

@@ -13,6 +13,13 @@ cotangents, both traced torch code on `bridge.Tensor`s. So `jax.grad`, `jax.vjp`
 `jax.vmap` of them, and `bridge.compile`'s backward use the Function's own rule; like torch
 without a `jvp` method, forward-mode derivatives (`jax.jvp`, `jax.jacfwd`) then fail.
 
+The forward is a trace of its own (JAX traces a `custom_vjp`'s function apart), so the
+current `rng_key` block's key is threaded through it, as through torch's higher-order ops: one
+more input, split by the forward's random ops (`dropout`), and one more output, the key after
+them, current again outside. The backward draws nothing from it (torch's backward uses what
+the forward saved); random ops a `backward` calls itself draw, as torch's do from its
+generator, from the key current where the backward runs.
+
 Left to torch's own `apply`: Functions defined in torch and in the bridge (their backward is
 their forward's derivative), calls on untraced tensors, calls that torch autograd records
 itself (an input that requires grad under grad mode, inside code that runs
@@ -24,6 +31,7 @@ forward as traced.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import warnings
@@ -36,6 +44,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 from torch.autograd import function as _function
 
+from bridge._src import rng
 from bridge._src import scope
 from bridge._src.arrays import array_to_tensor
 from bridge._src import tensor as tensor_lib
@@ -158,6 +167,63 @@ def _nested_tensor(a: Any) -> bool:
   return False
 
 
+class _Key:
+  """The current `rng_key` block's key, threaded through the `custom_vjp`: one more input, and
+  one more output (the key after the forward's random ops split it).
+
+  Not threaded where no block is open, or where the block's key cannot serve the frame the
+  Function is applied in (a body JAX reuses, `jax.vmap` with one key): the forward's random
+  ops then raise, saying why, as any random op there does.
+  """
+
+  def __init__(self) -> None:
+    box = rng.current_box()
+    self.box = box if box is not None and _serves_here(box) else None
+    self.start: Any = None if self.box is None else self.box.key
+    self.drew = False  # whether the forward split the key (then its successor is current)
+
+  def arrays(self) -> list:
+    return [] if self.box is None else [self.start]
+
+  def cotangents(self) -> list:
+    """The key input's (zero) cotangent, for the backward."""
+    return [] if self.box is None else [np.zeros(np.shape(self.start), jax.dtypes.float0)]
+
+  def run(self, forward: Callable[[tuple], tuple], arrays: tuple) -> tuple:
+    """`forward` of the inputs (`arrays` less the key), in a block of the key input (JAX may
+    trace the forward again later, differentiating a jitted function, when the caller's
+    block has closed); its outputs and the key its random ops leave."""
+    if self.box is None:
+      return forward(arrays)
+    with rng.rng_key(arrays[-1]) as box:
+      outs, ctx = forward(arrays[:-1])
+    self.drew = box.used
+    return (*outs, box.key), ctx
+
+  def done(self, outs: tuple) -> tuple:
+    """The Function's outputs less the key, which is now current (if the forward drew)."""
+    if self.box is None:
+      return outs
+    if self.drew:
+      self.box.key, self.box.used = outs[-1], True
+    return outs[:-1]
+
+
+def _serves_here(box: rng.KeyBox) -> bool:
+  """Whether random ops may draw from `box`'s key where the Function is applied."""
+  try:
+    box.check()
+  except BridgeError:
+    return False
+  return True
+
+
+def _scope(api: str) -> Any:
+  """The trace scope for a trace of the forward that JAX makes after the call's scope has
+  closed (differentiating a jitted function traced before); nothing more inside it."""
+  return scope.trace_scope(api) if scope.active() is None else contextlib.nullcontext()
+
+
 class _FwdGradOff:
   """torch runs a Function's forward with forward-mode AD off too (`scope.no_grad_inside`)."""
 
@@ -178,8 +244,9 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
     type(a) is tensor_lib.Tensor and (a.is_floating_point() or a.is_complex()) for a in args
   )
   structure: dict[str, Any] = {}  # what the forward's trace found out (Python values)
+  key = _Key()
 
-  def forward(*arrays: Any) -> tuple[tuple, _Ctx]:
+  def forward(arrays: tuple) -> tuple[tuple, _Ctx]:
     full = list(args)
     given = []
     for i, a in zip(positions, arrays):
@@ -217,21 +284,25 @@ def _traced_apply(cls: Any, api: str, setup: bool, args: tuple, positions: list[
 
   @jax.custom_vjp
   def function(*arrays: Any) -> tuple:
-    return forward(*arrays)[0]
+    with _scope(api):
+      return key.run(forward, arrays)[0]
 
   def function_fwd(*arrays: Any) -> tuple[tuple, list]:
-    outs, ctx = forward(*arrays)
+    with _scope(api):
+      outs, ctx = key.run(forward, arrays)
     leaves, treedef = torch_pytree.tree_flatten(dict(vars(ctx)))
     residuals = [tensor_lib.value(x) for x in leaves if type(x) is tensor_lib.Tensor]
     structure["ctx"] = (treedef, [None if type(x) is tensor_lib.Tensor else (x,) for x in leaves])
     return outs, residuals
 
   def function_bwd(residuals: list, cotangents: tuple) -> tuple:
+    cotangents = cotangents[: len(structure["meta"])]  # (less the key's)
     with scope.trace_scope(api):
-      return _backward(cls, api, structure, residuals, cotangents, avals, positions, len(args))
+      grads = _backward(cls, api, structure, residuals, cotangents, avals, positions, len(args))
+    return (*grads, *key.cotangents())
 
   function.defvjp(function_fwd, function_bwd)
-  outs = iter(function(*inputs))
+  outs = iter(key.done(function(*inputs, *key.arrays())))
   results = []
   for s in structure["statics"]:
     results.append(
