@@ -89,13 +89,19 @@ def note_constant(t: torch.Tensor) -> None:
 
 
 def no_grad_inside() -> bool:
-  """Whether torch code being traced runs inside its own `torch.no_grad()` block.
+  """Whether torch code being traced runs inside its own `torch.no_grad()` or
+  `torch.inference_mode()` block.
 
   A `no_grad()` block turns off torch's grad mode only; the forward of a custom
-  `torch.autograd.Function` (and `inference_mode`) turns off forward-mode AD too. Those are
-  not taken for `no_grad()` (a Function's derivative is its backward: `functions`).
+  `torch.autograd.Function` turns off forward-mode AD too, and is not taken for `no_grad()`
+  (a Function's derivative is its backward: `functions`). `inference_mode()` turns off both
+  as well, and is told apart by its own flag.
   """
-  return _ACTIVE.get().grad and not torch.is_grad_enabled() and torch._C._is_fwd_grad_enabled()
+  return (
+    _ACTIVE.get().grad
+    and not torch.is_grad_enabled()
+    and (torch._C._is_fwd_grad_enabled() or torch.is_inference_mode_enabled())
+  )
 
 
 def active() -> str | None:

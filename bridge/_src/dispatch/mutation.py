@@ -25,7 +25,7 @@ from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decompo
 from bridge._src.dispatch.schema import aten, is_view, mutated_args, x64
 from bridge._src.errors import BridgeTypeError
 from bridge._src.registry import REGISTRY
-from bridge._src.tensor import Tensor, make, value, write
+from bridge._src.tensor import Tensor, make, storage_numel, value, write
 
 _FILLED = ("dtype", "layout", "device", "pin_memory")
 
@@ -133,6 +133,7 @@ class MutatingPlan:
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
     targets = self._targets(args, kwargs)
+    check_overlap(self.func, self.names, self.mutated, targets, args, kwargs)
     if self.twin_plan is not None:
       if self.inplace or self.twin._schema.name.endswith("_functional"):
         out = self.twin_plan(args, kwargs)
@@ -208,12 +209,128 @@ def restride_twin(func: Any) -> Any:
   packet = getattr(aten, name[:-1], None)
   if packet is None:
     return None
-  names = [a.name for a in func._schema.arguments]
-  for overload in packet.overloads():  # `transpose_.default` is `transpose.int` in place
+  # the view overload taking the same arguments, by name and type (`transpose_.default` is
+  # `transpose.int` in place; `squeeze_.dims`, of `int[] dim`, is `squeeze.dims`, not
+  # `squeeze.dim` of `int dim`)
+  same = _arguments(func)
+  for overload in packet.overloads():
     twin = getattr(packet, overload)
-    if is_view(twin) and [a.name for a in twin._schema.arguments] == names:
+    if is_view(twin) and _arguments(twin) == same:
       return twin
   return None
+
+
+OVERLAP_ERROR = (
+  "unsupported operation: some elements of the input tensor and the written-to tensor refer "
+  "to a single memory location. Please clone() the tensor before performing the operation."
+)
+_PARTIAL, _FULL = "partial", "full"
+# (op, written dtypes, the overlaps of one call) -> whether CPU torch refuses them
+_REFUSED: dict[tuple, bool] = {}
+
+
+def check_overlap(
+  func: Any, names: list[str], written: list[str], targets: list, args: tuple, kwargs: dict
+) -> None:
+  """torch's error for an in-place or `out=` op (`func`, its arguments' `names`) that reads a
+  tensor overlapping one it writes (`targets`, the arguments named in `written`), where torch
+  refuses that op so.
+
+  torch's kernels check it themselves (`assert_no_partial_overlap`: every TensorIterator op,
+  `copy_`; `assert_no_overlap`, which refuses the same elements too: `index_put_`, `cat`...),
+  and some do not (reductions, `mm`); `x.add_(x)` is fine. The overlap is torch's
+  (`get_overlap_status`); whether `func` refuses it, CPU torch is asked once per op, dtype
+  and kind of overlap (`_torch_refuses`).
+  """
+  storages = [t._storage for t in targets if type(t) is Tensor]
+  if not storages:
+    return
+  found: list[tuple] = []
+  for i, a in enumerate(args):
+    if (type(a) is Tensor and a._storage in storages) or type(a) in (list, tuple):
+      _overlaps(names[i], a, written, targets, found)
+  for name, a in kwargs.items():
+    _overlaps(name, a, written, targets, found)
+  if not found:
+    return
+  key = (func, tuple(t.dtype for t in targets if type(t) is Tensor), tuple(found))
+  refused = _REFUSED.get(key)
+  if refused is None:
+    refused = _REFUSED[key] = _torch_refuses(func, args, kwargs)
+  if refused:
+    raise RuntimeError(OVERLAP_ERROR)
+
+
+def _overlaps(name: str, a: Any, written: list[str], targets: list, found: list) -> None:
+  """Add to `found` how argument `name` (a tensor, or a list of them), if it is read,
+  overlaps the tensors written (`targets`)."""
+  if name in written:
+    return
+  for i, r in enumerate(a if type(a) in (list, tuple) else (a,)):
+    if type(r) is Tensor:
+      found += [(name, i, lap) for w in targets if (lap := _overlap(w, r)) is not None]
+
+
+def _overlap(a: Tensor, b: Tensor) -> str | None:
+  """How `a` and `b` overlap in memory, as torch's `get_overlap_status` tells: `_FULL` (the
+  same tensor, or the same elements laid out alike), `_PARTIAL`, or None (apart, or too hard
+  to tell: either is not dense)."""
+  if a is b:
+    return _FULL
+  if a._storage is not b._storage or a.numel() == 0 or b.numel() == 0:
+    return None
+  if not (_dense(a) and _dense(b)):
+    return None
+  a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+  a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+  if a_begin == b_begin and a_end == b_end:
+    return _FULL if a.stride() == b.stride() else _PARTIAL
+  return _PARTIAL if a_begin < b_end and b_begin < a_end else None
+
+
+def _dense(t: torch.Tensor) -> bool:
+  """torch's "non-overlapping and dense": some order of the dimensions is contiguous."""
+  expected = 1
+  for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+    if stride != expected:
+      return False
+    expected *= size
+  return True
+
+
+def _torch_refuses(func: Any, args: tuple, kwargs: dict) -> bool:
+  """Whether CPU torch refuses `func` for overlapping arguments: it runs on zeros laid out as
+  the arguments are (one CPU buffer per storage, so what overlaps overlaps), and the overlap
+  is checked before any value is read."""
+  buffers: dict[int, torch.Tensor] = {}
+  made: dict[int, Any] = {}
+
+  def stand_in(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+      return type(x)(stand_in(v) for v in x)
+    if not isinstance(x, torch.Tensor):
+      return x
+    if id(x) not in made:
+      if type(x) is Tensor:
+        buffer = buffers.get(id(x._storage))
+        if buffer is None:
+          nbytes = storage_numel(x) * x.element_size()
+          buffer = buffers[id(x._storage)] = torch.zeros(nbytes, dtype=torch.uint8)
+        made[id(x)] = buffer.view(x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+      else:
+        made[id(x)] = x.detach().clone()  # (the op writes: never into the caller's tensor)
+    return made[id(x)]
+
+  try:
+    cargs = tuple(stand_in(a) for a in args)
+    ckwargs = {k: "cpu" if k == "device" else stand_in(v) for k, v in kwargs.items()}
+    with torch.no_grad():
+      func(*cargs, **ckwargs)
+  except RuntimeError as e:
+    return str(e) == OVERLAP_ERROR
+  except Exception:  # noqa: BLE001 - another refusal (raised as the op runs) or no CPU kernel
+    return False
+  return False
 
 
 def _check_result(new: Any, target: Any, grows: bool) -> None:

@@ -41,8 +41,8 @@ def get_plan(func: Any) -> Callable:
         if view is not None
         else mutation.MutatingPlan(func, get_plan)
       )
-    else:
-      plan = FunctionalPlan(func)
+    else:  # (a composite op without a lowering, reached below autograd: `special.composite`)
+      plan = special.composite(func) or FunctionalPlan(func)
     with _plans_lock:
       plan = _PLANS.setdefault(func, plan)
   return plan

@@ -15,6 +15,7 @@ from torch._decomp import decomposition_table
 from bridge._src import config as config_lib
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import fallback
+from bridge._src.errors import OperatorNotFound
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make, value
 
@@ -45,6 +46,25 @@ def decomposition(func: Any) -> Callable | None:
   if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
     return func.decompose
   return None
+
+
+def composite_kernel(func: Any) -> Callable | None:
+  """torch's CompositeImplicitAutograd kernel of `func` where it has one and no lowering;
+  else None.
+
+  Above autograd torch runs such a kernel on the tensors it was given, so the op never reaches
+  the dispatcher; below autograd (`torch.inference_mode()` turns autograd's keys off) it
+  does, and torch's backends still run the kernel on the tensors. The kernel may write them
+  without the op's schema saying so (`batch_norm`'s running statistics, through
+  `native_batch_norm`; `instance_norm`'s): its decomposition run as one lowering, on new
+  tensors, would lose the write, and raises `ArgumentWritten` instead; the op then runs the
+  kernel on the tensors themselves (`special`).
+  """
+  if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    return None
+  if REGISTRY.lookup(func) is not None:
+    return None
+  return func.decompose
 
 
 _decomp_state = threading.local()
@@ -96,6 +116,7 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
       if lowering is None:
         fallback.raise_not_found(func)
       return lowering.fn(*args, **kwargs)
+    _check_unwritten(func, targs, tkwargs)
     return jax.tree_util.tree_map(
       lambda t: value(t) if isinstance(t, Tensor) else t,
       out,
@@ -103,3 +124,23 @@ def _decomposition_as_lowering(func: Any, decomp: Callable) -> Callable:
     )
 
   return run
+
+
+class ArgumentWritten(OperatorNotFound):
+  """A decomposition run as one lowering wrote an argument that its op's schema does not mark
+  as written: the write cannot reach the caller's tensor (`composite_kernel`)."""
+
+
+def _check_unwritten(func: Any, args: tuple, kwargs: dict) -> None:
+  """Raise `ArgumentWritten` where the decomposition wrote one of its arguments (given to it
+  as new tensors) that its op's schema does not mark as written."""
+  names = [a.name for a in func._schema.arguments]
+  declared = {a.name for a in func._schema.arguments if a.alias_info and a.alias_info.is_write}
+  for name, t in [*zip(names, args), *kwargs.items()]:
+    if isinstance(t, Tensor) and t._storage.version and name not in declared:
+      raise ArgumentWritten(
+        f"bridge: torch's decomposition of {func} writes its argument `{name}`, which the "
+        "op's schema does not say: run as one lowering, on the argument's value, it would "
+        "lose the write. Register a lowering of the op that returns the new value and "
+        f"store it, as the in-place ops do. Its schema: {func._schema}"
+      )

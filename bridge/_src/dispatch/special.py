@@ -1,5 +1,6 @@
 """Ops the dispatcher handles itself: copies between devices, `.item()`, resolving lazy
-conj/neg views, and `native_batch_norm` (whose schema hides that it updates running stats).
+conj/neg views, `native_batch_norm` (whose schema hides that it updates running stats), and
+composite ops without a lowering that reach it below autograd (`torch.inference_mode()`).
 Lazy conj/neg views and dtype views themselves are views (`dispatch.views`).
 """
 
@@ -12,13 +13,21 @@ import numpy as np
 import torch
 from jax._src import core as _jax_core
 
+from bridge._src import config as config_lib
 from bridge._src import devices as device_lib
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.dispatch.mutation import cast, store
+from bridge._src.dispatch.functional import FunctionalPlan
+from bridge._src.dispatch.mutation import cast, check_overlap, store
+from bridge._src.dispatch.resolve import (
+  ArgumentWritten,
+  composite_kernel,
+  decomposing,
+  decomposing_scope,
+)
 from bridge._src.dispatch.schema import aten, x64
 from bridge._src.tensor import Tensor, make, value
 
@@ -62,10 +71,14 @@ def copy_into(dst: Any, src: Any) -> Any:
   return _copy_((dst, src), {})
 
 
+_COPY_NAMES = [a.name for a in aten.copy_.default._schema.arguments]
+
+
 def _copy_(args: tuple, kwargs: dict) -> Any:
   dst, src = args[0], args[1]
   if isinstance(src, Tensor):
     if isinstance(dst, Tensor):
+      check_overlap(aten.copy_.default, _COPY_NAMES, ["self"], [dst], args, kwargs)
       store(dst, src)
     else:
       with torch.no_grad():
@@ -303,6 +316,44 @@ _SPECIAL: dict[Any, Callable] = {
     and tensor_lib.storage_numel(a[0]) == tensor_lib.storage_numel(a[1])
   ),
 }
+
+
+class _Composite:
+  """A composite op without a lowering, reached below autograd (`resolve.composite_kernel`).
+
+  Its functional plan runs torch's decomposition as one lowering, until that is seen writing an
+  argument (`resolve.ArgumentWritten`, raised while it is traced, before anything is stored:
+  `batch_norm`'s running statistics); from then on, and for an op whose result is a Python
+  value (`item`: a lowering has no value to read), torch's composite kernel runs on the tensors
+  themselves, each of its ops dispatched in turn, as above autograd, so what it writes lands
+  in them.
+  """
+
+  def __init__(self, func: Any, kernel: Callable):
+    self.func, self.kernel = func, kernel
+    self.functional = FunctionalPlan(func)
+    self.on_tensors = any(isinstance(r.type, _NUMBERS) for r in func._schema.returns)
+
+  def __call__(self, args: tuple, kwargs: dict) -> Any:
+    if self.func in decomposing() or not config_lib.get_config().decompose_missing_ops:
+      return self.functional(args, kwargs)
+    if not self.on_tensors:
+      try:
+        return self.functional(args, kwargs)
+      except ArgumentWritten:
+        self.on_tensors = True
+    with decomposing_scope(self.func):
+      return self.kernel(*args, **kwargs)
+
+
+_NUMBERS = (torch.NumberType, torch.IntType, torch.FloatType, torch.BoolType, torch.ComplexType)
+
+
+def composite(func: Any) -> "_Composite | None":
+  """The plan of a composite op without a lowering that writes nothing its schema names (views
+  and in-place ops have plans of their own), or None for any other op."""
+  kernel = composite_kernel(func)
+  return None if kernel is None else _Composite(func, kernel)
 
 
 def table(plan_of: Callable[[Any], Callable]) -> dict[Any, Callable]:

@@ -3,6 +3,7 @@ dtype, for a view of another dtype, and torch's conj and neg bits among it)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ class ViewPlan:
   def __init__(self, func: Any):
     self.func = func
     self.cache: dict[tuple, Any] = {}
-    self.detaches = func in (aten.detach.default, aten.detach_.default)
+    self.detaches = func is aten.detach.default
     # `view(dtype)` to another dtype: torch records no derivative through it
     self.reinterprets = func is aten.view.dtype
 
@@ -49,15 +50,20 @@ class ViewPlan:
       return self.func.decompose(*args, **kwargs)
     storage, device = self_t._storage, self_t._dev
     out: Any
-    if isinstance(meta, tuple):
-      size, stride, offset, dtype, conj, neg = meta
-      as_ = self_t._as if dtype is self_t.dtype else self._as(self_t, dtype)
-      out = make_view(storage, size, stride, offset, dtype, device, as_, conj, neg)
-    else:
-      out = [
-        make_view(storage, size, stride, offset, dtype, device, self._as(self_t, dtype), c, n)
-        for size, stride, offset, dtype, c, n in meta
-      ]
+    # A view of a normal tensor is a normal tensor, also when made in `torch.inference_mode()`
+    # (torch's autograd layer then gives it its base's version counter, which an inference
+    # tensor has none of)
+    normal = torch.is_inference_mode_enabled() and not self_t.is_inference()
+    with torch.inference_mode(False) if normal else contextlib.nullcontext():
+      if isinstance(meta, tuple):
+        size, stride, offset, dtype, conj, neg = meta
+        as_ = self_t._as if dtype is self_t.dtype else self._as(self_t, dtype)
+        out = make_view(storage, size, stride, offset, dtype, device, as_, conj, neg)
+      else:
+        out = [
+          make_view(storage, size, stride, offset, dtype, device, self._as(self_t, dtype), c, n)
+          for size, stride, offset, dtype, c, n in meta
+        ]
     # `detach()`, views of a detached tensor, and views made in a `torch.no_grad()` block of
     # traced code are constants for JAX's derivatives (torch gives them no gradient)
     detaches = self.detaches or (self.reinterprets and out.dtype != self_t.dtype)
