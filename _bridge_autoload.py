@@ -19,6 +19,7 @@ registration path.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ _REAL: dict[str, Any] = {}
 _lock = threading.RLock()
 _installed = False
 _libraries: list[Any] = []  # keeps the torch.library registrations alive
+_pending_seed: int | None = None  # a seed given before bridge was loaded (`bind` applies it)
 
 # The kernels the backend registers, as (library key, aten op, name of the implementation).
 # implemented by torch per backend only (`_efficientzerotensor`: forward AD's zero tangents)
@@ -38,6 +40,8 @@ _FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor")
 _COMPOSITES = ("linear", "matmul", "cov")  # see `bridge._src.device._composite`
 KERNELS: tuple[tuple[str, str, str], ...] = (
   ("PrivateUse1", "empty.memory_format", "empty"),
+  # `.item()` below torch's Python key: `torch.tensor([loss, loss])` reads its 0-d elements so
+  ("PrivateUse1", "_local_scalar_dense", "local_scalar_dense"),
   ("PrivateUse1", "empty_strided", "empty_strided"),
   ("PrivateUse1", "_copy_from", "copy_from"),
   ("PrivateUse1", "_copy_from_and_resize", "copy_from"),
@@ -87,7 +91,71 @@ def _trampoline(name: str) -> Callable[..., Any]:
 
 class DeviceModule:
   """What `torch.jax` is: torch looks devices' helpers up here; each is bridge's
-  (`bridge._src.device.DeviceModule`), loaded on first use."""
+  (`bridge._src.device._DeviceModule`), loaded on first use, except those torch's CPU-only
+  code asks of the accelerator's module (`DataLoader`, `torch.manual_seed`,
+  `torch.utils.checkpoint`): they answer here, without loading bridge or starting JAX
+  until the device is used."""
+
+  # CUDA's lazy-init flag, which torch reads before saving a device's RNG state
+  # (`torch.utils.checkpoint` replays dropout in its recomputation only then). The jax
+  # device needs no initialization (`is_initialized()` is always True); read without
+  # importing bridge, since CPU-only code reaches it too (the accelerator's module).
+  _initialized = True
+
+  @staticmethod
+  def is_available() -> bool:
+    """Whether the `jax` device can be used: bridge's answer (JAX sees a device) once bridge is
+    loaded. torch's CPU code asks it too, as the accelerator's (`DataLoader(...,
+    pin_memory=True)`, `torch.utils.checkpoint`), so before that it answers without starting
+    JAX, whose runtime would cost a second and make forked `DataLoader` workers unsafe:
+    whether JAX is installed (it always has a CPU device)."""
+    found = _REAL.get("is_available")
+    if found is not None:
+      return bool(found())
+    return importlib.util.find_spec("jax") is not None
+
+  @staticmethod
+  def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes of `torch.autocast(device_type="jax")` (asked by CPU-only code too: the
+    recomputation of `torch.utils.checkpoint` opens the accelerator's autocast, disabled)."""
+    return [torch.bfloat16, torch.float16]
+
+  @staticmethod
+  def _lazy_init() -> None:
+    """What torch runs before a device's first use (`torch.accelerator.current_device_index`):
+    nothing for the jax device, whose factories load bridge themselves."""
+
+  @staticmethod
+  def current_device() -> int:
+    """bridge's current `jax` device once loaded; before, `jax:0` (only bridge changes it)."""
+    found = _REAL.get("module")
+    return 0 if found is None else int(found.current_device())
+
+  @staticmethod
+  def set_device(device: Any) -> None:
+    """bridge's `set_device`; before bridge is loaded, `jax:0` (there always, and the current
+    one: `DataLoader(..., pin_memory=True)`'s thread sets it) needs no loading."""
+    if not (device == 0 and isinstance(device, int) and "module" not in _REAL):
+      _real("module").set_device(device)
+
+  @staticmethod
+  def _is_in_bad_fork() -> bool:
+    """bridge's answer once loaded (`bridge._src.device._is_in_bad_fork`); before, bridge has
+    started no JAX runtime that a fork could break."""
+    found = _REAL.get("module")
+    return found is not None and bool(found._is_in_bad_fork())
+
+  @staticmethod
+  def manual_seed_all(seed: int) -> None:
+    """Seed the device's generator. `torch.manual_seed` calls this in every process, CPU-only
+    ones too (each `DataLoader` worker), so before bridge is loaded the seed waits for it
+    (`bind`) instead of loading bridge and starting JAX."""
+    global _pending_seed
+    with _lock:
+      if "module" not in _REAL:
+        _pending_seed = int(seed)
+        return
+    _REAL["module"].manual_seed_all(seed)
 
   def __getattr__(self, name: str) -> Any:
     if name.startswith("__"):
@@ -174,14 +242,46 @@ def name_backend() -> None:
     torch.utils.rename_privateuse1_backend(NAME)
     if not hasattr(torch, NAME):
       torch._register_device_module(NAME, MODULE)
+    if not cuda_usable():  # (else CUDA keeps its pinned memory: see `_unpinned_copy`)
+      library = torch.library.Library("aten", "IMPL", "CPU")
+      library.impl("_pin_memory", _unpinned_copy)
+      _libraries.append(library)
     torch.utils.generate_methods_for_privateuse1_backend(
       for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
 
 
+def _unpinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+  """torch's `_pin_memory` for CPU tensors once `jax` is torch's accelerator (named).
+
+  torch pins memory with the accelerator's pinned allocator, which a Python backend has no
+  way to provide (torch's hooks then raise `NotImplementedError ... getPinnedMemoryAllocator`,
+  and `DataLoader(..., pin_memory=True)` fails on plain CPU tensors). The jax device has no
+  pinned memory and its copies from the CPU need none, so `t.pin_memory()` gives what
+  torch's gives but unpinned: a copy (`is_pinned()` stays False). Registered only where
+  torch cannot use CUDA, whose pinning it would replace (`t.pin_memory("cuda")`).
+  """
+  if device is not None and torch.device(device).type != backend_name():
+    raise RuntimeError(
+      f"Tensor.pin_memory(device={str(device)!r}): torch's pinned memory is unavailable in "
+      f"this process, where bridge's {backend_name()!r} device is torch's accelerator (it "
+      "has no pinned memory); pass no device to get an unpinned copy."
+    )
+  return self.clone()
+
+
 def bind(implementations: dict[str, Any]) -> None:
-  """Hand the real implementations to the trampolines (`bridge._src.device.register`)."""
-  _REAL.update(implementations)
+  """Hand the real implementations to the trampolines (`bridge._src.device.register`), and
+  seed the device's generator with a seed given before (`DeviceModule.manual_seed_all`)."""
+  global _pending_seed
+  with _lock:
+    _REAL.update(implementations)
+    seed, _pending_seed = _pending_seed, None
+  # bridge's generator starts from `torch.initial_seed()`: seeded only if that differs (not
+  # after `torch.manual_seed(seed)`, which seeds the CPU generator too), so as to start no
+  # JAX runtime while bridge is being imported
+  if seed is not None and seed % 2**64 != torch.initial_seed():
+    implementations["module"].manual_seed_all(seed)
 
 
 def _never_tag(obj: Any) -> None:

@@ -58,15 +58,9 @@ GRAD_CASES = {
   "inference_mode_under_no_grad": _inference_nested_no_grad,
   "detach_": _detach_in_place,
 }
-# `detach_` never reaches the dispatcher (torch's autograd kernel does all of it), so a traced
-# tensor detached in place keeps its derivative until `bridge.Tensor.detach_` marks it
-# (tensor.py); on the `jax` device torch's autograd does it
-TRACED_GRAD_CASES = {
-  **GRAD_CASES,
-  "detach_": pytest.param(
-    _detach_in_place, marks=pytest.mark.xfail(strict=True, reason="needs Tensor.detach_")
-  ),
-}
+# (`detach_` never reaches the dispatcher: torch's autograd kernel does all of it, so
+# `bridge.Tensor.detach_` marks a traced tensor detached itself)
+TRACED_GRAD_CASES = GRAD_CASES
 
 
 @pytest.mark.parametrize("fn", TRACED_GRAD_CASES.values(), ids=TRACED_GRAD_CASES.keys())

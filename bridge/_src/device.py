@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 import torch
+from jax._src import xla_bridge
 
 import _bridge_autoload
 
@@ -66,7 +67,20 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-  return False
+  """Whether this process is a fork of one whose JAX runtime had started: JAX's threads do not
+  survive a fork, so JAX cannot run here. torch then leaves the device's generator alone
+  (`torch.manual_seed` in a `DataLoader` worker), as it does CUDA's in such a child."""
+  return _forked_after_start
+
+
+def _after_fork_in_child() -> None:
+  global _forked_after_start
+  started = getattr(xla_bridge, "backends_are_initialized", None)  # (JAX's own, private)
+  _forked_after_start = _forked_after_start or started is None or bool(started())
+
+
+_forked_after_start = False
+os.register_at_fork(after_in_child=_after_fork_in_child)  # (as torch.cuda registers its own)
 
 
 def manual_seed(seed: int) -> None:
@@ -126,10 +140,6 @@ class _DeviceModule:
   set_rng_state = staticmethod(set_rng_state)
   device = device
 
-  @staticmethod
-  def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
-
   def __repr__(self) -> str:
     return "<module 'torch.jax' (bridge's jax device)>"
 
@@ -169,6 +179,13 @@ _BACKEND_ONLY_FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor
 def _factory(name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
   op = getattr(torch.ops.aten, name).default
   return get_plan(op)(args, kwargs)
+
+
+def _local_scalar_dense(self: torch.Tensor) -> Any:
+  """`t.item()` where torch's Python key is off: torch's tensor constructor reads the 0-d
+  tensors of a list so (`torch.tensor([loss, loss])`), bypassing `__torch_dispatch__`; this
+  runs the same plan."""
+  return get_plan(torch.ops.aten._local_scalar_dense.default)((self,), {})
 
 
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -238,6 +255,7 @@ def _implementations() -> dict[str, Any]:
     "empty": _empty,
     "empty_strided": _empty_strided,
     "copy_from": _copy_from,
+    "local_scalar_dense": _local_scalar_dense,
     "no_quantized": _no_quantized,
   }
   for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator
 import torch
 from jax._src import core as _jax_core
 
+import _bridge_autoload
+
 from bridge._src import compat
 from bridge._src import dtypes
 from bridge._src.errors import LeakedTracerError, TracedValueError
@@ -247,6 +249,8 @@ def _internal_dirs() -> tuple[str, ...]:
   dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # bridge/
   stdlib = os.path.dirname(os.__file__) + os.sep
   dirs += [stdlib + "contextlib.py", stdlib + "functools.py"]
+  # (the device's kernels below torch's Python key: `torch.tensor([t])` reads `t` there)
+  dirs.append(os.path.abspath(_bridge_autoload.__file__))
   return tuple(dirs)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, SupportsIndex
 
 import jax
@@ -127,9 +128,41 @@ class Tensor(torch.Tensor):
     self._storage, self._whole, self._as, self._cache = new._storage, new._whole, new._as, None
 
   def numpy(self, *, force: bool = False) -> np.ndarray:
-    """A NumPy copy of the data (as `t.cpu().numpy()`)."""
-    del force
-    return self.detach().cpu().numpy()
+    """As `torch.Tensor.numpy`, but a copy: a read-only one, since writes could not reach the
+    JAX array (`force=True`: a writable one, as torch's `force` copy of a CUDA tensor).
+
+    Refuses what torch's refuses unless `force=True` (a tensor that requires grad, a lazy
+    conjugate or negative view), with torch's errors; `np.array(t)` is a writable copy.
+    """
+    if not force:
+      if self.requires_grad:
+        raise RuntimeError(
+          "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+        )
+      if self.is_conj():
+        raise RuntimeError(
+          "Can't call numpy() on Tensor that has conjugate bit set. "
+          "Use tensor.resolve_conj().numpy() instead."
+        )
+      if self.is_neg():
+        raise RuntimeError(
+          "Can't call numpy() on Tensor that has negative bit set. "
+          "Use tensor.resolve_neg().numpy() instead."
+        )
+    # (a CPU copy, its conjugate/negative bits resolved; torch's errors for what NumPy lacks)
+    array = self.detach().cpu().numpy(force=True)
+    if not force:
+      array.flags.writeable = False
+    return array
+
+  def detach_(self) -> torch.Tensor:
+    """As `torch.Tensor.detach_`; a traced tensor also reads its storage as a constant from
+    now on (`_detached`): torch's autograd kernel does all of `detach_`, so the bridge's
+    dispatch never sees it, and JAX's derivatives would still flow through the tensor."""
+    out = super().detach_()
+    if isinstance(self._storage.array, jax.core.Tracer):
+      detach_traced(self)
+    return out
 
   def untyped_storage(self) -> Any:
     """Refused: the data is a JAX array, not a torch storage (`bridge.jax_view` gives it)."""
@@ -137,6 +170,14 @@ class Tensor(torch.Tensor):
       "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
       "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy."
     )
+
+  def __format__(self, format_spec: str) -> str:
+    """As `torch.Tensor.__format__`: a 0-d tensor formats its value (`f"{loss:.4f}"`), but
+    for `f"{t}"` a traced one, whose value is unknown, shows as `repr(t)` (as `print(t)`)."""
+    traced = isinstance(self._storage.array, jax.core.Tracer)
+    if self.dim() == 0 and not (traced and not format_spec):
+      return self.detach().item().__format__(format_spec)
+    return object.__format__(self, format_spec)
 
   def tolist(self) -> Any:
     """The values as nested Python numbers, as `torch.Tensor.tolist` (through a CPU copy)."""
@@ -190,13 +231,36 @@ class Tensor(torch.Tensor):
     return new
 
   def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-    # Saved as a CPU tensor: loads on any machine (bridge or not) as a CPU tensor,
-    # and onto the jax device with `torch.load(..., map_location="jax")`.
+    """Saved as a CPU tensor: it loads anywhere (bridge or not) as a CPU tensor, and onto the
+    jax device with `torch.load(..., map_location="jax")`. What else torch saves of a tensor
+    is kept as torch keeps it: a `Parameter` is rebuilt by torch's `_rebuild_parameter`, the
+    Python attributes by `_rebuild_parameter_with_state` or `_rebuild_from_type_v2`, and
+    backward hooks are not saved (with torch's warning); all load with `weights_only=True`.
+    """
+    torch.utils.hooks.warn_if_has_hooks(self)
+    state = {k: v for k, v in self.__dict__.items() if k not in _INTERNAL and k != "_is_param"}
+    if isinstance(self, torch.nn.Parameter):  # (a `Parameter` of this class: `_is_param`)
+      hooks: OrderedDict = OrderedDict()  # (torch saves an empty one: hooks are not saved)
+      if state:
+        return (
+          torch._utils._rebuild_parameter_with_state,
+          (self.detach(), self.requires_grad, hooks, state),
+        )
+      return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, hooks))
     with torch.no_grad():
       data = torch.Tensor._make_subclass(torch.Tensor, self.detach().cpu())
+    rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
+    if not state:
+      return (rebuild, (data, self.dtype, "cpu", self.requires_grad))
+    # Loaded onto the jax device, `_rebuild_from_type_v2` makes the rebuilt tensor a
+    # `torch.Tensor` with `as_subclass`, which for a jax tensor is an alias: one that requires
+    # grad would be a non-leaf (`AliasBackward0`). So the tensor is rebuilt without, and
+    # `requires_grad` set on the alias with the other attributes (it is a settable one).
+    if self.requires_grad:
+      state["requires_grad"] = True
     return (
-      torch._utils._rebuild_device_tensor_from_cpu_tensor,
-      (data, self.dtype, "cpu", self.requires_grad),
+      torch._tensor._rebuild_from_type_v2,
+      (rebuild, torch.Tensor, (data, self.dtype, "cpu", False), state),
     )
 
 
