@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as F
 
 import bridge
@@ -308,3 +309,28 @@ def test_grad_and_value_and_grad_inside_a_block():
   with bridge.rng_key(_key(1)):
     e = jax.grad(_h)(x)
   assert not np.array_equal(d, e)
+
+
+def _checkpointed_dropout_and_its_torch_gradient(t):
+  t = t.detach().requires_grad_()
+  y = torch.utils.checkpoint.checkpoint(lambda u: F.dropout(u, 0.5) * 3, t, use_reentrant=False)
+  (g,) = torch.autograd.grad(y.sum(), t)
+  return y, g
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_torch_checkpoint_inside_a_block_recomputes_the_same_mask(jit):
+  # torch saves the device's generator state (`torch.jax.get_rng_state`) and restores it
+  # for the recomputation: inside a block that is the block's key (it was the device's
+  # global generator, which the block's ops do not draw from: a new mask, a wrong gradient)
+  def step(a, key):
+    with bridge.rng_key(key):
+      return bridge.call_torch(_checkpointed_dropout_and_its_torch_gradient, a)
+
+  run = jax.jit(step) if jit else step
+  masks = []
+  for k in (0, 1):
+    y, g = run(jnp.ones(N), _key(k))
+    np.testing.assert_array_equal(np.asarray(g), np.where(np.asarray(y) != 0, 6.0, 0.0))
+    masks.append(np.asarray(y) != 0)
+  assert (masks[0] != masks[1]).any()

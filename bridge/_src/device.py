@@ -104,13 +104,25 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
-  """The generator state as a CPU `torch.uint8` tensor (for `torch.random.fork_rng`)."""
+  """The generator state as a CPU `torch.uint8` tensor (for `torch.random.fork_rng`); inside a
+  `bridge.rng_key` block, the block's key, which its random ops draw from: a `jax` tensor of
+  its uint32 data (traced in traced code), so that `torch.utils.checkpoint` and `fork_rng`
+  save and restore what the block's ops draw (a recomputation replays dropout's mask)."""
   del device
+  box = rng.current_box()
+  if box is not None:
+    return tensor.make(rng.raw(box.key), torch.device(tensor.device_type()), torch.uint32)
   return torch.from_numpy(np.frombuffer(rng.get_state(), dtype=np.uint8).copy())
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+  """Restore a state `get_rng_state` gave (a block's key inside a `bridge.rng_key` block)."""
   del device
+  box = rng.current_box()
+  if box is not None and type(new_state) is tensor.Tensor and new_state.dtype == torch.uint32:
+    data = tensor.value(new_state)
+    box.key = rng.typed(data) if jax.dtypes.issubdtype(box.key.dtype, jax.dtypes.prng_key) else data
+    return
   rng.set_state(new_state.cpu().numpy().tobytes())
 
 
