@@ -1,11 +1,16 @@
 """The plan of a functional op (one that writes none of its arguments): its lowering,
-jitted and cached per static signature, run eagerly or staged.
+jitted and cached per static signature, run eagerly or staged; the checks torch makes of its
+arguments before computing (a Python scalar converted to a tensor's dtype, a generator, an
+unsigned dtype its CPU kernels lack), and CPU scalars placed beside the op's other tensors.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -13,7 +18,8 @@ import torch
 from jax._src import config as _jax_config
 
 from bridge._src import config as config_lib
-from bridge._src import ffi, narrowing, rng, scope
+from bridge._src import dtypes, ffi, narrowing, rng, scope
+from bridge._src import tensor as tensor_lib
 from bridge._src import tree as tree_lib
 from bridge._src.dispatch.checks import install_checks
 from bridge._src.dispatch.executable import (
@@ -23,17 +29,19 @@ from bridge._src.dispatch.executable import (
   replayable,
 )
 from bridge._src.dispatch.folding import UNKNOWN, fold
-from bridge._src.dispatch.resolve import lowering_fn
+from bridge._src.dispatch.resolve import decomposing, lowering_fn
 from bridge._src.dispatch.schema import is_dynamic_type, quiet_narrowing
 from bridge._src.dispatch.tensors import (
+  FOLD_MAX,
   LIKE_OPS,
   device_error,
   factory_device,
   placed_like,
-  placement_error,
   scalar_from_cpu,
   wrap,
 )
+from bridge._src.errors import DeviceMismatchError
+from bridge._src.placement import placement_lines
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, value
 from bridge._src.transfer import ArrayImpl
@@ -51,8 +59,11 @@ class FunctionalPlan:
 
   def __init__(self, func: Any):
     self.func = func
-    self.kinds: dict[Any, tuple[int, ...]] = {}  # 0 static, 1 traced, 2 traced (CPU allowed)
+    # 0 static, 1 traced, 2 traced (CPU allowed), 3 an index of a list (CPU allowed, and put
+    # where the indexed tensor is: torch makes `s[[0, 2]]`'s index on `s.device`)
+    self.kinds: dict[Any, tuple[int, ...]] = {}
     self.exes: dict[tuple, Executable] = {}
+    self.fitting: set[tuple] = set()  # Python scalars out of a dtype's range torch takes
     self.lock = threading.Lock()
     lowering = REGISTRY.lookup(func)
     install_checks()
@@ -69,6 +80,16 @@ class FunctionalPlan:
     self.foldable = torch.Tag.nondeterministic_seeded not in func.tags and not (
       lowering is not None and lowering.random
     )
+    # (position, name) of a `Generator?` argument: the `jax` device has no generators
+    self.generator = next(
+      (
+        (i, a.name)
+        for i, a in enumerate(func._schema.arguments)
+        if isinstance(a.type, torch.OptionalType)
+        and a.type.getElementType().kind() == "GeneratorType"
+      ),
+      None,
+    )
 
   def _leaf_kinds(self, treedef: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
     schema = self.func._schema.arguments
@@ -79,7 +100,9 @@ class FunctionalPlan:
       if arg is None or not is_dynamic_type(arg.type) or arg.name in self.static_names:
         return 0
       # Index tensors may stay on the CPU, as torch allows for CUDA tensors.
-      return 2 if arg.name == "indices" else 1
+      if arg.name == "indices":
+        return 3 if isinstance(arg.type, torch.ListType) else 2
+      return 1
 
     flat = isinstance(treedef, int)  # split() kept the arguments as they are (None included)
     for i, a in enumerate(args):
@@ -110,6 +133,8 @@ class FunctionalPlan:
     dyn: list[Any] = []
     statics: list[Any] = []
     device = None
+    movable: list[int] | None = None  # where in `dyn` CPU tensors' values (and indices) are
+    wide = False  # a Python scalar some dtype may not hold
     for leaf, dynamic in zip(leaves, kinds):
       if type(leaf) is Tensor:
         storage = leaf._storage
@@ -117,31 +142,91 @@ class FunctionalPlan:
           device = storage.device
         elif storage.device is not device and storage.device != device:
           raise device_error(device, storage.device)
+        if dynamic == 3:
+          if movable is None:
+            movable = []
+          movable.append(len(dyn))
         dyn.append(storage.array if leaf._whole else value(leaf))
         statics.append(_DYN)
       elif isinstance(leaf, torch.Tensor):
         if leaf.device.type == "cpu" and (
-          dynamic == 2 or (dynamic and leaf.dim() == 0) or scope.active()
+          dynamic >= 2 or (dynamic and leaf.dim() == 0) or scope.active()
         ):
           # (in a trace scope, CPU tensors are constants of the program being built, noted
           # for `bridge.compile`'s guard where it collects them)
           scope.note_constant(leaf)
+          if movable is None:
+            movable = []
+          movable.append(len(dyn))
           dyn.append(scalar_from_cpu(leaf))
           statics.append(_DYN)
         else:
           raise device_error(device or "jax:0", leaf.device)
-      elif dynamic and self.trace_scalars and type(leaf) in TRACED_SCALARS:
-        dyn.append(leaf)
-        statics.append(_DYN)
+      elif dynamic and type(leaf) in TRACED_SCALARS:
+        # (every dtype holds a value of [-128, 127]: other values are checked below)
+        if type(leaf) is complex or not -128 <= leaf <= 127:
+          wide = True
+        if self.trace_scalars:
+          dyn.append(leaf)
+          statics.append(_DYN)
+        else:
+          statics.append(leaf)
       else:
         statics.append(leaf)
+    if movable is not None:
+      _beside_sharded(dyn, movable)
+    if wide and not decomposing():  # (torch checks the op called, not a decomposition's)
+      self._check_conversions(args, kwargs, leaves, kinds)
     return dyn, tuple(statics), treedef, device
+
+  def _check_conversions(self, args: tuple, kwargs: dict, leaves: Sequence, kinds: tuple) -> None:
+    """torch's error for a Python scalar its kernel converts to a tensor's dtype that cannot
+    hold it (`uint8_tensor.fill_(300)`: "value cannot be converted to type uint8_t without
+    overflow"), where the lowering would wrap it silently.
+
+    Which scalars torch converts (`fill_`'s value, `clamp`'s bounds, `add`'s alpha) and which
+    it promotes with (`int8_tensor + 1000` wraps in torch too) is its CPU kernel's to say:
+    where a scalar does not fit a dtype of the op, the kernel runs on stand-ins of the tensors
+    (zeros of their shapes and dtypes) and its overflow error, if any, is raised. The scalar is
+    a Python value here, also while torch code is staged into a JAX program. A verdict that
+    it fits is kept per scalar, shapes and dtypes."""
+    scalars: list[Any] = []
+    wanted: set[torch.dtype] = set()
+    for leaf, k in zip(leaves, kinds):
+      if isinstance(leaf, torch.Tensor):
+        wanted.add(leaf.dtype)
+      elif isinstance(leaf, torch.dtype):
+        wanted.add(leaf)
+      elif k and type(leaf) in TRACED_SCALARS:
+        scalars.append(leaf)
+    wanted = wanted or {torch.get_default_dtype(), torch.int64}
+    if not any(_may_overflow(v, d) for v in scalars for d in wanted):
+      return  # (the common case: a float32 tensor and a scalar such as -1e9)
+    tensors = tuple((t.dtype, tuple(t.shape)) for t in leaves if isinstance(t, torch.Tensor))
+    named = tuple(leaf for leaf in leaves if isinstance(leaf, torch.dtype))
+    # (not in a 32-bit program, where an int32 tensor may stand for an int64 one)
+    key: tuple | None = None
+    if _scope_var.get().bounds is None:
+      key = (tuple((type(v), v) for v in scalars), tensors, named)
+      try:
+        if key in self.fitting:
+          return
+      except TypeError:  # (a symbolic shape)
+        key = None
+    error = _cpu_error(self.func, args, kwargs)
+    if error is not None and type(error) is RuntimeError and _OVERFLOW.fullmatch(str(error)):
+      raise error from None
+    if key is not None:
+      if len(self.fitting) > 256:
+        self.fitting.clear()
+      self.fitting.add(key)
 
   def executable(self, treedef: Any, statics: tuple) -> Executable:
     key = (treedef, statics)
     exe = self.exes.get(key)
     if exe is None:
       fn, lowering = lowering_fn(self.func)
+      fn = _checking_dtypes(self.func, fn)
       structure = treedef
       if isinstance(treedef, int):  # a flat argument tuple of that length
         structure = _tree_flatten((tuple(range(treedef)), {}))[1]
@@ -150,6 +235,8 @@ class FunctionalPlan:
     return exe
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
+    if self.generator is not None:
+      _check_generator(self.generator, args, kwargs)
     if self.foldable:
       where = _scope_var.get()
       if where.staged:
@@ -174,6 +261,7 @@ class FunctionalPlan:
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
     # building a context manager per op).
     where = _scope_var.get()
+    given = len(dyn)  # (before a key is appended)
     prev = _x64_state.swap_local(not where.narrow)
     quiet = quiet_narrowing() if where.narrow else None
     try:
@@ -207,7 +295,7 @@ class FunctionalPlan:
     except (jax.errors.JaxRuntimeError, ValueError) as e:  # (JAX's error type varies)
       ffi.reraise(e)  # an op that fell back to torch raised: torch's own exception
       if "incompatible devices" in str(e):
-        raise placement_error(self.func, dyn) from e
+        raise _placement_error(self.func, dyn[:given]) from e
       raise
     finally:
       _x64_state.set_local(prev)
@@ -255,3 +343,195 @@ def _debug_print(func: Any, dyn: list) -> None:
     file=config_lib.debug_file(),
     flush=True,
   )
+
+
+# --- torch's checks of an op's arguments ---------------------------------------------------------
+
+
+def _check_generator(at: tuple[int, str], args: tuple, kwargs: dict) -> None:
+  """torch's `check_generator`: a generator of another device is refused, not ignored (the
+  `jax` device has none of its own: its random ops draw from `torch.manual_seed`'s key)."""
+  i, name = at
+  generator = args[i] if i < len(args) else kwargs.get(name)
+  if generator is not None:
+    raise RuntimeError(
+      f"Expected a '{tensor_lib.device_type()}' device type for generator but found "
+      f"'{generator.device.type}'"
+    )
+
+
+def _limits(dtype: torch.dtype) -> tuple[float, float, str] | None:
+  """(lowest, max, kind) of the values `dtype` holds: `i`/`u` integers, `f` floating (of a
+  complex dtype, each part); None for bool (any value converts to it)."""
+  if dtype == torch.bool:
+    return None
+  if dtype.is_floating_point or dtype.is_complex:
+    info = torch.finfo(dtype)
+    return float(info.min), float(info.max), "f"
+  iinfo = torch.iinfo(dtype)
+  return iinfo.min, iinfo.max, "u" if iinfo.min == 0 else "i"
+
+
+_LIMITS = {
+  d: _limits(d) for d in dtypes.TORCH_TO_JAX if isinstance(d, torch.dtype) and d != torch.bool
+}
+
+
+def _may_overflow(v: int | float | complex, dtype: torch.dtype) -> bool:
+  """Whether torch's `checked_convert` may refuse Python scalar `v` converted to `dtype`
+  (c10's `overflows`: a negative integer wraps into an unsigned type down to -max; an
+  infinity or NaN fits a floating type; a complex value with an imaginary part, no real one)."""
+  limits = _LIMITS.get(dtype)
+  if limits is None:
+    return False
+  lo, hi, kind = limits
+  if isinstance(v, complex):
+    if not dtype.is_complex and v.imag != 0:
+      return True
+    return _may_overflow(v.real, dtype) or _may_overflow(v.imag, dtype)
+  if kind == "f":
+    return abs(v) > hi and not math.isinf(v)
+  if type(v) is float and v != v:  # NaN: no integer
+    return True
+  return not (lo if kind == "i" else -hi) <= v <= hi
+
+
+_OVERFLOW = re.compile(r"value cannot be converted to type .+ without overflow")
+
+
+# A traced Python scalar's stand-ins, by kind: two sets, as a verdict of torch's kernel may
+# depend on the value (`pow(x, 1)` copies `x` where `pow(x, 2)` computes)
+_SCALAR_STAND_INS = (
+  {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j},
+  {"b": False, "i": 2, "u": 2, "f": 0.5, "c": 0.5 + 0.5j},
+)
+
+
+def _stand_in(x: Any, other: bool = False) -> Any:
+  """A `jax` tensor, or a JAX array or tracer, as a CPU tensor of zeros of its shape and dtype
+  (stride 0 if large); a traced Python scalar (a weak 0-d array) as a number of its kind."""
+  if type(x) is Tensor:
+    shape, dtype = tuple(x.shape), x.dtype
+    bounds = _scope_var.get().bounds
+    if dtype is torch.int32 and bounds is not None and narrowing._is_tracked(bounds, x):
+      dtype = torch.int64  # (an int64 tensor held in int32 by a 32-bit program: `narrowing`)
+  elif isinstance(x, (jax.core.Tracer, jax.Array)):
+    shape, dtype = tuple(x.shape), dtypes.JAX_TO_TORCH[np.dtype(x.dtype)]
+    if not shape and _weak(x):
+      return _SCALAR_STAND_INS[other][np.dtype(x.dtype).kind]
+  else:
+    return x
+  if math.prod(shape) <= FOLD_MAX:
+    return torch.zeros(shape, dtype=dtype)
+  return torch.zeros((), dtype=dtype).expand(shape)
+
+
+def _weak(x: Any) -> bool:
+  return bool(getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", 0))
+
+
+def _cpu_error(func: Any, args: Any, kwargs: dict, other: bool = False) -> Exception | None:
+  """The exception torch's CPU kernel raises for arguments of these shapes and dtypes (and
+  these Python values; `_SCALAR_STAND_INS[other]` for traced ones), or None. It computes on
+  the stand-ins: it is asked only where an argument is rare (a scalar out of a dtype's range,
+  an unsigned dtype), and torch's random state is left as it was."""
+  try:
+    cargs, ckwargs = jax.tree_util.tree_map(
+      lambda x: _stand_in(x, other), (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor)
+    )
+  except (RuntimeError, TypeError, ValueError, KeyError):  # (a symbolic shape, a dtype torch lacks)
+    return None
+  ckwargs.pop("key", None)
+  if ckwargs.get("device") is not None:
+    ckwargs["device"] = "cpu"
+  try:
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+      func(*cargs, **ckwargs)
+  except Exception as e:  # noqa: BLE001 - the caller picks the errors it trusts
+    return e
+  return None
+
+
+# Dtypes torch has few CPU kernels for (`add_stub` is not implemented for UInt32)
+_UNSIGNED = frozenset((torch.uint16, torch.uint32, torch.uint64))
+_JAX_UNSIGNED = frozenset(np.dtype(d) for d in ("uint16", "uint32", "uint64"))
+_UNSUPPORTED = re.compile(r'".+" not implemented for \'UInt(16|32|64)\'')
+_NO_PROMOTION = "Promotion for uint16, uint32, uint64 types is not supported"
+
+
+def _is_unsigned(leaf: Any) -> bool:
+  """Whether an argument is a uint16/32/64 array (not a traced Python scalar) or dtype."""
+  if isinstance(leaf, torch.dtype):
+    return leaf in _UNSIGNED
+  dtype = getattr(leaf, "dtype", None)
+  return isinstance(dtype, np.dtype) and dtype in _JAX_UNSIGNED and not _weak(leaf)
+
+
+def _checking_dtypes(func: Any, fn: Callable) -> Callable:
+  """`fn`, first refusing a uint16/32/64 operand or result as torch's CPU kernel does
+  (`NotImplementedError: "add_stub" not implemented for 'UInt32'`, or its promotion error):
+  torch implements few ops for them (copies, casts, comparisons for equality, bitwise and, or,
+  xor, `sum`, `sort`, ...). Checked as the op is traced, so once per signature, where traced
+  scalars are unknown: refused only if torch refuses two sets of stand-ins for them (a
+  lowering checks what depends on their values: `pow(x, 2)`)."""
+
+  @functools.wraps(fn)
+  def checked(*args: Any, **kwargs: Any) -> Any:
+    if decomposing():  # (torch checks the op called, not the ops of a decomposition)
+      return fn(*args, **kwargs)
+    for leaf in jax.tree_util.tree_leaves((args, kwargs)):
+      if _is_unsigned(leaf):
+        error = _cpu_error(func, args, kwargs)
+        if (
+          error is not None
+          and _unsupported(error)
+          and _unsupported(_cpu_error(func, args, kwargs, other=True))
+        ):
+          raise error from None
+        break
+    return fn(*args, **kwargs)
+
+  return checked
+
+
+def _unsupported(error: Exception | None) -> bool:
+  """Whether `error` is torch refusing an unsigned dtype (no kernel, or no promotion)."""
+  return (type(error) is NotImplementedError and bool(_UNSUPPORTED.fullmatch(str(error)))) or (
+    type(error) is RuntimeError and str(error).startswith(_NO_PROMOTION)
+  )
+
+
+def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
+  """Tensors of one op placed on different sets of devices (different meshes): each of them
+  listed, 0-dimensional ones too (Python scalars and random keys are not arguments here)."""
+  placed = placement_lines(
+    (f"argument {i}", a) for i, a in enumerate(dyn) if type(a) not in TRACED_SCALARS
+  )
+  return DeviceMismatchError(
+    f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
+    + "\n".join(placed)
+    + "\nOne op runs on one mesh: place them together first "
+    "(`bridge.shard(t, sharding)` with a sharding over the same mesh); a CPU tensor torch "
+    "lets beside it (a 0-dimensional one, an index) is replicated over its mesh."
+  )
+
+
+def _beside_sharded(dyn: list, movable: list[int]) -> None:
+  """The values of CPU tensors torch lets beside device tensors (0-dimensional ones, indices),
+  and the indices of an indexing op (`s[[0, 2]]`: torch makes them on `s.device`, the first
+  device), replicated over the mesh of the op's sharded operand, if it has one: not left on
+  one device, which JAX refuses beside an array on several."""
+  mesh = None
+  for i, a in enumerate(dyn):
+    if type(a) is ArrayImpl and i not in movable:
+      sharding = a.sharding
+      if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
+        mesh = sharding.mesh
+        break
+  if mesh is None:
+    return
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  for i in movable:
+    a = dyn[i]
+    if type(a) is ArrayImpl and len(a.sharding.device_set) == 1:
+      dyn[i] = jax.device_put(a, replicated)

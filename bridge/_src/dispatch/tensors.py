@@ -18,7 +18,6 @@ from bridge._src import dtypes, narrowing, scope, transfer
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch.schema import aten, x64
 from bridge._src.errors import DeviceMismatchError
-from bridge._src.placement import placement_lines
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, make
 from bridge._src.transfer import ArrayImpl
@@ -72,17 +71,6 @@ def placed_like(out: Any, like: Any) -> Any:
       return out
     sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
   return jax.device_put(out, sharding)
-
-
-def placement_error(func: Any, dyn: list) -> DeviceMismatchError:
-  """Tensors of one op placed on different sets of devices (different meshes)."""
-  placed = placement_lines((f"argument {i}", a) for i, a in enumerate(dyn) if np.ndim(a) > 0)
-  return DeviceMismatchError(
-    f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
-    + "\n".join(placed)
-    + "\nOne op runs on one mesh: place them together first "
-    "(`bridge.shard(t, sharding)` with a sharding over the same mesh)."
-  )
 
 
 def scalar_from_cpu(t: torch.Tensor) -> Any:

@@ -196,7 +196,8 @@ def _scalar(x: Any) -> bool:
 def _check_int_power(fn: Callable) -> Callable:
   """torch: an integral tensor to a negative integral Scalar power raises (before promotion,
   which wraps -1 into 255 for uint8). `pow_` with a Scalar runs `pow.Scalar` with the tensor
-  as `self`, so both overloads check."""
+  as `self`, so both overloads check. A uint16/32/64 tensor has no CPU kernel for `pow`: only
+  an exponent of 0 or 1 (a Scalar base of 1), which torch answers without one, is computed."""
 
   @functools.wraps(fn)
   def wrapper(self: Any, exponent: Any) -> Any:
@@ -209,9 +210,27 @@ def _check_int_power(fn: Callable) -> Callable:
         RuntimeError,
         "Integers to negative integer powers are not allowed.",
       )
+      _check_unsigned_power(self, jnp.asarray(exponent) > 1)
+    elif _scalar(self) and not _scalar(exponent) and _integral_kind(self):
+      _check_unsigned_power(exponent, jnp.asarray(self) != 1)
     return fn(self, exponent)
 
   return wrapper
+
+
+# torch's names of the unsigned dtypes it has no `pow` kernel for
+_NO_UNSIGNED_KERNEL = {
+  np.dtype("uint16"): "UInt16",
+  np.dtype("uint32"): "UInt32",
+  np.dtype("uint64"): "UInt64",
+}
+
+
+def _check_unsigned_power(tensor: Any, computed: Any) -> None:
+  """torch's error for `pow` of a uint16/32/64 tensor where its kernel would compute."""
+  name = _NO_UNSIGNED_KERNEL.get(np.dtype(tensor.dtype))
+  if name is not None:
+    check(computed, None, NotImplementedError, f"\"pow\" not implemented for '{name}'")
 
 
 def _integral_kind(x: Any) -> bool:
