@@ -178,3 +178,22 @@ def test_maximum_derivative_is_split_on_a_tie():
   torch.maximum(a, b).sum().backward()
   torch.testing.assert_close(a.grad.cpu(), torch.tensor([0.5, 0.5, 0.0]))
   torch.testing.assert_close(b.grad.cpu(), torch.tensor([0.5, 0.5, 1.0]))
+
+
+@pytest.mark.parametrize(
+  "put",
+  [
+    lambda x, i: x.index_put((i,), torch.tensor(1000, device=x.device)),
+    lambda x, i: x.index_put_((i,), torch.tensor(5.0, device=x.device), accumulate=True),
+    lambda x, i: x.__setitem__(i, torch.tensor(5.0, device=x.device)),
+  ],
+  ids=["index_put_long", "index_put__float_accumulate", "setitem_float_tensor"],
+)
+def test_index_put_of_another_dtype_raises_torchs_error(put):
+  # (the lowering cast the values: int8[i] = tensor(1000) wrote -24)
+  errors = []
+  for device in ("cpu", "jax"):
+    with pytest.raises(RuntimeError) as info:
+      put(torch.zeros(4, dtype=torch.int8, device=device), torch.tensor([1], device=device))
+    errors.append(str(info.value))
+  assert errors[0] == errors[1] and "dtypes match" in errors[0], errors

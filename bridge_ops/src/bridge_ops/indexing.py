@@ -279,10 +279,22 @@ def _index_put(self, indices, values, accumulate):
   return _add_at(self, idx, values, mode) if accumulate else self.at[idx].set(values, mode=mode)
 
 
+def _check_put_dtypes(self, values):
+  """torch's rule: `index_put` writes values of `self`'s dtype only (`x[i] = 5.0` is converted
+  first; a tensor of another dtype is refused, not cast: `int8[i] = tensor(1000)` wrapped)."""
+  got = np.dtype(getattr(values, "dtype", self.dtype))
+  if got != np.dtype(self.dtype):
+    raise RuntimeError(
+      "Index put requires the source and destination dtypes match, got "
+      f"{_torch_name(self.dtype)} for the destination and {_torch_name(got)} for the source."
+    )
+
+
 @lowering(aten.index_put.default, aten.index_put.hacked_twin)
 @_advanced_dtypes
 def index_put(self, indices, values, accumulate=False):
   _check_advanced(self, _masks_to_bool(indices))
+  _check_put_dtypes(self, values)
   return _index_put(self, indices, values, accumulate)
 
 
@@ -292,6 +304,7 @@ def index_put(self, indices, values, accumulate=False):
 @_advanced_dtypes
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
   _check_advanced(self, _masks_to_bool(indices))
+  _check_put_dtypes(self, values)
   return _index_put(self, indices, values, accumulate)
 
 
