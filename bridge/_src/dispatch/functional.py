@@ -29,6 +29,7 @@ from bridge._src.dispatch.executable import (
   replayable,
 )
 from bridge._src.dispatch.folding import UNKNOWN, fold
+from bridge._src.dispatch.meta import STAND_INS, weak
 from bridge._src.dispatch.resolve import decomposing, lowering_fn
 from bridge._src.dispatch.schema import is_dynamic_type, quiet_narrowing
 from bridge._src.dispatch.tensors import (
@@ -399,14 +400,6 @@ def _may_overflow(v: int | float | complex, dtype: torch.dtype) -> bool:
 _OVERFLOW = re.compile(r"value cannot be converted to type .+ without overflow")
 
 
-# A traced Python scalar's stand-ins, by kind: two sets, as a verdict of torch's kernel may
-# depend on the value (`pow(x, 1)` copies `x` where `pow(x, 2)` computes)
-_SCALAR_STAND_INS = (
-  {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j},
-  {"b": False, "i": 2, "u": 2, "f": 0.5, "c": 0.5 + 0.5j},
-)
-
-
 def _stand_in(x: Any, other: bool = False) -> Any:
   """A `jax` tensor, or a JAX array or tracer, as a CPU tensor of zeros of its shape and dtype
   (stride 0 if large); a traced Python scalar (a weak 0-d array) as a number of its kind."""
@@ -417,8 +410,8 @@ def _stand_in(x: Any, other: bool = False) -> Any:
       dtype = torch.int64  # (an int64 tensor held in int32 by a 32-bit program: `narrowing`)
   elif isinstance(x, (jax.core.Tracer, jax.Array)):
     shape, dtype = tuple(x.shape), dtypes.JAX_TO_TORCH[np.dtype(x.dtype)]
-    if not shape and _weak(x):
-      return _SCALAR_STAND_INS[other][np.dtype(x.dtype).kind]
+    if not shape and weak(x):
+      return STAND_INS[other][np.dtype(x.dtype).kind]
   else:
     return x
   if math.prod(shape) <= FOLD_MAX:
@@ -426,15 +419,12 @@ def _stand_in(x: Any, other: bool = False) -> Any:
   return torch.zeros((), dtype=dtype).expand(shape)
 
 
-def _weak(x: Any) -> bool:
-  return bool(getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", 0))
-
-
 def _cpu_error(func: Any, args: Any, kwargs: dict, other: bool = False) -> Exception | None:
   """The exception torch's CPU kernel raises for arguments of these shapes and dtypes (and
-  these Python values; `_SCALAR_STAND_INS[other]` for traced ones), or None. It computes on
-  the stand-ins: it is asked only where an argument is rare (a scalar out of a dtype's range,
-  an unsigned dtype), and torch's random state is left as it was."""
+  these Python values; `meta.STAND_INS[other]` for traced ones: two sets, as a verdict may
+  depend on the value, `pow(x, 1)` copies `x` where `pow(x, 2)` computes), or None. It
+  computes on the stand-ins: it is asked only where an argument is rare (a scalar out of a
+  dtype's range, an unsigned dtype), and torch's random state is left as it was."""
   try:
     cargs, ckwargs = jax.tree_util.tree_map(
       lambda x: _stand_in(x, other), (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor)
@@ -464,7 +454,7 @@ def _is_unsigned(leaf: Any) -> bool:
   if isinstance(leaf, torch.dtype):
     return leaf in _UNSIGNED
   dtype = getattr(leaf, "dtype", None)
-  return isinstance(dtype, np.dtype) and dtype in _JAX_UNSIGNED and not _weak(leaf)
+  return isinstance(dtype, np.dtype) and dtype in _JAX_UNSIGNED and not weak(leaf)
 
 
 def _checking_dtypes(func: Any, fn: Callable) -> Callable:

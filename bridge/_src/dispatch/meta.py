@@ -16,13 +16,13 @@ from bridge._src.errors import BridgeError
 
 # A traced Python scalar's stand-in values (its kind's): right for shapes and dtypes, not
 # for torch's checks of values (`geometric_(p)` wants p in (0, 1)), hence two sets
-_STAND_INS = (
+STAND_INS = (
   {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j},
   {"b": False, "i": 2, "u": 2, "f": 0.5, "c": 0.5 + 0.5j},  # (another set: see `_verdict`)
 )
 
 
-def _weak(x: Any) -> bool:
+def weak(x: Any) -> bool:
   """Whether an array or tracer is weakly typed (a 0-d one stands for a Python number)."""
   return getattr(getattr(x, "aval", None), "weak_type", False) or getattr(x, "weak_type", False)
 
@@ -30,12 +30,12 @@ def _weak(x: Any) -> bool:
 def _meta_arg(x: Any, stand_ins: list | None = None, other: bool = False) -> Any:
   if isinstance(x, jax.core.Tracer) or isinstance(x, (jax.Array, np.ndarray)):
     shape, dtype = np.shape(x), np.dtype(x.dtype)
-    if _weak(x) and not shape:
+    if weak(x) and not shape:
       if not isinstance(x, jax.core.Tracer):
         return np.asarray(x).item()  # a known value: itself
       if stand_ins is not None:
         stand_ins.append(x)
-      return _STAND_INS[other][dtype.kind]
+      return STAND_INS[other][dtype.kind]
     return torch.empty(shape, dtype=dtypes.JAX_TO_TORCH[dtype], device="meta")
   return x
 
@@ -86,7 +86,7 @@ def _array_type(x: Any) -> _Type | None:
   if not isinstance(x, (jax.core.Tracer, jax.Array, np.ndarray)):
     return None
   dtype = np.dtype(x.dtype)
-  if dtype not in _FLOATING or (_weak(x) and not np.shape(x)):
+  if dtype not in _FLOATING or (weak(x) and not np.shape(x)):
     return None
   return tuple(np.shape(x)), dtype
 
