@@ -736,8 +736,8 @@ def call(
   )
   table, anchor = _cache_for(fn)
   entry = table.get(cache_key)
-  now = unshaped_now and not scope.is_staged()
-  now = now and not any(isinstance(d, jax.core.Tracer) for d in dyn)
+  concrete = not any(isinstance(d, jax.core.Tracer) for d in dyn)
+  now = unshaped_now and not scope.is_staged() and concrete
   if entry is _UNSHAPED and now:
     return _call_unshaped(fn, spec, tuple(statics), dyn, return_mutated, api, name)
   if entry is None or entry is _UNSHAPED:
@@ -755,7 +755,7 @@ def call(
         api,
         owner,
         anchor,
-        None if any(isinstance(d, jax.core.Tracer) for d in dyn) else dyn,
+        dyn if concrete else None,
       )
     except scope.TracedValueError as e:
       if not (now and isinstance(e.__cause__, _SHAPE_FROM_DATA)):
@@ -765,9 +765,7 @@ def call(
     table[cache_key] = entry
   program, out_spec, out_statics, written = entry
   outs: Sequence[Any]
-  if not any(isinstance(d, jax.core.Tracer) for d in dyn) and not (
-    program.random and scope.is_staged()
-  ):
+  if concrete and not (program.random and scope.is_staged()):
     # nothing to stage: torch runs it right here. (Not a random function while a program is
     # built on known inputs, `torch.empty(n).normal_()`: run now, its numbers would be
     # constants of the program, the same on every run.)
