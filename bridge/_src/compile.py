@@ -47,7 +47,7 @@ from bridge._src.arrays import array_to_tensor
 from bridge._src.dispatch import special
 from bridge._src.errors import BridgeError, BridgeTypeError, DeviceMismatchError, TransferError
 from bridge._src.module_state import module_of
-from bridge._src.placement import placement_lines
+from bridge._src.placement import devices_of, placement_lines
 
 API = "bridge.compile"
 _DYN = tree_lib.DYN
@@ -1161,8 +1161,8 @@ class Compiled:
     # tensors, each named); the bridge's key only where it is alone on its devices
     lines = placement_lines(zip(state, arrays[:n]), distinct=True)
     lines += placement_lines((f"argument {i}", a) for i, a in enumerate(arrays[n + 1 :]))
-    if len(arrays) > n and _devices(arrays[n]) not in {
-      _devices(a) for i, a in enumerate(arrays) if i != n
+    if len(arrays) > n and devices_of(arrays[n]) not in {
+      devices_of(a) for i, a in enumerate(arrays) if i != n
     }:
       lines += placement_lines([("the random key", arrays[n])])
     return DeviceMismatchError(
@@ -1321,14 +1321,6 @@ def _check_unshared(written: tuple, dyn: Sequence[Any], name: str) -> None:
         "program takes them as independent tensors, so it would not see the write through "
         "the other. Pass tensors that do not share memory (`.clone()` one of them)."
       )
-
-
-def _devices(a: Any) -> tuple | None:
-  """The ids of the devices an array is on (None: not a placed array)."""
-  sharding = getattr(a, "sharding", None)
-  if sharding is None or not hasattr(sharding, "device_set"):
-    return None
-  return tuple(sorted(d.id for d in sharding.device_set))
 
 
 def _device_error(name: str, first: Any, other: Any) -> TransferError:

@@ -28,15 +28,22 @@ def placement_lines(named: Any, *, distinct: bool = False) -> list[str]:
   error message's listing); with `distinct`, only the first array on each set of devices."""
   lines, seen = [], set()
   for name, a in named:
-    sharding = getattr(a, "sharding", None)
-    if sharding is None or not hasattr(sharding, "device_set"):
-      continue
-    devices = tuple(sorted(d.id for d in sharding.device_set))
-    if distinct and devices in seen:
+    devices = devices_of(a)
+    if devices is None or (distinct and devices in seen):
       continue
     seen.add(devices)
-    lines.append(f"  {name}: shape {tuple(a.shape)}, {describe(sharding)}, devices {list(devices)}")
+    lines.append(
+      f"  {name}: shape {tuple(a.shape)}, {describe(a.sharding)}, devices {list(devices)}"
+    )
   return lines
+
+
+def devices_of(a: Any) -> tuple[int, ...] | None:
+  """The ids of the devices an array is on, sorted (None: not a placed array)."""
+  sharding = getattr(a, "sharding", None)
+  if sharding is None or not hasattr(sharding, "device_set"):
+    return None
+  return tuple(sorted(d.id for d in sharding.device_set))
 
 
 def check_devices(sharding: Any, what: str, api: str = API) -> None:
