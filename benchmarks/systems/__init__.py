@@ -20,6 +20,7 @@ ALL = (
   "pure_callback",
   "torch_compile_jax",
   "bridge_autograd",
+  "torch_compile_eager",
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
