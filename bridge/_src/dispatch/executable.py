@@ -13,10 +13,19 @@ import numpy as np
 from jax._src import config as _jax_config
 
 from bridge._src import config as config_lib
-from bridge._src import rng
+from bridge._src import rng, scope
 from bridge._src import tree as tree_lib
 from bridge._src.dispatch.checks import check_state, concrete
-from bridge._src.dispatch.meta import conform, meta_outputs, torch_error
+from bridge._src.dispatch.meta import (
+  conform,
+  kernel_refusal,
+  meta_outputs,
+  rare_dtype_arguments,
+  rare_dtypes,
+  torch_error,
+  weak,
+)
+from bridge._src.dispatch.resolve import decomposing
 from bridge._src.errors import BridgeError
 from bridge._src.transfer import ArrayImpl
 
@@ -44,6 +53,11 @@ class Executable:
     # model's trace (see `registry.Lowering.jit_free`).
     self.jit_free = lowering is not None and lowering.jit_free
     self.dynamic_shape = lowering.dynamic_shape if lowering is not None else False
+    # torch's CPU kernel is asked whether it takes the arguments' dtypes where one is rare
+    # (`kernel_refusal`); the signatures (shapes, dtypes) it took, for the calls that trace
+    # the op again each time (no jit: a value-dependent shape, `jax.grad` without jit)
+    self.rare_statics = rare_dtype_arguments(statics)
+    self.kernel_takes: set = set()
     # `call` (eager) and `staged` are made on first use (`__getattr__`): an op met only while
     # a program is staged never needs the eager one, and each `jax.jit` costs tens of us.
 
@@ -139,6 +153,11 @@ class Executable:
   def _apply(self, dyn: tuple, key: Any) -> Any:
     it = iter(dyn)
     args, kwargs = self.treedef.unflatten(tree_lib.merge(self.statics, it))
+    # torch's checks before computing: its meta kernel's (raises torch's error where it
+    # refuses the arguments), then its CPU kernel's where a dtype is rare
+    expected = meta_outputs(self.func, args, kwargs)
+    if (self.rare_statics or rare_dtypes(dyn)) and not decomposing():
+      self.check_kernel(dyn, args, kwargs, expected)
     jit_off = self.jit_free and any(isinstance(d, jax.core.Tracer) for d in dyn)
     prev = _disable_jit.swap_local(True) if jit_off else None
     op, check_state.op = getattr(check_state, "op", None), self.func  # (named by staged checks)
@@ -163,7 +182,31 @@ class Executable:
       check_state.op = op
       if jit_off:
         _disable_jit.set_local(prev)
-    return conform(self.func, out, meta_outputs(self.func, args, kwargs))
+    return conform(self.func, out, expected)
+
+  def check_kernel(self, dyn: tuple, args: Any, kwargs: dict, expected: Any) -> None:
+    """Raise torch's error where its CPU kernel lacks the arguments' dtypes (`softmax` of
+    integers: `NotImplementedError: "softmax_lastdim_kernel_impl" not implemented for
+    'Long'`), asked once per signature (`meta.kernel_refusal`). Not asked for the ops of a
+    decomposition (torch checks the op called), nor in a 32-bit program of an int32 array,
+    which may stand for an int64 tensor (`narrowing`)."""
+    signature: tuple | None = tuple(
+      (np.shape(d), d.dtype, weak(d)) if hasattr(d, "dtype") else type(d) for d in dyn
+    )
+    try:
+      if signature in self.kernel_takes:
+        return
+    except TypeError:  # (a symbolic shape)
+      signature = None
+    if scope._ACTIVE.get().narrow and any(getattr(d, "dtype", None) == np.int32 for d in dyn):
+      return
+    error = kernel_refusal(self.func, args, kwargs, expected)
+    if error is not None:
+      raise error from None
+    if signature is not None:
+      if len(self.kernel_takes) > 256:
+        self.kernel_takes.clear()
+      self.kernel_takes.add(signature)
 
 
 NO_KEY = np.zeros(2, np.uint32)  # the placeholder key of a decomposition that draws none

@@ -1,16 +1,16 @@
 """The plan of a functional op (one that writes none of its arguments): its lowering,
 jitted and cached per static signature, run eagerly or staged; the checks torch makes of its
-arguments before computing (a Python scalar converted to a tensor's dtype, a generator, an
-unsigned dtype its CPU kernels lack), and CPU scalars placed beside the op's other tensors.
+arguments before computing (a Python scalar converted to a tensor's dtype, a generator; the
+dtypes its CPU kernels lack are `Executable.check_kernel`'s), and CPU scalars placed beside the
+op's other tensors.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -227,7 +227,6 @@ class FunctionalPlan:
     exe = self.exes.get(key)
     if exe is None:
       fn, lowering = lowering_fn(self.func)
-      fn = _checking_dtypes(self.func, fn)
       structure = treedef
       if isinstance(treedef, int):  # a flat argument tuple of that length
         structure = _tree_flatten((tuple(range(treedef)), {}))[1]
@@ -423,8 +422,8 @@ def _cpu_error(func: Any, args: Any, kwargs: dict, other: bool = False) -> Excep
   """The exception torch's CPU kernel raises for arguments of these shapes and dtypes (and
   these Python values; `meta.STAND_INS[other]` for traced ones: two sets, as a verdict may
   depend on the value, `pow(x, 1)` copies `x` where `pow(x, 2)` computes), or None. It
-  computes on the stand-ins: it is asked only where an argument is rare (a scalar out of a
-  dtype's range, an unsigned dtype), and torch's random state is left as it was."""
+  computes on the stand-ins: it is asked only where a scalar is out of a dtype's range, and
+  torch's random state is left as it was."""
   try:
     cargs, ckwargs = jax.tree_util.tree_map(
       lambda x: _stand_in(x, other), (args, kwargs), is_leaf=lambda x: isinstance(x, torch.Tensor)
@@ -440,55 +439,6 @@ def _cpu_error(func: Any, args: Any, kwargs: dict, other: bool = False) -> Excep
   except Exception as e:  # noqa: BLE001 - the caller picks the errors it trusts
     return e
   return None
-
-
-# Dtypes torch has few CPU kernels for (`add_stub` is not implemented for UInt32)
-_UNSIGNED = frozenset((torch.uint16, torch.uint32, torch.uint64))
-_JAX_UNSIGNED = frozenset(np.dtype(d) for d in ("uint16", "uint32", "uint64"))
-_UNSUPPORTED = re.compile(r'".+" not implemented for \'UInt(16|32|64)\'')
-_NO_PROMOTION = "Promotion for uint16, uint32, uint64 types is not supported"
-
-
-def _is_unsigned(leaf: Any) -> bool:
-  """Whether an argument is a uint16/32/64 array (not a traced Python scalar) or dtype."""
-  if isinstance(leaf, torch.dtype):
-    return leaf in _UNSIGNED
-  dtype = getattr(leaf, "dtype", None)
-  return isinstance(dtype, np.dtype) and dtype in _JAX_UNSIGNED and not weak(leaf)
-
-
-def _checking_dtypes(func: Any, fn: Callable) -> Callable:
-  """`fn`, first refusing a uint16/32/64 operand or result as torch's CPU kernel does
-  (`NotImplementedError: "add_stub" not implemented for 'UInt32'`, or its promotion error):
-  torch implements few ops for them (copies, casts, comparisons for equality, bitwise and, or,
-  xor, `sum`, `sort`, ...). Checked as the op is traced, so once per signature, where traced
-  scalars are unknown: refused only if torch refuses two sets of stand-ins for them (a
-  lowering checks what depends on their values: `pow(x, 2)`)."""
-
-  @functools.wraps(fn)
-  def checked(*args: Any, **kwargs: Any) -> Any:
-    if decomposing():  # (torch checks the op called, not the ops of a decomposition)
-      return fn(*args, **kwargs)
-    for leaf in jax.tree_util.tree_leaves((args, kwargs)):
-      if _is_unsigned(leaf):
-        error = _cpu_error(func, args, kwargs)
-        if (
-          error is not None
-          and _unsupported(error)
-          and _unsupported(_cpu_error(func, args, kwargs, other=True))
-        ):
-          raise error from None
-        break
-    return fn(*args, **kwargs)
-
-  return checked
-
-
-def _unsupported(error: Exception | None) -> bool:
-  """Whether `error` is torch refusing an unsigned dtype (no kernel, or no promotion)."""
-  return (type(error) is NotImplementedError and bool(_UNSUPPORTED.fullmatch(str(error)))) or (
-    type(error) is RuntimeError and str(error).startswith(_NO_PROMOTION)
-  )
 
 
 def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:

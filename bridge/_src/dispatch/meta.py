@@ -4,6 +4,7 @@ to them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -40,6 +41,9 @@ def _meta_arg(x: Any, stand_ins: list | None = None, other: bool = False) -> Any
   return x
 
 
+_META_REFUSALS = (RuntimeError, IndexError, ValueError, AssertionError)
+
+
 def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   """torch's output metadata for these (traced) arguments, or None if torch has no meta kernel.
 
@@ -60,9 +64,10 @@ def meta_outputs(func: Any, args: tuple, kwargs: dict) -> Any:
   try:
     return func(*margs, **mkwargs)
   except Exception as e:  # noqa: BLE001 - no meta kernel: the lowering's own dtypes stand
-    # (only torch's check errors: a TypeError here more likely says how the arguments were
-    # stood in for than that torch refuses them)
-    if isinstance(e, (RuntimeError, IndexError)):
+    # (only torch's check errors, and the ValueError or AssertionError of a meta kernel written
+    # in Python (`add`'s alpha, `clamp` without bounds, `nll_loss`'s weight); a TypeError here
+    # more likely says how the arguments were stood in for than that torch refuses them)
+    if isinstance(e, _META_REFUSALS):
       error = _verdict(func, e, margs, mkwargs, args, kwargs, bool(stand_ins))
       if error is not None:
         raise error from None
@@ -204,13 +209,179 @@ def _meta_args(
 _SMALL = 1 << 16  # elements: a CPU stand-in this small is real memory (no stride-0 quirks)
 
 
-def _cpu_arg(x: Any) -> Any:
-  """A meta tensor as a CPU tensor of its shape and dtype (zeros; stride 0 if large)."""
+def _cpu_arg(x: Any, fill: int = 0) -> Any:
+  """A meta tensor as a CPU tensor of its shape and dtype, of `fill`s (stride 0 if large)."""
   if isinstance(x, torch.Tensor) and x.device.type == "meta":
     if x.numel() <= _SMALL:
-      return torch.zeros(x.shape, dtype=x.dtype)
-    return torch.zeros((), dtype=x.dtype).expand(x.shape)
+      return torch.full(x.shape, fill, dtype=x.dtype)
+    return torch.full((), fill, dtype=x.dtype).expand(x.shape)
   return x
+
+
+def _cpu_run(func: Any, margs: Any, mkwargs: dict, fill: int) -> Exception | None:
+  """The exception torch's CPU kernel raises for stand-ins of the meta arguments (tensors of
+  `fill`s), or None. Its random draws (a kernel with a `Generator?` argument gets one of its
+  own; any other's are undone) leave torch's generator as it was."""
+  try:
+    cargs, ckwargs = jax.tree_util.tree_map(
+      lambda x: _cpu_arg(x, fill),
+      (margs, mkwargs),
+      is_leaf=lambda x: isinstance(x, torch.Tensor),
+    )
+  except Exception:  # noqa: BLE001 - no stand-in of this dtype: no verdict
+    return _NO_STAND_IN
+  if "device" in ckwargs:
+    ckwargs["device"] = "cpu"
+  generator = _generator_arg(func)
+  if generator is not None:
+    at, name = generator
+    if at < len(cargs):
+      cargs = (*cargs[:at], torch.Generator(), *cargs[at + 1 :])
+    else:
+      ckwargs[name] = torch.Generator()
+  try:
+    with torch.no_grad():
+      if generator is None and torch.Tag.nondeterministic_seeded in func.tags:
+        with torch.random.fork_rng(devices=[]):
+          func(*cargs, **ckwargs)
+      else:
+        func(*cargs, **ckwargs)
+  except Exception as e:  # noqa: BLE001 - the caller picks the errors it trusts
+    return e
+  return None
+
+
+class _NoStandIn(Exception):
+  """No stand-in could be made (a dtype torch cannot fill): never a verdict."""
+
+
+_NO_STAND_IN = _NoStandIn()
+
+
+def _generator_arg(func: Any) -> tuple[int, str] | None:
+  """(position, name) of `func`'s `Generator?` argument, if it has one."""
+  for i, a in enumerate(func._schema.arguments):
+    if isinstance(a.type, torch.OptionalType) and a.type.getElementType().kind() == "GeneratorType":
+      return i, a.name
+  return None
+
+
+def _alike(error: Exception, again: Exception | None) -> bool:
+  """Whether `again` is `error`: its type and its words."""
+  return type(again) is type(error) and str(again) == str(error)
+
+
+# --- the dtypes torch's CPU kernels refuse --------------------------------------------------------
+#
+# torch's meta kernels accept dtypes its CPU kernels lack (`softmax` of integers, `sort` of
+# complex numbers, `bool_mask @ bool_mask`, `cdist` in float16): the CPU kernel is asked, on
+# stand-ins, once per argument signature. float32 and float64 tensors are what every CPU kernel
+# of a floating op takes; any other dtype (integers, bool, complex, float16, bfloat16), of a
+# tensor or of a `dtype` argument, is asked about.
+
+_ANY_KERNEL = frozenset((np.dtype("float32"), np.dtype("float64")))
+_ANY_KERNEL_TORCH = frozenset((torch.float32, torch.float64))
+_REFUSALS = (RuntimeError, IndexError, ValueError, TypeError)  # NotImplementedError is one
+# What a refusal of dtypes names (`"softmax_lastdim_kernel_impl" not implemented for 'Long'`,
+# "Sort does not support complex dtypes on CPU", "Boolean inputs not supported for relu"); an
+# error that names none (an index out of range, a singular matrix) is about values, not dtypes
+_NAMES_A_DTYPE = re.compile(
+  r"\b(dtypes?|types?|complex\w*|bool(ean)?|integ\w*|float\w*|double|half|bfloat16|long|"
+  r"u?int\d*|byte|short|char)\b",
+  re.IGNORECASE,
+)
+_STAND_IN_MAX = 4096  # elements of a stand-in or a result: its CPU kernel is cheap
+
+
+def rare_dtypes(dyn: Any) -> bool:
+  """Whether some array among an op's traced arguments `dyn` (not a traced Python scalar) has
+  a dtype other than float32/float64."""
+  for d in dyn:
+    dtype = getattr(d, "dtype", None)
+    if dtype is not None and dtype not in _ANY_KERNEL and (np.ndim(d) or not weak(d)):
+      return True
+  return False
+
+
+def rare_dtype_arguments(statics: Any) -> bool:
+  """Whether an op's static arguments name a dtype other than float32/float64."""
+  return any(isinstance(s, torch.dtype) and s not in _ANY_KERNEL_TORCH for s in statics)
+
+
+def kernel_refusal(func: Any, args: Any, kwargs: dict, expected: Any) -> Exception | None:
+  """The exception torch's CPU kernel raises for arguments of these dtypes, where it lacks a
+  kernel for them (`NotImplementedError: "softmax_lastdim_kernel_impl" not implemented for
+  'Long'`), or None: the caller asks only where a dtype is rare (`rare_dtypes`), once per
+  argument signature; `expected` is the meta kernel's result for them.
+
+  The kernel runs on stand-ins: tensors of the arguments' shapes where they and the results
+  are small (else of their shapes with each dimension cut to a few elements, where the meta
+  kernel takes those), once of zeros and once of ones, with traced Python scalars as two sets
+  of values (`STAND_INS`). A refusal is the same exception, in the same words, for both, and
+  names a dtype: an error that depends on values (an integer division by zero, an index out
+  of range, a singular matrix) is not taken for one. Where unsure, None."""
+  if func.name().startswith("aten::_unsafe"):  # (unchecked indexing: ones may read past the end)
+    return None
+  try:
+    zeros = _meta_args(args, kwargs)
+    ones = _meta_args(args, kwargs, None, other=True)
+  except Exception:  # noqa: BLE001 - a symbolic shape, a dtype torch lacks: unsure
+    return None
+  if not _small(zeros, expected):
+    cut = _cut(zeros, ones)
+    if cut is None:
+      return None
+    zeros, ones = cut
+    try:
+      expected = func(*zeros[0], **zeros[1])
+    except Exception:  # noqa: BLE001 - the meta kernel refuses the cut shapes: unsure
+      return None
+    if not _small(zeros, expected):  # (a factory of a large size)
+      return None
+  error = _cpu_run(func, *zeros, 0)
+  if error is None or not isinstance(error, _REFUSALS) or not _NAMES_A_DTYPE.search(str(error)):
+    return None
+  if not _alike(error, _cpu_run(func, *ones, 1)):
+    return None
+  return error
+
+
+def _meta_tensors(tree: Any) -> list[torch.Tensor]:
+  return [
+    t
+    for t in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+    if isinstance(t, torch.Tensor)
+  ]
+
+
+def _small(margs: tuple, expected: Any) -> bool:
+  """Whether every tensor argument and result has at most `_STAND_IN_MAX` elements (a result
+  the meta kernel cannot tell counts as large only if no argument is a tensor)."""
+  tensors = _meta_tensors(margs)
+  if expected is None and not tensors:
+    return False
+  return all(t.numel() <= _STAND_IN_MAX for t in [*tensors, *_meta_tensors(expected)])
+
+
+def _cut(zeros: tuple, ones: tuple) -> tuple[tuple, tuple] | None:
+  """The meta arguments with each dimension of each tensor cut to one length, so that each
+  tensor has at most about `_STAND_IN_MAX` elements (equal sizes stay equal, sizes 0 and 1
+  stay); None if no argument is a tensor."""
+  tensors = _meta_tensors(zeros)
+  rank = max((t.dim() for t in tensors), default=0)
+  if not rank:
+    return None
+  limit = max(2, int(_STAND_IN_MAX ** (1 / rank)))
+
+  def cut(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+      return torch.empty([min(n, limit) for n in x.shape], dtype=x.dtype, device="meta")
+    return x
+
+  def each(tree: tuple) -> tuple:
+    return jax.tree_util.tree_map(cut, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+
+  return each(zeros), each(ones)
 
 
 def torch_error(func: Any, args: Any, kwargs: dict) -> Exception | None:
@@ -235,24 +406,22 @@ def _refusal(func: Any, error: Exception, margs: Any, mkwargs: dict) -> Exceptio
   multiplied`), so the CPU kernel is asked for its own on inputs of the same shapes (it
   fails its checks before computing). A CPU kernel that does not refuse them leaves the
   verdict open (None): only a mistake both kernels see is raised."""
-  if not isinstance(error, (RuntimeError, IndexError, ValueError, TypeError)):
+  if not isinstance(error, (*_META_REFUSALS, TypeError)):
     return None
   if isinstance(error, NotImplementedError) or type(error).__module__.startswith(
     "torch._subclasses"
   ):  # no meta kernel; a data-dependent output shape
     return None
-  cargs, ckwargs = jax.tree_util.tree_map(
-    _cpu_arg, (margs, mkwargs), is_leaf=lambda x: isinstance(x, torch.Tensor)
-  )
-  if "device" in ckwargs:
-    ckwargs["device"] = "cpu"
-  try:
-    func(*cargs, **ckwargs)
-  except type(error) as cpu_error:
+  cpu_error = _cpu_run(func, margs, mkwargs, 0)
+  if cpu_error is None or isinstance(cpu_error, type(error)):
     return cpu_error
-  except Exception:  # noqa: BLE001 - another kind of failure: not a verdict
+  # A meta kernel written in Python words a refusal as a ValueError or AssertionError where
+  # the CPU kernel raises a RuntimeError (`add`'s alpha): the CPU kernel's own error, if it is
+  # no verdict on the zeros (it refuses ones too, in the same words)
+  again = _cpu_run(func, margs, mkwargs, 1)
+  if not isinstance(cpu_error, _REFUSALS) or not _alike(cpu_error, again):
     return None
-  return None
+  return cpu_error
 
 
 def conform(func: Any, out: Any, expected: Any) -> Any:
