@@ -12,6 +12,18 @@ from jax import lax
 from bridge_ops._lowering import jax_dtype
 
 
+def _wrap_dim(dim: int, ndim: int) -> int:
+  """torch's `maybe_wrap_dim`: `dim` as a non-negative axis of an `ndim`-dimensional tensor, or
+  its IndexError when out of range (a 0-d tensor takes -1 and 0). Some of torch's meta kernels
+  (`_softmax`, `sort`) do not check it; every lowering that takes a `dim` goes through here."""
+  low, high = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
+  if not low <= dim <= high:
+    raise IndexError(
+      f"Dimension out of range (expected to be in range of [{low}, {high}], but got {dim})"
+    )
+  return dim % max(ndim, 1)
+
+
 def _axes(x, dim, empty_means_all: bool = True) -> tuple[int, ...]:
   """`dim` (None, int or list) as sorted non-negative axes of `x`."""
   if dim is None:
@@ -19,16 +31,14 @@ def _axes(x, dim, empty_means_all: bool = True) -> tuple[int, ...]:
   dims = [dim] if isinstance(dim, int) else list(dim)
   if not dims:
     return tuple(range(x.ndim)) if empty_means_all else ()
-  if x.ndim == 0:  # torch accepts dim 0 / -1 on a 0-d tensor; nothing to reduce
-    return ()
-  return tuple(sorted(d % x.ndim for d in dims))
+  axes = tuple(sorted(_wrap_dim(d, x.ndim) for d in dims))
+  return () if x.ndim == 0 else axes  # a 0-d tensor has nothing to reduce
 
 
 def _one_axis(x, dim: int):
   """(x with at least one dim, its axis for `dim`): 0-d tensors are treated as shape (1,)."""
-  if x.ndim == 0:
-    return x.reshape(1), 0
-  return x, dim % x.ndim
+  axis = _wrap_dim(dim, x.ndim)
+  return (x.reshape(1), 0) if x.ndim == 0 else (x, axis)
 
 
 def _nonempty(x, dims, name: str, wrap: bool = True) -> None:
@@ -36,11 +46,10 @@ def _nonempty(x, dims, name: str, wrap: bool = True) -> None:
   median, mode...): reducing `x` over an empty one of `dims` (an int or ints) raises IndexError
   naming it, wrapped into [0, ndim) as most kernels print it (`amax`/`amin`: `wrap=False`, as
   given). The shapes are static, so this is decided while a program is traced."""
-  if x.ndim == 0:  # one element: nothing is empty
-    return
   for d in [dims] if isinstance(dims, int) else dims:
-    if x.shape[d] == 0:
-      d = d % x.ndim if wrap else d
+    axis = _wrap_dim(d, x.ndim)
+    if x.ndim and x.shape[axis] == 0:  # (a 0-d tensor has one element: nothing is empty)
+      d = axis if wrap else d
       raise IndexError(f"{name}: Expected reduction dim {d} to have non-zero size.")
 
 

@@ -5,7 +5,8 @@ torch semantics kept here (each checked against torch on CPU in tests/ops/test_r
 * `dim` is None, an int or a list; None and `[]` mean every dim (except `all.dims`/`any.dims`,
   where `[]` reduces nothing). A 0-d tensor accepts dim 0 or -1 and stays 0-d.
 * sum/prod/cumsum/cumprod of integers and bools give int64; `dtype=` casts before reducing.
-  float16/bfloat16 accumulate in float32 and round once, as torch's CPU kernels do.
+  float16/bfloat16 sum, mean and the scans accumulate in float32 and round once, as torch's CPU
+  kernels do; prod rounds every product to the 16-bit type, in the order of torch's kernel.
 * max/min/argmax/argmin propagate NaN and pick the first NaN or the first tie; cummax/cummin
   pick the *last* tie (and the last NaN), as torch does.
 * The reductions with no identity (max, min, amax, amin, aminmax, argmax, argmin) of nothing
@@ -19,10 +20,12 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from bridge_ops._lowering import (
   aten,
+  fori_loop,
   jax_dtype,
   lowering,
   opmath,
@@ -68,6 +71,14 @@ def trace(self):
 
 @lowering(aten.nansum.default)
 def nansum(self, dim=None, keepdim=False, *, dtype=None):
+  if dim is not None and not len(dim) and self.shape != ((1,) * self.ndim if keepdim else ()):
+    # torch's CPU kernel sums every element, its meta kernel keeps the input's shape: the
+    # `jax` device follows the meta kernel's shapes, so the result torch gives cannot be made
+    raise NotImplementedError(
+      f"`torch.nansum` with `dim=()` (no dims) on shape {tuple(self.shape)}: torch's CPU "
+      "kernel sums every element, but its meta kernel, whose shapes the `jax` device "
+      "follows, keeps the input's shape. Pass `dim=None` to sum every element."
+    )
   x = self if _is_int(self.dtype) else jnp.where(jnp.isnan(self), jnp.zeros_like(self), self)
   return sum_dim_IntList(x, dim, keepdim, dtype=dtype)
 
@@ -82,7 +93,65 @@ def mean_dim(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowering(aten.prod.default, aten.prod.dim_int)
 def prod_dim_int(self, dim=None, keepdim=False, *, dtype=None):
+  out = _sum_dtype(self, dtype)
+  if out in _HALF_TYPES:
+    return _half_prod(self.astype(out), dim, keepdim)
   return _sum_or_prod(jnp.prod, self, dim, keepdim, dtype)
+
+
+# torch's CPU prod of float16/bfloat16 (`binary_kernel_reduce_vec`) rounds every product to the
+# 16-bit type, so its order decides the result. Along a row that is contiguous in memory it
+# keeps 4 vectors of 16 lanes per 64-element block, multiplies them together, then the lanes
+# in order, then the elements past the last block one by one; along any other dim it multiplies
+# in index order. One result of at least `_GRAIN` elements is split among torch's threads
+# (`two_pass_reduction`), each chunk reduced as a row, then the per-thread results as a row.
+_HALF_TYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+_LANES, _BLOCK, _GRAIN = 16, 64, 32768
+
+
+def _in_order(acc, rows):
+  """`acc` times each column of the 2-d `rows` in turn, rounded after each product."""
+  if rows.shape[1] == 0:
+    return acc
+  return fori_loop(
+    0, rows.shape[1], lambda i, a: a * lax.dynamic_index_in_dim(rows, i, 1, False), acc
+  )
+
+
+def _row_prod(rows):
+  """torch's product of each contiguous row of the 2-d `rows` (see above)."""
+  m, n = rows.shape
+  acc = jnp.ones((m,), rows.dtype)
+  count = n // _BLOCK
+  if count:
+    blocks = rows[:, : count * _BLOCK].reshape(m, count, 4, _LANES)
+    vec = fori_loop(
+      1, count, lambda i, v: v * lax.dynamic_index_in_dim(blocks, i, 1, False), blocks[:, 0]
+    )
+    lanes = (vec[:, 0] * vec[:, 1]) * (vec[:, 2] * vec[:, 3])
+    acc = _in_order(lanes[:, 0], lanes[:, 1:])
+  return _in_order(acc, rows[:, count * _BLOCK :])
+
+
+def _half_prod(x, dim, keepdim):
+  axes = _axes(x, dim)
+  kept = [s for a, s in enumerate(x.shape) if a not in axes]
+  if math.prod(kept) == 1:  # one result: every element, in memory order
+    flat = x.reshape(-1)
+    threads = min(torch.get_num_threads(), -(-flat.size // _GRAIN))
+    if threads > 1:
+      size = -(-flat.size // threads)
+      parts = [_row_prod(flat[t * size : (t + 1) * size][None]) for t in range(threads)]
+      pad = jnp.ones((torch.get_num_threads() - threads,), x.dtype)
+      flat = jnp.concatenate(parts + [pad])
+    r = _row_prod(flat[None])[0]
+  else:
+    (axis,) = axes
+    rows = jnp.moveaxis(x, axis, -1).reshape(math.prod(kept), x.shape[axis])
+    contiguous = all(s == 1 for s in x.shape[axis + 1 :])
+    r = _row_prod(rows) if contiguous else _in_order(jnp.ones(rows.shape[:1], x.dtype), rows)
+  shape = [1 if a in axes else s for a, s in enumerate(x.shape)] if keepdim else kept
+  return r.reshape(shape)
 
 
 # ----------------------------------------------------------------------------- max, min, arg*
@@ -186,21 +255,49 @@ _std_sqrt = with_derivative(
 
 def _var_mean(x, dim, correction, keepdim, sqrt=False):
   """(variance or std, mean), computed in float32 for 16-bit floats and rounded once; the
-  variance is real for complex inputs."""
+  variance is real for complex inputs.
+
+  torch's kernels square float32 deviations in double: a float32 std of [1e20, -1e20] is
+  finite there. Here they are scaled by a power of two near their largest magnitude before
+  squaring, and the result is scaled back: exact (the same numbers as without it), except
+  that the squares cannot overflow. (float64 is squared as is, as torch does; a complex std is
+  the square root of its float32 variance, as torch's.)"""
   axes = _axes(x, dim)
   n = _count(x, axes)
   xa = x.astype(opmath(x.dtype))
   mean = jnp.sum(xa, axis=axes, keepdims=True) / n
   d = xa - mean
+  real = real_dtype(xa.dtype)
+  k = jnp.zeros((), jnp.int32)
+  if real != np.float64:
+    mag = jnp.maximum(jnp.abs(d.real), jnp.abs(d.imag)) if jnp.iscomplexobj(d) else jnp.abs(d)
+    _, e = jnp.frexp(jnp.max(mag, axis=axes, keepdims=True, initial=0))
+    bias = jnp.finfo(real).maxexp - 1
+    k = lax.stop_gradient(jnp.clip(e, 2 - bias, bias - 1))
+    d = d * _power_of_two(-k, real)
+    if not keepdim:
+      k = jnp.squeeze(k, axes)
   sq = (d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d
   # torch divides by max(0, N - correction) (so N <= correction gives inf or nan).
   dof = jnp.maximum(n - (1 if correction is None else correction), 0)
   var = jnp.sum(sq, axis=axes, keepdims=keepdim) / dof
-  if sqrt:
-    var = _std_sqrt(var)
+  scale = _power_of_two(k, real)
+  if sqrt and not jnp.iscomplexobj(d):
+    var = _std_sqrt(var) * scale
+  else:
+    var = var * scale * scale
+    var = _std_sqrt(var) if sqrt else var
   if not keepdim:
     mean = jnp.squeeze(mean, axes)
   return var.astype(real_dtype(x.dtype)), mean.astype(x.dtype)
+
+
+def _power_of_two(k, dtype):
+  """2 ** k in the float `dtype`, exactly, for integers k in its normal range."""
+  info = jnp.finfo(dtype)
+  bits = jnp.dtype(f"int{info.bits}")
+  exponent = (k.astype(bits) + (info.maxexp - 1)) << info.nmant
+  return lax.bitcast_convert_type(exponent, dtype)
 
 
 @lowering(aten.var.correction)
@@ -374,6 +471,10 @@ def cummin(self, dim):
 
 @lowering(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
+  if not len(dim) and not keepdim and self.ndim and self.size:
+    # torch's CPU kernel: the sum over no dims is every element (0-d), its max kept (1, ..., 1)
+    ones = ", ".join(["1"] * self.ndim)
+    raise RuntimeError(f"output with shape [] doesn't match the broadcast shape [{ones}]")
   _, out = result_dtypes(self, kind="int_to_float")
   x = self.astype(opmath(out))
   axes = _axes(x, dim)

@@ -1,8 +1,10 @@
 """Sorting and order statistics: sort, topk, kthvalue, median, nanmedian, mode, unique, and
 the searches in sorted sequences (searchsorted, bucketize).
 
-sort is stable in both directions (NaN sorts as the largest value); median, nanmedian,
-kthvalue and mode take their values and indices from that stable order.
+sort is stable in both directions (NaN sorts as the largest value); median and nanmedian
+take their values and indices from that stable order (a nanmedian of only NaN: the index
+torch's nth_element leaves), kthvalue and mode from ports of torch's CPU algorithms (mode's
+`std::sort` compares NaN false with everything, as in C++).
 
 `searchsorted`/`bucketize` run torch's own binary search (not `jnp.searchsorted`):
 NaN compares false there, where JAX's sort order would put it last.
@@ -29,7 +31,7 @@ from bridge_ops._lowering import (
   while_loop,
   with_derivative,
 )
-from bridge_ops._reduction import _nonempty, _one_axis, _sort, _squeeze
+from bridge_ops._reduction import _nonempty, _one_axis, _sort, _squeeze, _wrap_dim
 
 
 # ---------------------------------------------------------------- sort, topk, order statistics
@@ -55,11 +57,21 @@ def _segment_cumsum(flags, first):
 
 def _introsort_order(key):
   """The permutation libstdc++'s `std::sort` (introsort, as torch's CPU sort kernel runs it for
-  stable=False) leaves a 1-d int `key` in, `<` as comparator: median-of-3 Hoare partitions of
-  every segment longer than 16, one tree level at a time (the k-th left stopper swaps with the
-  k-th right stopper while they have not crossed), then the final insertion sort, which is a
-  stable sort of the partitioned order. Segments still longer than 16 when the depth limit is
-  reached (heapsort in libstdc++, for median-of-3-killer inputs only) are sorted stably here."""
+  stable=False) leaves a 1-d int `key` in, `<` as comparator: `_introsort_partition`, then the
+  final insertion sort, which is a stable sort of the partitioned order."""
+  key, order = _introsort_partition(key)
+  _, final = lax.sort((key, jnp.arange(key.shape[0], dtype=jnp.int32)), num_keys=1, is_stable=True)
+  return order[final]
+
+
+def _introsort_partition(key):
+  """(`key` as libstdc++'s introsort loop leaves it before its final insertion sort, the
+  permutation it applied): median-of-3 Hoare partitions of every segment longer than 16, one
+  tree level at a time (the k-th left stopper swaps with the k-th right stopper while they
+  have not crossed), `<` as comparator (only comparisons with the pivot decide, so a float key
+  with NaN, which compares false, partitions as in C++). Segments still longer than 16 when the
+  depth limit is reached (heapsort in libstdc++, for median-of-3-killer inputs only) are left
+  to the final sort."""
   n = key.shape[0]
   pos = jnp.arange(n, dtype=jnp.int32)
   if n > 16:
@@ -124,7 +136,32 @@ def _introsort_order(key):
     key, order, _, _ = while_loop(more, level, state)
   else:
     order = pos
-  _, final = lax.sort((key, pos), num_keys=1, is_stable=True)
+  return key, order
+
+
+def _final_insertion_sort(a, order):
+  """The permutation (of `order`) libstdc++'s final insertion sort leaves the float key `a`
+  (with NaN) in, `<` as comparator. NaN compares false with everything, so it stops every
+  element moving left past it: an insertion sort of the first 16 (where an element less than
+  the first jumps to the front, past NaNs), then, from the 17th on, each NaN-free run between
+  NaNs ends sorted in its order (insertion is stable), the NaNs where they stand."""
+  m = min(a.shape[0], 16)
+  head, head_order = a[:m], order[:m]
+  idx = jnp.arange(m)
+  for i in range(1, m):  # __insertion_sort(first, first + 16)
+    val = head[i]
+    stop = jnp.max(jnp.where((idx < i) & ~(val < head), idx, -1))  # the scan's stop
+    j = jnp.where(val < head[0], 0, stop + 1)
+    src = jnp.where((idx > j) & (idx <= i), idx - 1, idx)
+    head = jnp.where(idx == j, val, head[src])
+    head_order = jnp.where(idx == j, head_order[i], head_order[src])
+  a = jnp.concatenate([head, a[m:]])
+  order = jnp.concatenate([head_order, order[m:]])
+  nan = jnp.isnan(a)
+  run = jnp.cumsum(nan.astype(jnp.int32))  # a NaN opens a run; it sorts first in it
+  value = jnp.where(nan | (a == 0), jnp.zeros_like(a), a)  # (-0.0 == 0.0 for `<`)
+  pos = jnp.arange(a.shape[0], dtype=jnp.int32)
+  final = lax.sort((run, (~nan).astype(jnp.int32), value, pos), num_keys=3, is_stable=True)[-1]
   return order[final]
 
 
@@ -295,6 +332,8 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
   n = x1.shape[axis]
   if not 0 <= k <= n:  # (torch's meta kernel says so too, but an empty row fails here first)
     raise RuntimeError("selected index k out of range")
+  if self.ndim == 0:  # torch's kernel copies a 0-d tensor's value and index 0, for k = 0 too
+    return self, jnp.zeros((), jnp.int64)
   if k == 0:
     if largest:
       xm = jnp.moveaxis(x1, axis, -1)
@@ -410,7 +449,10 @@ def _median(x, axis, keepdim, was_0d, ignore_nan):
   if ignore_nan:
     valid = n - jnp.sum(nan, axis=axis, keepdims=True, dtype=jnp.int64)
     pos = jnp.maximum(valid - 1, 0) // 2
-    return _pick(v, i, pos, axis, keepdim, was_0d)
+    pv, pi = _pick(v, i, pos, axis, keepdim, was_0d)
+    # a slice of only NaN: the index torch's std::nth_element leaves first (see below)
+    none = _squeeze(valid == 0, axis, keepdim, was_0d)
+    return pv, jnp.where(none, jnp.int64(_all_equal_first(n)), pi)
   pos = jnp.full(shape1, (n - 1) // 2, jnp.int64)
   pv, pi = _pick(v, i, pos, axis, True, False)
   has_nan = jnp.any(nan, axis=axis, keepdims=True)
@@ -418,6 +460,26 @@ def _median(x, axis, keepdim, was_0d, ignore_nan):
   pv = jnp.where(has_nan, jnp.full_like(pv, jnp.nan), pv)
   pi = jnp.where(has_nan, first_nan, pi)
   return _squeeze(pv, axis, keepdim, was_0d), _squeeze(pi, axis, keepdim, was_0d)
+
+
+@functools.lru_cache
+def _all_equal_first(n: int) -> int:
+  """The index libstdc++'s `std::nth_element(first, first, last)` leaves first in
+  iota(n) when every element is equivalent to every other (nanmedian's comparator on a slice
+  of only NaN, where torch takes nth = (0 - 1) / 2 = 0): each Hoare partition (the median of
+  3 is the middle element, swapped to the front) swaps pairs from both ends to the middle and
+  keeps the left half, down to 3 elements, which the final insertion sort leaves alone."""
+  a = list(range(n))
+  last = n
+  while last > 3:
+    mid = last // 2
+    a[0], a[mid] = a[mid], a[0]
+    lo, hi = 1, last - 1
+    while lo < hi:
+      a[lo], a[hi] = a[hi], a[lo]
+      lo, hi = lo + 1, hi - 1
+    last = lo
+  return a[0] if n else 0
 
 
 def _median_all(x, ignore_nan):
@@ -471,22 +533,34 @@ def nanmedian_dim(self, dim, keepdim=False):
 
 @lowering(aten.mode.default)
 def mode(self, dim=-1, keepdim=False):
-  """Most frequent value (the smallest on a tie) and the index of its last occurrence, as
-  torch's CPU kernel gives while its sort keeps equal values in order."""
+  """Most frequent value and an index of it, as torch's CPU kernel finds them: it sorts the
+  row with `std::sort` (`<` on the values: NaN compares false, so it stays among the others
+  and each NaN is a run of its own), then takes the first longest run of equal values, and
+  the index of the run's last element."""
   _nonempty(self, dim, "mode()")
   x1, axis = _one_axis(self, dim)
-  v, i = _sort(x1, axis, descending=False)
-  n = x1.shape[axis]
-  pos = lax.broadcasted_iota(jnp.int64, v.shape, axis)
-  head = lax.slice_in_dim(v, 0, n - 1, axis=axis)
-  tail = lax.slice_in_dim(v, 1, n, axis=axis)
-  edge = jnp.ones_like(lax.slice_in_dim(v, 0, 1, axis=axis), dtype=jnp.bool_)
-  starts = jnp.concatenate([edge, tail != head], axis=axis)  # a run of equal values starts
-  ends = jnp.concatenate([tail != head, edge], axis=axis)  # a run ends
-  run_start = lax.cummax(jnp.where(starts, pos, 0), axis=axis)
+  xm = jnp.moveaxis(x1, axis, -1)
+  rows = xm.reshape(-1, xm.shape[-1])
+  v, i = jax.vmap(_mode_row)(rows)
+  shape = xm.shape[:-1] + (1,)
+  v, i = jnp.moveaxis(v.reshape(shape), -1, axis), jnp.moveaxis(i.reshape(shape), -1, axis)
+  return _squeeze(v, axis, keepdim, self.ndim == 0), _squeeze(i, axis, keepdim, self.ndim == 0)
+
+
+def _mode_row(x):
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    order = _final_insertion_sort(*_introsort_partition(x))
+  else:
+    order = _introsort_order(_order_keys(x, descending=False))
+  v = x[order]
+  n = x.shape[0]
+  pos = jnp.arange(n)
+  ends = jnp.concatenate([v[1:] != v[:-1], jnp.ones((1,), jnp.bool_)])  # a run ends
+  starts = jnp.concatenate([jnp.ones((1,), jnp.bool_), ends[:-1]])
+  run_start = lax.cummax(jnp.where(starts, pos, 0), axis=0)
   length = jnp.where(ends, pos - run_start + 1, 0)  # run length, at each run's end
-  best = jnp.argmax(length, axis=axis, keepdims=True)  # first longest = smallest value
-  return _pick(v, i, best, axis, keepdim, self.ndim == 0)
+  best = jnp.argmax(length)  # the first longest
+  return v[best], order[best].astype(jnp.int64)
 
 
 # ----------------------------------------------------------------------------- unique
@@ -531,7 +605,7 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
   if dim is None:
     v, inv, cnt = _unique_flat(self, False, True, return_inverse, return_counts)
     return v, inv.reshape(self.shape) if return_inverse else inv, cnt
-  axis = dim % self.ndim
+  axis = _wrap_dim(dim, self.ndim)
   if any(size == 0 for d, size in enumerate(self.shape) if d != axis):
     raise RuntimeError(
       "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied"
