@@ -3,7 +3,9 @@
 
 A `Scalar` is cast to the computation dtype before use (so an out-of-range int wraps like
 torch's `uint8 == 300`); float16/bfloat16 compute in float32 (`_lowering.opmath`) and the
-core casts results back to torch's result dtype.
+core casts results back to torch's result dtype. Before that, every input is rounded to the
+inputs' common dtype, as torch's CPU kernels cast their inputs (a float16 tensor is compared
+with 0.1 rounded to float16), except the ones a kernel reads unrounded (`_promote`'s `exact`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import check, literal, result_dtypes, with_derivative
+from bridge_ops._lowering import check, literal, opmath, result_dtypes, with_derivative
 
 __all__: list[str] = []
 
@@ -37,18 +39,57 @@ def _is_one(alpha: Any) -> bool:
   return literal(alpha) and alpha == 1
 
 
-def _promoted(*values: Any, kind: str = "default") -> tuple[jax.Array, ...]:
-  """`values` (arrays or Scalars) cast to torch's computation dtype for them."""
+def _common(*values: Any) -> Any:
+  """The dtype torch's CPU kernels cast `values` to before computing (TensorIterator's common
+  dtype) where the computation dtype is wider (float16, bfloat16: computed in float32); else
+  None (nothing to round)."""
+  _, common = result_dtypes(*values)
+  return common if opmath(common) != np.dtype(common) else None
+
+
+def _rounded(value: Any, common: Any, compute: Any) -> jax.Array:
+  """`value` in `compute`, rounded to `common` first (a Python float reaches float16 through
+  float32, as `c10::Half(float)`), or straight in `compute` where `common` is None."""
+  if common is None or np.dtype(getattr(value, "dtype", type(value))) == np.dtype(common):
+    return _as(value, compute)
+  return _as(_as(_as(value, compute), common), compute)
+
+
+def _promoted(
+  *values: Any, kind: str = "default", exact: tuple[bool, ...] = ()
+) -> tuple[jax.Array, ...]:
+  """`values` (arrays or Scalars) cast to torch's computation dtype for them, each rounded to
+  the common dtype first (`_rounded`) unless `exact` (by position) says torch reads it as
+  it is."""
   compute, _ = result_dtypes(*values, kind=kind)
-  return tuple(_as(v, compute) for v in values)
+  common = _common(*values)
+  exact = exact + (False,) * (len(values) - len(exact))
+  return tuple(
+    _as(v, compute) if keep else _rounded(v, common, compute) for v, keep in zip(values, exact)
+  )
 
 
-def _promote(*names: str, kind: str = "default") -> Callable[[Callable], Callable]:
+def _single(value: Any) -> bool:
+  """A single value (a Scalar, a 0-d or one-element tensor): what torch's `is_scalar` operand
+  is, which broadcasts over the whole result."""
+  return np.size(value) == 1
+
+
+def _promote(
+  *names: str, kind: str = "default", exact: str | None = None, scalars: tuple[str, ...] = ()
+) -> Callable[[Callable], Callable]:
   """Like `promote`, for ops with several inputs: every named argument, Scalars included,
   is cast to torch's computation dtype (with `_as`) before the lowering runs.
 
   torch casts a Python scalar to the operation's dtype, so an out-of-range int wraps
-  (`uint8_tensor == 300` compares with 44) where JAX would refuse the literal.
+  (`uint8_tensor == 300` compares with 44) where JAX would refuse the literal; and it casts
+  every input to the inputs' common dtype first, so a float16 tensor compares with 0.1 (or
+  a float32 0-d tensor of 0.1, or adds an int64 tensor of 2049) rounded to float16, though
+  float16 computes in float32. `exact` names the argument that torch's CPU kernel reads
+  unrounded when it is a single value (`_single`): the divisor of `mul` and `div` (their
+  `original_scalar_value`). `scalars` names Scalar arguments that take no part in promotion
+  but which the kernel reads in the common dtype (`add`'s `alpha.to<scalar_t>()`); the
+  default of 1 stays a literal.
   """
 
   def decorate(fn: Callable) -> Callable:
@@ -58,8 +99,17 @@ def _promote(*names: str, kind: str = "default") -> Callable[[Callable], Callabl
     def wrapper(*args: Any, **kwargs: Any) -> Any:
       bound = sig.bind(*args, **kwargs)
       present = [n for n in names if bound.arguments.get(n) is not None]
-      for n, v in zip(present, _promoted(*(bound.arguments[n] for n in present), kind=kind)):
+      values = [bound.arguments[n] for n in present]
+      keep = tuple(n == exact and _single(v) for n, v in zip(present, values))
+      for n, v in zip(present, _promoted(*values, kind=kind, exact=keep)):
         bound.arguments[n] = v
+      if scalars:
+        compute, _ = result_dtypes(*values)
+        common = _common(*values)
+        for n in scalars:
+          v = bound.arguments.get(n, sig.parameters[n].default)
+          if not _is_one(v):
+            bound.arguments[n] = _rounded(v, common, compute)
       return fn(*bound.args, **bound.kwargs)
 
     return wrapper

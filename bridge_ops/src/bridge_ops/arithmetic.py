@@ -49,6 +49,7 @@ from bridge_ops._elementwise import (
   _promote,
   _promoted,
   _remainder,
+  _single,
   _truth,
 )
 
@@ -65,31 +66,31 @@ def _times_alpha(x, alpha):
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
-@_promote("self", "other")
+@_promote("self", "other", scalars=("alpha",))
 def add(self, other, alpha=1):
   return self + _times_alpha(other, alpha)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
-@_promote("self", "other")
+@_promote("self", "other", scalars=("alpha",))
 def sub(self, other, alpha=1):
   return self - _times_alpha(other, alpha)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
-@_promote("self", "other")
+@_promote("self", "other", scalars=("alpha",))
 def rsub(self, other, alpha=1):
   return other - _times_alpha(self, alpha)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
-@_promote("self", "other")
+@_promote("self", "other", exact="other")
 def mul(self, other):
   return self * other
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)
-@_promote("self", "other", kind="int_to_float")
+@_promote("self", "other", kind="int_to_float", exact="other")
 def div(self, other):
   return self / other
 
@@ -100,11 +101,14 @@ def div_mode(self, other, *, rounding_mode=None):
     return div(self, other)
   if rounding_mode == "trunc":
     _, result = result_dtypes(self, other)
-    a, b = _promoted(self, other)
+    single = _single(other)
+    a, b = _promoted(self, other, exact=(False, single))
     if _inexact(a):
       # torch rounds the quotient to the result dtype before truncating: in bfloat16,
-      # -100 / -0.8789 = 113.78 rounds to 114 first. A step function: derivative 0.
-      return lax.stop_gradient(jnp.trunc((a / b).astype(result)))
+      # -100 / -0.8789 = 113.78 rounds to 114 first; but a single divisor it reads
+      # unrounded, and truncates the float32 quotient. A step function: derivative 0.
+      quotient = a / b if single else (a / b).astype(result)
+      return lax.stop_gradient(jnp.trunc(quotient))
     _check_divisor(a, b)
     return lax.div(*jnp.broadcast_arrays(a, b))  # C division: rounds towards zero
   if rounding_mode == "floor":
@@ -115,7 +119,7 @@ def div_mode(self, other, *, rounding_mode=None):
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
-@_promote("self", "other")
+@_promote("self", "other", exact="other")
 def floor_divide(self, other):
   _check_divisor(self, other)
   return _div_floor(self, other)
@@ -239,11 +243,16 @@ def _integral_kind(x: Any) -> bool:
 
 @lowering(aten.pow.Tensor_Scalar)
 @_check_int_power
-@_promote("self", "exponent")
 def pow_tensor_scalar(self, exponent):
-  if not _inexact(self):
+  # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt (differs from pow at -inf and -0),
+  # but not for float16, whose kernel calls std::pow.
+  return _pow_tensor_scalar(self, exponent, roots=self.dtype != jnp.float16)
+
+
+@_promote("self", "exponent")
+def _pow_tensor_scalar(self, exponent, roots):
+  if not _inexact(self) or not roots:
     return _pow(self, exponent)
-  # torch computes exponent 0.5 / -0.5 with sqrt / rsqrt: differs from pow at -inf.
   # (the branches not taken get a harmless input, so their gradients cannot be nan: sqrt's
   # derivative at 0 is inf, as torch's, not 0 * inf)
   half, neg_half = exponent == 0.5, exponent == -0.5
@@ -336,11 +345,19 @@ def fmax(self, other):
 # ----------------------------------------------------------------------------- ternary
 
 
-@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+@lowering(aten.lerp.Tensor)
 @_promote("self", "end", "weight")
 def lerp(self, end, weight):
   diff = end - self
   return jnp.where(jnp.abs(weight) < 0.5, self + weight * diff, end - diff * (1 - weight))
+
+
+@lowering(aten.lerp.Scalar)
+@_promote("self", "end", "weight", exact="weight")
+def lerp_scalar(self, end, weight):
+  """`lerp` with a Scalar weight, which torch's kernel reads unrounded (in float32 for
+  float16/bfloat16 tensors; a 0-d tensor weight is rounded to their dtype)."""
+  return lerp(self, end, weight)
 
 
 @lowering(aten.addcmul.default)

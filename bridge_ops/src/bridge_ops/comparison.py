@@ -7,10 +7,13 @@ for a right shift).
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 import jax.numpy as jnp
 from jax import lax
 
-from bridge_ops._lowering import aten, lowering
+from bridge_ops._lowering import aten, lowering, result_dtypes, scalar_type_name
 from bridge_ops._elementwise import (
   _as,
   _inexact,
@@ -85,19 +88,40 @@ def logical_not(self):
   return ~_truth(self)
 
 
+def _integral(kernel: str) -> Callable[[Callable], Callable]:
+  """torch's error for a bitwise op whose inputs promote to a floating or complex dtype, which
+  its CPU kernel `kernel` lacks (`"bitwise_and_cpu" not implemented for 'Float'`)."""
+
+  def decorate(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(self: Any, other: Any) -> Any:
+      _, common = result_dtypes(self, other)
+      if jnp.issubdtype(common, jnp.inexact):
+        name = scalar_type_name(common)
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{name}'")
+      return fn(self, other)
+
+    return wrapper
+
+  return decorate
+
+
 @lowering(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
+@_integral("bitwise_and_cpu")
 @_promote("self", "other")
 def bitwise_and(self, other):
   return self & other
 
 
 @lowering(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
+@_integral("bitwise_or_cpu")
 @_promote("self", "other")
 def bitwise_or(self, other):
   return self | other
 
 
 @lowering(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
+@_integral("bitwise_xor_cpu")
 @_promote("self", "other")
 def bitwise_xor(self, other):
   return self ^ other
@@ -105,6 +129,10 @@ def bitwise_xor(self, other):
 
 @lowering(aten.bitwise_not.default)
 def bitwise_not(self):
+  if _inexact(self):
+    raise NotImplementedError(
+      f"\"bitwise_not_cpu\" not implemented for '{scalar_type_name(self.dtype)}'"
+    )
   return ~self
 
 
@@ -115,6 +143,7 @@ def bitwise_not(self):
   aten.__lshift__.Tensor,
   aten.__lshift__.Scalar,
 )
+@_integral("lshift_cpu")
 @_promote("self", "other")
 def bitwise_left_shift(self, other):
   return _lshift(self, other)
@@ -127,6 +156,7 @@ def bitwise_left_shift(self, other):
   aten.__rshift__.Tensor,
   aten.__rshift__.Scalar,
 )
+@_integral("rshift_cpu")
 @_promote("self", "other")
 def bitwise_right_shift(self, other):
   return _rshift(self, other)

@@ -19,6 +19,7 @@ from bridge_ops._lowering import (
   lowering,
   promote,
   result_dtypes,
+  scalar_type_name,
   while_loop,
   with_derivative,
   x_times_log,
@@ -421,8 +422,23 @@ def _no_complex32(name: str, x: jax.Array) -> None:
     )
 
 
+def _check_parts(a: jax.Array, b: jax.Array) -> None:
+  """torch's `complex_check_dtype`: both parts float16, float32 or float64, and of one dtype."""
+  names = scalar_type_name(a.dtype), scalar_type_name(b.dtype)
+  if not all(n in ("Half", "Float", "Double") for n in names):
+    raise RuntimeError(
+      f"Expected both inputs to be Half, Float or Double tensors but got {names[0]} and {names[1]}"
+    )
+  if names[0] != names[1]:
+    raise RuntimeError(
+      f"Expected object of scalar type {names[0]} but got scalar type {names[1]} for second "
+      "argument"
+    )
+
+
 @lowering(aten.complex.default)
 def complex(real, imag):  # (named after the op)
+  _check_parts(real, imag)
   _no_complex32("complex", real)
   real, imag = jnp.broadcast_arrays(real, imag)
   return lax.complex(real, imag)
@@ -430,6 +446,7 @@ def complex(real, imag):  # (named after the op)
 
 @lowering(aten.polar.default)
 def polar(abs, angle):  # (schema names)
+  _check_parts(abs, angle)
   _no_complex32("polar", abs)
   return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
 
@@ -461,18 +478,24 @@ def frexp(self):
   scale = jnp.where(jnp.isfinite(scale), scale, jnp.zeros((), self.dtype))
   safe = jnp.where(finite, self, jnp.zeros((), self.dtype))
   linear = lax.stop_gradient(mantissa) + (safe - lax.stop_gradient(safe)) * scale
-  return jnp.where(finite, linear, self), exponent
+  # 0, inf and nan are their own mantissa: -0.0 keeps its sign (-0.0 + 0.0 above is 0.0), and
+  # its gradient is 2**-0 = 1, as torch's
+  return jnp.where(finite & (self != 0), linear, self), exponent
+
+
+# torch's derivative: 1 for self (where finite), 0 for other. (As a derivative rule, not by
+# adding `self - stop_gradient(self)`: -0.0 + 0.0 is 0.0, and nextafter(0, -0) is -0.0.)
+_nextafter = with_derivative(
+  jnp.nextafter,
+  lambda out, p, t: jnp.where(jnp.isfinite(p[0]), t[0], jnp.zeros((), out.dtype)),
+)
 
 
 @lowering(aten.nextafter.default)
 def nextafter(self, other):
   # In the result dtype itself (no float32 opmath: the next bfloat16 is not the next float32).
-  # torch's derivative: 1 for self, 0 for other.
   _, result = result_dtypes(self, other)
-  self, other = _as(self, result), _as(other, result)
-  out = jnp.nextafter(lax.stop_gradient(self), lax.stop_gradient(other))
-  safe = jnp.where(jnp.isfinite(self), self, jnp.zeros((), self.dtype))
-  return out + (safe - lax.stop_gradient(safe))
+  return _nextafter(*jnp.broadcast_arrays(_as(self, result), _as(other, result)))
 
 
 def _gcd(a: jax.Array, b: jax.Array) -> jax.Array:

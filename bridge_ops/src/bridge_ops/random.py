@@ -81,6 +81,10 @@ def _int_max(dtype) -> int:
 def _randint_inclusive(key, shape, low: int, high: int, dtype):
   """Integers uniform on [low, high] (Python bounds, any span up to 2**64), as `dtype`."""
   span = high - low + 1
+  if span <= 0:  # (torch's `random_`, which `randint` and `randint_like` call, checks this)
+    raise RuntimeError(
+      f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high + 1}"
+    )
   bits = jax.random.bits(key, tuple(shape), jnp.uint64)
   r = bits if span >= 2**64 else bits % jnp.uint64(span)
   # Two's-complement wraparound makes low + r right even when r exceeds int64's range.
