@@ -550,10 +550,15 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     and (type(fn) is _FunctionType or _KINDS.get(type(fn)) is _WEAK)
   ):
     # `call_jax(f, x)` on one plain CPU tensor, of a function (a jitted one, a partial...)
-    # called before, outside autograd: straight to its jitted function, skipping the general
+    # called before, outside autograd (no gradient wanted, and no forward-AD level open, in
+    # which `x` may carry a tangent): straight to its jitted function, skipping the general
     # sorting of the arguments (which finds the same entry and does the same transfers)
     x = args[0]
-    if type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled()):
+    if (
+      type(x) is torch.Tensor
+      and not (x.requires_grad and torch.is_grad_enabled())
+      and _fwd_ad._current_level < 0
+    ):
       entry = _cache_entries.get((_ref(fn), _ONE_ARG, ()))
       if entry is not None and transfer.default_device_is_cpu():
         a = transfer.fast_tensor_arg(x)
@@ -564,6 +569,12 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
             return t
           outs, out_def = outputs_to_torch(entry, out)
           return out_def.unflatten(outs)
+  if not callable(fn):
+    raise BridgeTypeError(
+      f"`{API}`: `fn` must be a JAX callable (a function, a `jax.jit`-ed function, a Pallas "
+      f"kernel), got {type(fn).__name__} {repr(fn)[:80]}. Pass the function first, then its "
+      "arguments: `bridge.call_jax(fn, *args)`."
+    )
   try:
     split = _leaves(args, kwargs)
   except _HasFake:

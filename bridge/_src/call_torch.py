@@ -111,6 +111,7 @@ def call_torch(
     >>> jax.grad(lambda x: bridge.call_torch(f, x))(jnp.zeros(2))
     Array([0.5, 0.5], dtype=float32)
   """
+  check_callable(fn, API)
   if mode == "callback":
     return _in_callback_mode(fn, args, kwargs, vmap_method, result_shape_dtypes, API)
   check_mode(mode, vmap_method, result_shape_dtypes)
@@ -119,6 +120,16 @@ def call_torch(
     return modules.call_module(module, fn, args, kwargs, api=API)
   targs, tkwargs = inputs_to_torch((args, kwargs))
   return outputs_to_jax(run_traced(fn, targs, tkwargs))
+
+
+def check_callable(fn: Any, api: str) -> None:
+  """Refuse an `fn` that is not callable, naming `api` (`bridge.call_torch`...)."""
+  if not callable(fn):
+    raise BridgeTypeError(
+      f"`{api}`: `fn` must be a torch callable (a function, an `nn.Module`, a bound method), "
+      f"got {type(fn).__name__} {repr(fn)[:80]}. Pass the function first, then its "
+      f"arguments: `{api}(fn, *args)`."
+    )
 
 
 def _in_callback_mode(
@@ -156,8 +167,7 @@ def jax_function(
   `call_torch`. The wrapper keeps `fn`'s name and docstring, and
   `wrapper.__wrapped__` is `fn`; `jax_view(torch_view(jax_fn))` gives back `jax_fn`.
   """
-  if not callable(fn):
-    raise BridgeTypeError(f"`bridge.jax_view`: expected a callable, got a {type(fn).__name__}.")
+  check_callable(fn, "bridge.jax_view")
   check_mode(mode, vmap_method, result_shape_dtypes, api="bridge.jax_view")
   if mode == "callback":
     wrapped_cb = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -200,6 +210,7 @@ def fallback_ops(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[s
     >>> bridge.fallback_ops(lambda x: torch.sin(x) * 2, jnp.ones(3))
     []
   """
+  check_callable(fn, "bridge.fallback_ops")
   found: set[str] = set()
   token = fallback.recording.set(found)
   try:

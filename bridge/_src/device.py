@@ -168,7 +168,7 @@ def _empty(
   memory_format: Any = None,
 ) -> torch.Tensor:
   del layout, pin_memory, memory_format
-  return new_zeros(tuple(int(s) for s in size), dtype, device)
+  return new_zeros(_sizes(size), dtype, device)
 
 
 def _empty_strided(
@@ -180,7 +180,17 @@ def _empty_strided(
   pin_memory: Any = None,
 ) -> torch.Tensor:
   del stride, layout, pin_memory  # jax tensors are created contiguous
-  return new_zeros(tuple(int(s) for s in size), dtype, device)
+  return new_zeros(_sizes(size), dtype, device)
+
+
+def _sizes(size: Any) -> tuple[int, ...]:
+  """A new tensor's size, with torch's error for a negative dimension (JAX makes an empty array
+  of it)."""
+  sizes = tuple(int(s) for s in size)
+  for s in sizes:
+    if s < 0:
+      raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(sizes)}")
+  return sizes
 
 
 # Factories torch implements only per backend (CPU, CUDA): on the jax device they run their

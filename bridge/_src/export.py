@@ -787,6 +787,13 @@ class Exported:
   def _flat_inputs(self, args: tuple, kwargs: dict, exact: bool = False) -> list:
     m = self.manifest
     positional, keywords = m["positional"], m["keywords"]
+    unknown = [k for k in kwargs if k not in keywords]
+    if unknown and len(args) < positional:
+      raise BridgeTypeError(
+        f"`{API}`: keyword input(s) {unknown} given, but the exported function's first "
+        f"{positional} inputs are positional: pass them by position, not by keyword "
+        f"(`exported(x, ...)`); its keyword inputs are {keywords}."
+      )
     if not positional <= len(args) <= positional + len(keywords):
       raise BridgeTypeError(
         f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
@@ -882,6 +889,14 @@ class Exported:
       raise BridgeTypeError(
         f"`{APPLY}`: weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}; pass "
         "every name of `exported.weights` (or the pair `exported.split_weights()` gives)."
+      )
+    known = set(self._order)
+    unknown = [n for n in merged if n not in known]
+    if unknown:
+      raise BridgeTypeError(
+        f"`{APPLY}`: weights has name(s) the program does not take: "
+        f"{unknown[:5]}{'...' if len(unknown) > 5 else ''}; pass exactly the names of "
+        "`exported.weights` (or the pair `exported.split_weights()` gives)."
       )
     flat = self._flat_inputs(args, kwargs, exact)
     with jax.enable_x64(True):

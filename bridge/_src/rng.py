@@ -40,7 +40,7 @@ from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 
 from bridge._src import scope
-from bridge._src.errors import BridgeError, LeakedTracerError
+from bridge._src.errors import BridgeError, BridgeTypeError, LeakedTracerError
 
 _lock = threading.RLock()  # also held by a compiled call that draws (`generator_lock`)
 _key: Any = None
@@ -300,6 +300,7 @@ class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
   """
 
   def __init__(self, key: Any):
+    _check_key(key)
     self.box = KeyBox(key)
     self._token: Any = None
 
@@ -310,6 +311,26 @@ class rng_key:  # (used like a function: `with bridge.rng_key(key):`)
 
   def __exit__(self, *exc: Any) -> None:
     _BOX.reset(self._token)
+
+
+def _check_key(key: Any) -> None:
+  """Refuse what is not a JAX PRNG key: a typed key, or raw uint32 data of shape (..., 2)."""
+  dtype = getattr(key, "dtype", None)
+  if isinstance(key, (jax.Array, np.ndarray)) and dtype is not None:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+      return
+    if np.dtype(dtype) == np.uint32 and tuple(key.shape[-1:]) == (2,):
+      return
+  what = (
+    f"a {type(key).__name__} of dtype {dtype} and shape {tuple(key.shape)}"
+    if dtype is not None and hasattr(key, "shape")
+    else f"{type(key).__name__} {key!r}"
+  )
+  raise BridgeTypeError(
+    f"`bridge.rng_key`: `key` must be a JAX PRNG key (`jax.random.key(seed)`, or the raw "
+    f"uint32[2] of `jax.random.PRNGKey(seed)`), got {what}. To draw from a seed, make a key "
+    "of it: `bridge.rng_key(jax.random.key(seed))`."
+  )
 
 
 def current_box() -> KeyBox | None:

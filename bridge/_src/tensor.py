@@ -164,6 +164,30 @@ class Tensor(torch.Tensor):
       detach_traced(self)
     return out
 
+  def set_(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """As `torch.Tensor.set_`. For `t.set_(source, storage_offset, size, stride)` torch's
+    Python binding passes aten `set_` the torch storage of `source` (its
+    `source_Storage_storage_offset` overload), which for a `jax` tensor holds no data: the
+    dispatcher finds `source` itself here (`set_source`)."""
+    source = args[0] if args else kwargs.get("source")
+    if not isinstance(source, Tensor):
+      return super().set_(*args, **kwargs)
+    _set_source.tensor = source
+    try:
+      return super().set_(*args, **kwargs)
+    finally:
+      _set_source.tensor = None
+
+  def share_memory_(self) -> Tensor:
+    """As `torch.Tensor.share_memory_` for a CUDA tensor: nothing to do (the data is a JAX
+    array in the JAX runtime's memory, which is never moved to shared memory; another
+    process receives the tensor pickled as a CPU tensor: see `__reduce_ex__`)."""
+    return self
+
+  def is_shared(self) -> bool:
+    """As `torch.Tensor.is_shared` for a CUDA tensor: always True."""
+    return True
+
   def untyped_storage(self) -> Any:
     """Refused: the data is a JAX array, not a torch storage (`bridge.jax_view` gives it)."""
     raise BridgeTypeError(
@@ -264,6 +288,20 @@ class Tensor(torch.Tensor):
     )
 
 
+_set_source = threading.local()  # the `jax` tensor `Tensor.set_` passes as a torch storage
+
+
+def set_source(storage: Any) -> Tensor | None:
+  """The `jax` tensor whose torch storage `storage` is, when `Tensor.set_` passed it (torch's
+  Python binding of `t.set_(source, storage_offset, size)` hands aten the source's storage
+  instead of the source), else None."""
+  source = getattr(_set_source, "tensor", None)
+  if source is None or _UNTYPED_STORAGE(source)._cdata != storage._cdata:
+    return None
+  return source
+
+
+_UNTYPED_STORAGE: Any = torch._C.TensorBase.untyped_storage
 _DATA: Any = torch._C.TensorBase.data  # torch's own `data` descriptor, which `Tensor.data` wraps
 _DEEPCOPY = object()  # the memo key prefix of storages `Tensor.__deepcopy__` copied
 _INTERNAL = frozenset(["_storage", "_whole", "_cache", "_as", "_detached"])

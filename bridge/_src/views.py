@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 from bridge._src import call_torch as call_torch_lib
 from bridge._src import call_jax as call_jax_lib
+from bridge._src import dtypes
 from bridge._src import tensor as tensor_lib
 from bridge._src import tracing
 from bridge._src import tree as tree_lib
@@ -49,6 +51,9 @@ def torch_view(x: Any) -> Any:
 
 
 _NOTHING = object()
+# 64-bit arrays, which JAX narrows when used while its 64-bit types are off (a 64-bit tensor
+# in a 32-bit program holds a 32-bit array: that one is handed out)
+_WIDE = frozenset(np.dtype(d) for d in ("int64", "uint64", "float64", "complex128"))
 
 
 def jax_view(
@@ -92,7 +97,14 @@ def jax_view(
 
   def leaf(v: Any, where: Any) -> Any:
     if isinstance(v, tensor_lib.Tensor):
-      return tensor_lib.value(v)
+      a = tensor_lib.value(v)
+      if np.dtype(a.dtype) in _WIDE and not dtypes.x64_enabled():  # (as `to_jax` refuses it)
+        dtypes.check_x64(
+          v.dtype,
+          api="bridge.jax_view",
+          where=f"leaf {where()} (shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device})",
+        )
+      return a
     if isinstance(v, torch.Tensor):
       raise BridgeTypeError(
         f"`bridge.jax_view`: leaf {where()} is a torch tensor on {v.device} (shape "

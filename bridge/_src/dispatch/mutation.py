@@ -8,6 +8,10 @@ run their `_functional` variant, which returns the new values.
 
 from __future__ import annotations
 
+import gc
+import math
+import sys
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -25,7 +29,7 @@ from bridge._src.dispatch.resolve import decomposing, decomposing_scope, decompo
 from bridge._src.dispatch.schema import aten, is_view, mutated_args, x64
 from bridge._src.errors import BridgeTypeError
 from bridge._src.registry import REGISTRY
-from bridge._src.tensor import Tensor, make, storage_numel, value, write
+from bridge._src.tensor import Tensor, make, make_view, storage_numel, value, write
 
 _FILLED = ("dtype", "layout", "device", "pin_memory")
 
@@ -198,7 +202,7 @@ class RestridePlan:
     return target
 
 
-_RESIZING = frozenset({"aten::resize_", "aten::resize_as_"})
+_RESIZING = frozenset({"aten::resize_", "aten::resize_as_"})  # (their plans: `special`)
 
 
 def restride_twin(func: Any) -> Any:
@@ -369,13 +373,11 @@ def store(target: Any, new: Any, resize: bool = False) -> None:
     raise BridgeTypeError(f"bridge: cannot write a result into {type(target).__name__}")
   v = value(new) if isinstance(new, Tensor) else new
   if tuple(v.shape) != tuple(target.shape):
-    if resize and target._whole:
-      _resize(target, v)  # (a new storage: its bound is the written values')
-      if scope.narrow():
-        narrowing.stored(target, new)
-      return
-    with x64():
-      v = jnp.broadcast_to(v, tuple(target.shape))
+    if resize:
+      _resize_output(target, tuple(v.shape))  # (then written as any tensor of its shape)
+    else:
+      with x64():
+        v = jnp.broadcast_to(v, tuple(target.shape))
   want = dtypes.TORCH_TO_JAX[target.dtype]
   if scope.narrow():  # a 32-bit program: its 64-bit tensors hold 32-bit arrays
     want = jax.dtypes.canonicalize_dtype(want)
@@ -398,8 +400,105 @@ def store(target: Any, new: Any, resize: bool = False) -> None:
 cast = jax.jit(lambda v, dtype: v.astype(dtype), static_argnums=1)
 
 
-def _resize(target: Tensor, v: Any) -> None:
-  """Give an `out=` tensor a new shape (as torch resizes outputs)."""
-  fresh = make(v, target._dev, target.dtype)
+RESIZED_OUTPUT = (
+  "An output with one or more elements was resized since it had shape {old}, which does not "
+  "match the required output shape {new}. This behavior is deprecated, and in a future PyTorch "
+  "release outputs will not be resized unless they have zero elements. You can explicitly "
+  "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0)."
+)
+
+
+def _resize_output(target: Tensor, shape: tuple) -> None:
+  """torch's `resize_output` for an `out=` tensor: its warning unless it is empty, then
+  `resize_`."""
+  if target.numel() != 0:
+    warnings.warn(
+      RESIZED_OUTPUT.format(old=list(target.shape), new=list(shape)), UserWarning, stacklevel=2
+    )
+  resize(target, shape)
+
+
+def meta_like(t: Tensor) -> torch.Tensor:
+  """A meta tensor with `t`'s dtype and geometry over a storage of `t`'s storage's size: what
+  torch's own `resize_` / `set_` make of it (their checks, errors and strides) is `t`'s."""
+  storage = torch.empty(storage_numel(t), dtype=t.dtype, device="meta")
+  return storage.as_strided(tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
+
+
+def resize(target: Tensor, size: Any, memory_format: Any = None) -> None:
+  """`target.resize_(size, memory_format=...)` as torch's: the new geometry (contiguous, or
+  `memory_format`'s) at the same storage offset over the same storage, which grows when it
+  holds too few elements (see `conform`)."""
+  meta = meta_like(target)
+  meta.resize_(size, memory_format=memory_format)
+  conform(target, meta, target)
+
+
+def conform(target: Tensor, meta: torch.Tensor, source: Tensor) -> None:
+  """Give `target` the geometry of `meta` (what torch's `resize_`/`set_` made of a meta
+  stand-in) over the storage of `source` (`target` itself, or `set_`'s source), read as
+  `source` reads it (`Tensor._as`).
+
+  As torch's `maybe_resize_storage`: a storage holding too few bytes for the new geometry
+  grows (`grow`), and every tensor sharing it sees that (a storage is one object in torch:
+  views of it see its new memory, with the old contents); one holding enough stays as it is,
+  so a shrunk tensor and the other views of its storage still alias.
+  """
+  size, stride, offset = tuple(meta.shape), tuple(meta.stride()), int(meta.storage_offset())
+  storage, as_ = source._storage, source._as
+  if (
+    storage is target._storage
+    and as_ is target._as
+    and size == tuple(target.shape)
+    and stride == tuple(target.stride())
+    and offset == int(target.storage_offset())
+  ):
+    return
+  if math.prod(size) != 0:  # (torch leaves the storage of an empty tensor alone)
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    grow(source, extent * target.element_size())
+  view = make_view(
+    storage,
+    size,
+    stride,
+    offset,
+    target.dtype,
+    storage.device,
+    as_,
+    target.is_conj(),
+    target.is_neg(),
+  )
   with torch.no_grad():
-    target.data = fresh  # shape and storage (`Tensor.data`)
+    target.data = view  # the view's metadata and storage (`Tensor.data`)
+
+
+# `sys.getrefcount(storage)` in `grow` when one tensor alone holds it: its `__dict__`, the
+# locals `storage` of `grow` and `conform`, and `getrefcount`'s argument (a test checks it)
+_ONE_HOLDER = 4
+
+
+def grow(holder: Tensor, nbytes: int) -> None:
+  """Grow the array of `holder`'s storage to hold `nbytes` bytes, as torch reallocates a
+  storage: the old elements first, then new ones (uninitialized in torch, zeros here); the
+  array becomes one-dimensional.
+
+  Every tensor sharing the storage sees the new array. Those that read it whole (`_whole`:
+  their shape was the array's) become views of it first: `holder`, when it alone holds the
+  storage, else each tensor found by a walk of the garbage collector's referrers (tens of
+  milliseconds: only for a storage that other tensors share).
+  """
+  storage = holder._storage
+  array = storage.array
+  itemsize = np.dtype(array.dtype).itemsize
+  missing = -(-(nbytes - int(np.size(array)) * itemsize) // itemsize)
+  if missing <= 0:
+    return
+  if sys.getrefcount(storage) > _ONE_HOLDER:
+    for d in gc.get_referrers(storage):
+      if type(d) is dict and d.get("_storage") is storage:  # a tensor's `__dict__`
+        d["_whole"], d["_cache"] = False, None
+  else:
+    holder._whole, holder._cache = False, None
+  with x64():
+    storage.array = jnp.pad(array.reshape(-1), (0, missing))
+  storage.version += 1

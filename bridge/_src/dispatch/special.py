@@ -21,6 +21,7 @@ from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src.dispatch.functional import FunctionalPlan
+from bridge._src.dispatch import mutation
 from bridge._src.dispatch.mutation import cast, check_overlap, store
 from bridge._src.dispatch.resolve import (
   ArgumentWritten,
@@ -29,6 +30,7 @@ from bridge._src.dispatch.resolve import (
   decomposing_scope,
 )
 from bridge._src.dispatch.schema import aten, x64
+from bridge._src.errors import BridgeTypeError
 from bridge._src.tensor import Tensor, make, value
 
 
@@ -290,6 +292,85 @@ def _new_zeros_with_same_feature_meta(args: tuple, kwargs: dict) -> Tensor:
   )
 
 
+def _resize_(args: tuple, kwargs: dict) -> Any:
+  """`t.resize_(size)` as torch's: over the same storage, which grows if it must
+  (`mutation.resize`), so the views of `t` still alias it."""
+  bound = dict(zip(["self", "size"], args), **kwargs)
+  mutation.resize(bound["self"], bound["size"], bound.get("memory_format"))
+  return bound["self"]
+
+
+def _resize_as_(args: tuple, kwargs: dict) -> Any:
+  """`t.resize_as_(template)`: `resize_` to the template's shape (and memory format)."""
+  bound = dict(zip(["self", "the_template"], args), **kwargs)
+  self, template = bound["self"], bound["the_template"]
+  meta = mutation.meta_like(self)
+  meta_template = torch.empty_strided(
+    tuple(template.shape), tuple(template.stride()), dtype=template.dtype, device="meta"
+  )
+  meta.resize_as_(meta_template, memory_format=bound.get("memory_format"))
+  mutation.conform(self, meta, self)
+  return self
+
+
+def _other_device(self: Any, device: Any) -> RuntimeError:
+  return RuntimeError(
+    f'Attempted to set the storage of a tensor on device "{self.device}" to a storage on '
+    f'different device "{device}".  This is no longer allowed; the devices must match.'
+  )
+
+
+def _set_(args: tuple, kwargs: dict) -> Any:
+  """`t.set_()`: `t` becomes an empty tensor (size (0,)) with a new storage of its own."""
+  self = args[0] if args else kwargs["self"]
+  with x64():
+    empty = make(jax.numpy.zeros((0,), dtypes.TORCH_TO_JAX[self.dtype]), self._dev, self.dtype)
+  meta = torch.empty(0, dtype=self.dtype, device="meta")
+  mutation.conform(self, meta, empty)
+  return self
+
+
+def _set_tensor(args: tuple, kwargs: dict) -> Any:
+  """`t.set_(source)` and `t.set_(source, storage_offset, size, stride)`: `t` shares the
+  storage of `source` (no copy: a write through either is seen by both), with `source`'s
+  geometry or the one given, which may grow that storage as torch's `set_` does (`set_`'s
+  overloads taking a storage reach here too, with the tensor `Tensor.set_` was given). torch's
+  checks and errors (dtypes, offsets, sizes and strides) are those of its meta kernel."""
+  names = ["self", "source", "storage_offset", "size", "stride"]
+  bound = dict(zip(names, args), **kwargs)
+  self, source = bound["self"], bound["source"]
+  stand_in: Any = mutation.meta_like(source) if isinstance(source, Tensor) else source.to("meta")
+  meta = mutation.meta_like(self)
+  if "size" in bound:
+    meta.set_(stand_in, bound["storage_offset"], bound["size"], bound.get("stride") or [])
+  else:
+    meta.set_(stand_in)
+  if not isinstance(source, Tensor) or source._dev is not self._dev:
+    raise _other_device(self, source.device)
+  mutation.conform(self, meta, source)
+  return self
+
+
+def _set_storage(args: tuple, kwargs: dict) -> Any:
+  """`t.set_(storage, ...)`. A `jax` tensor's data is a JAX array, not a torch storage
+  (`untyped_storage()` refuses), so the storage is another device's (torch's error), or that
+  of the `jax` tensor `Tensor.set_` was given (`tensor.set_source`): as `set_(source, ...)`."""
+  names = ["self", "source", "storage_offset", "size", "stride"]
+  bound = dict(zip(names, args), **kwargs)
+  self, storage = bound["self"], bound["source"]
+  source = tensor_lib.set_source(storage)
+  if source is not None:
+    if "size" not in bound:  # (`set_(storage)`: all of it, as a 1-d tensor)
+      bound["storage_offset"], bound["size"] = 0, [storage.nbytes() // self.element_size()]
+    return _set_tensor((), {**bound, "source": source})
+  if storage.device.type == tensor_lib.device_type():
+    raise BridgeTypeError(
+      "`Tensor.set_`: a torch storage of the `jax` device holds no data (a `jax` tensor's data "
+      "is a JAX array). Pass the tensor itself: `t.set_(source, storage_offset, size, stride)`."
+    )
+  raise _other_device(self, storage.device)
+
+
 _SPECIAL: dict[Any, Callable] = {
   aten._to_copy.default: _to_copy,
   # (torch.compile's graphs convert a Python number passed as a 0-dim tensor with it)
@@ -297,6 +378,13 @@ _SPECIAL: dict[Any, Callable] = {
     (a[0],), {"dtype": a[1] if len(a) > 1 else k["dtype"]}
   ),
   aten.copy_.default: _copy_,
+  aten.resize_.default: _resize_,
+  aten.resize_as_.default: _resize_as_,
+  aten.set_.default: _set_,
+  aten.set_.source_Tensor: _set_tensor,
+  aten.set_.source_Tensor_storage_offset: _set_tensor,
+  aten.set_.source_Storage: _set_storage,
+  aten.set_.source_Storage_storage_offset: _set_storage,
   aten._local_scalar_dense.default: _local_scalar_dense,
   aten.lift_fresh.default: lambda a, k: a[0],
   aten.lift_fresh_copy.default: _identity_copy,
