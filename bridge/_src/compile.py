@@ -18,6 +18,7 @@ module tree, hooks, plain attributes) drops them, and they are traced again.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import contextlib
 import functools
@@ -46,7 +47,7 @@ from bridge._src.config import get_config
 from bridge._src.arrays import array_to_tensor
 from bridge._src.dispatch import special
 from bridge._src.errors import BridgeError, BridgeTypeError, DeviceMismatchError, TransferError
-from bridge._src.module_state import module_of
+from bridge._src.module_state import module_of, state_where
 from bridge._src.placement import devices_of, placement_lines
 
 API = "bridge.compile"
@@ -110,6 +111,10 @@ class _Info:
     "out_plain",
     "out_single",
     "constants",
+    "out_plan",
+    "restrided",
+    "plain_io",
+    "groups_written",
   )
 
   def __init__(
@@ -120,6 +125,8 @@ class _Info:
     draws: bool,
     written: tuple = (),
     constants: tuple = (),
+    out_plan: tuple = (),
+    restrided: tuple = (),
   ):
     self.out_spec, self.out_statics = out_spec, out_statics
     # the CPU tensors baked into the program (`scope.collecting_constants`): changed in place,
@@ -134,18 +141,33 @@ class _Info:
     self.out_single = (  # one bare tensor (not an empty tuple: also one node)
       self.out_plain and out_spec.treedef.num_nodes == 1 and out_spec.treedef.num_leaves == 1
     )
+    # outputs that share memory with the inputs or with one another (`_output_plan`): made
+    # views of them after the call; and the arguments whose shape or strides the forward
+    # changed in place: (position, size, stride, offset, offset as given, in an alias group)
+    self.out_plan, self.restrided = out_plan, restrided
+    self.plain_io = not out_plan and not restrided  # (the shortcuts take only these)
+    self.groups_written: tuple = ()  # the alias groups (`_Program.alias`) written into
 
 
 class _Program:
   """One argument structure, static values and train/eval setting: a jitted forward."""
 
   def __init__(
-    self, owner: "Compiled", spec: Any, statics: tuple, names: tuple, amp: torch.dtype | None = None
+    self,
+    owner: "Compiled",
+    spec: Any,
+    statics: tuple,
+    names: tuple,
+    amp: torch.dtype | None = None,
+    alias: tuple = (),
   ):
     if isinstance(spec, int):  # the fast path's spelling of `spec` tensors as positional args
       spec = tree_lib.flatten((tuple(range(spec)), {}))[1]
     self.owner, self.spec, self.statics, self.names = owner, spec, statics, names
     self.n_state = len(names)
+    # tensors that share memory, one of them written (`_alias_plan`): each group one more input
+    # (after the arguments), the memory they span, of which the program makes them views
+    self.alias = alias
     self.amp = amp  # the autocast dtype the caller had on (for the inputs' device), or None
     self.name = owner.name
     self.info: _Info | None = None
@@ -178,7 +200,11 @@ class _Program:
     traced = self.jitted.trace(*flat)  # runs `apply` once; `jax.jit` reuses this trace
     if _equations(traced.jaxpr.jaxpr) < _TIER_MIN_EQUATIONS or not _on_cpu(list(flat)):
       info = self.traced
-      if info.out_single and not info.mutated and not info.draws and not info.written:
+      if (
+        info.out_single
+        and info.plain_io
+        and not (info.mutated or info.draws or info.written or self.alias)
+      ):
         self._compile_lean(traced.jaxpr, flat)
         return self.forward(*flat)
       self.forward = self.jitted
@@ -255,14 +281,44 @@ class _Program:
     return True
 
   def apply(self, *flat: Any) -> tuple:
-    """(state..., key, dyn...) -> (outputs, updated state, next key or None)."""
-    n = self.n_state
-    state, key, dyn = flat[:n], flat[n], flat[n + 1 :]
+    """(state..., key, dyn..., alias bases...) -> (outputs, updated state, next key or None)."""
+    n, n_bases = self.n_state, len(self.alias)
+    state, key = list(flat[:n]), flat[n]
+    dyn, bases = flat[n + 1 : len(flat) - n_bases], flat[len(flat) - n_bases :]
     tensors = [array_to_tensor(a, lambda: "an argument", API) for a in dyn]
-    storages = [t._storage for t in tensors]
+    module = self.owner.module
+    if module is not None:  # (tensors here, so that an output that is one can be told)
+      state = [
+        array_to_tensor(a, functools.partial(state_where, name), API)
+        for name, a in zip(self.names, state)
+      ]
+    # each group of tensors sharing memory: views of one storage holding the memory they span,
+    # so that a write through one is read through the others (as torch's "synthetic bases")
+    layout: dict[int, tuple] = {}  # argument -> (size, stride, offset) as given
+    storages = []  # (each alias group's)
+    for (dtype, _, members), base in zip(self.alias, bases):
+      storage = array_to_tensor(base, lambda: "an argument", API)._storage
+      storages.append(storage)
+      for pos, size, stride, offset in members:
+        view = tensor_lib.make_view(storage, size, stride, offset, dtype, storage.device)
+        if pos < n:
+          state[pos] = view
+        else:
+          tensors[pos - n - 1] = view
+          layout[pos - n - 1] = (size, stride, offset)
+    given = [
+      (t._storage, tuple(t.shape), tuple(t.stride()), int(t.storage_offset())) for t in tensors
+    ]
+    # each input's storage -> (its flat position, its offset as given), for `_output_plan`
+    origins: dict[int, tuple[int, int]] = {}
+    for pos, t in [*enumerate(state), *[(n + 1 + i, t) for i, t in enumerate(tensors)]]:
+      if isinstance(t, tensor_lib.Tensor):
+        origins.setdefault(id(t._storage), (pos, int(t.storage_offset())))
+    inputs = {
+      id(t): pos for pos, t in [*enumerate(state), *[(n + 1 + i, t) for i, t in enumerate(tensors)]]
+    }
     leaves = tree_lib.merge(self.statics, iter(tensors))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
-    module = self.owner.module
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
     amp = (
       torch.autocast(tensor_lib.device_type(), dtype=self.amp)
@@ -278,7 +334,8 @@ class _Program:
       else:
         out, mutated = tracing.run_traced(self.owner.call, args, kwargs, API), {}
     # tensors become arrays (torch's named tuples plain tuples); the rest stays static
-    out_leaves, out_spec = tree_lib.flatten(tracing.outputs_to_jax(out, API))
+    made: list = []  # the tensor behind each output array
+    out_leaves, out_spec = tree_lib.flatten(tracing.outputs_to_jax(out, API, made))
     arrays, statics = [], []
     for leaf in out_leaves:
       if isinstance(leaf, jax.Array):
@@ -288,10 +345,77 @@ class _Program:
         statics.append(leaf)
     names = tuple(sorted(mutated))
     # an argument written in place (as `x.add_(1)`, or through a view of it): its new value
-    written = tuple([i for i, storage in enumerate(storages) if storage.version])
-    self.info = _Info(out_spec, tuple(statics), names, box.used, written, _as_traced(constants))
-    updates = tuple([mutated[k] for k in names] + [storages[i].array for i in written])
-    return tuple(arrays), updates, box.key if box.used else None
+    # (in the layout it was given in); one whose shape or strides the forward changed in place
+    # (`x.unsqueeze_(0)`): its new (size, stride, offset), which the call gives it too
+    written, new_values, restrided = [], [], []
+    for i, (t, (storage, size, stride, offset)) in enumerate(zip(tensors, given)):
+      if t._storage is not storage or (i not in layout and storage.array.shape != size):
+        raise BridgeError(
+          f"`{API}`: {self.name} resizes its tensor argument {i} (shape {size}) in place or "
+          "gives it other memory (`resize_`, `set_`): the compiled program cannot give the "
+          "caller's tensor new memory. Return the new tensor instead."
+        )
+      if storage.version and i not in layout:  # (an alias group's memory: written whole)
+        written.append(i)
+        new_values.append(storage.array)
+      now = (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
+      if now != (size, stride, offset):
+        restrided.append((i, *now, offset, i in layout))
+    out_plan, extra = _output_plan(made, inputs, origins)
+    self.info = _Info(
+      out_spec,
+      tuple(statics),
+      names,
+      box.used,
+      tuple(written),
+      _as_traced(constants),
+      tuple(out_plan),
+      tuple(restrided),
+    )
+    # each alias group's memory, written back whole where the forward wrote into it
+    spans = [(g, storages[g]) for g in range(len(storages)) if storages[g].version]
+    self.info.groups_written = tuple([g for g, _ in spans])
+    updates = tuple([mutated[k] for k in names] + new_values + [st.array for _, st in spans])
+    return tuple(arrays + extra), updates, box.key if box.used else None
+
+
+def _output_plan(made: list, inputs: dict, origins: dict) -> tuple[list, list]:
+  """How each output relates to the call's tensors, where it shares memory with them or with
+  another output (torch's views): (plan, the arrays of the new storages shared by outputs).
+
+  `inputs`: id(tensor given to the forward) -> its flat position (the state's, then the
+  arguments' after the key); `origins`: id(storage) -> (the flat position of the first input
+  on it, that input's offset as given). The plan has one entry per output that is not a new
+  tensor of its own: (output index, how, where, size, stride, offset, the input's offset as
+  given), `how` being "same" (the input tensor itself, `return x`), "view" (a view of the
+  input at `where`) or "base" (a view of the new storage `where`, whose array the program
+  returns after its outputs). A view of another dtype, a lazy conjugate or negative view
+  stays a new tensor."""
+  plan: list = []
+  fresh: dict[int, list[int]] = {}
+  for k, t in enumerate(made):
+    if type(t) is not tensor_lib.Tensor or t._as is not None or t.is_conj() or t.is_neg():
+      continue
+    meta = (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
+    if id(t) in inputs:
+      plan.append((k, "same", inputs[id(t)], *meta, 0))
+    elif id(t._storage) in origins:
+      pos, origin = origins[id(t._storage)]
+      plan.append((k, "view", pos, *meta, origin))
+    else:
+      fresh.setdefault(id(t._storage), []).append(k)
+  extra: list = []
+  for ks in fresh.values():
+    if len(ks) < 2:
+      continue  # a new tensor of its own (contiguous, as the program gives it)
+    storage = made[ks[0]]._storage
+    for k in ks:
+      t = made[k]
+      plan.append(
+        (k, "base", len(extra), tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), 0)
+      )
+    extra.append(storage.array)
+  return sorted(plan), extra
 
 
 def _single(program: "_Program") -> bool:
@@ -299,7 +423,10 @@ def _single(program: "_Program") -> bool:
   recorded)."""
   info = program.traced
   return (
-    info.out_plain and info.out_single and not info.mutated and not info.draws and not info.written
+    info.out_plain
+    and info.out_single
+    and info.plain_io
+    and not (info.mutated or info.draws or info.written)
   )
 
 
@@ -391,6 +518,7 @@ def _fast_call(
   device: torch.device,
   out_dtypes: tuple,
   fixed_key: Any,
+  written: frozenset = frozenset(),
 ) -> Callable[..., Any]:
   """The recorded call as the compiled module's `__call__` (see `Compiled._record`): one
   closure over everything it checks, for a call like the recorded one with whole `jax`-device
@@ -398,7 +526,8 @@ def _fast_call(
   microsecond in a call of about ten, so the checks are written out (those both shortcuts
   share in one call, `_refusal`): the same parameter
   tensors holding the same storages (whose arrays are current: in-place updates replace
-  `storage.array`; `.data =` and resizes replace the storage), the arguments' array
+  `storage.array`; `.data =` replaces the storage, a resize in place may keep it and leave
+  the tensor a part of it), the arguments' array
   shapes/dtypes/device, nothing the trace read changed (the module's guard, train flags
   included: `modules.Guard.holds`), autocast off, nothing that requires grad. Anything
   else goes to the general path (`Compiled._call`), which records again."""
@@ -428,7 +557,12 @@ def _fast_call(
     grad = grad_on()
     arrays = []
     for table, attr, t, storage in entries:
-      if table.get(attr) is not t or t._storage is not storage or (grad and t.requires_grad):
+      if (
+        table.get(attr) is not t
+        or t._storage is not storage
+        or not t._whole  # (resized in place: a part of its storage)
+        or (grad and t.requires_grad)
+      ):
         return general(self, args, kwargs)
       arrays.append(storage.array)
     if lean is not None:  # shapes and dtypes: `lean_call` checks them
@@ -451,6 +585,7 @@ def _fast_call(
           storage.device is not device
           or array.shape != shape
           or (array.dtype is not dtype and array.dtype != dtype)
+          or (written and id(storage) in written)  # (a buffer the forward writes)
         ):  # mostly the same object
           return general(self, args, kwargs)
         arrays.append(array)
@@ -557,6 +692,7 @@ def _fast_cpu_call(
   imported: list,
   fixed_key: Any,
   gpu: int | None = None,
+  written: dict | None = None,
 ) -> Callable[..., Any]:
   """`_fast_call` for plain CPU tensors: the parameters' zero-copy arrays as recorded (each
   parameter must be the same tensor, unchanged since: same version counter and data
@@ -606,6 +742,7 @@ def _fast_cpu_call(
     and id(out_info.dtype) in dtypes.JAX_TO_TORCH_BY_ID
   )
   cuda_arg, gpu_to_torch = transfer.cuda_tensor_arg, transfer.gpu_array_to_torch
+  touches, span = _touches, _span
   amp_type = "cpu" if gpu is None else "cuda"
   parameter = torch.nn.Parameter
   # A parameter passed as an argument (torch.compile's graphs take them so) keeps its JAX
@@ -686,6 +823,7 @@ def _fast_cpu_call(
         or a.shape != shape
         or (not a.is_cpu if gpu is None else a.get_device() != gpu)
         or (grad and a.requires_grad)
+        or (written is not None and touches(written, span(a)))  # (a buffer it writes)
       ):
         return general(self, args, kwargs)
     prev = swap(True)  # before the arguments' arrays: int64/float64 tensors stay 64-bit
@@ -758,6 +896,9 @@ class Compiled:
     self._fast: Callable[..., Any] | None = None  # the recorded call, see `_record`
     self._guard: modules_lib.Guard | None = None  # what the traces read (`_reguard`)
     self._traces = 0  # how many times a program traced the forward
+    self._state_gen = 0  # counts changes of the state's arrays (`_state_spans`)
+    self._spans: tuple | None = None
+    self._index: tuple = ((), {})
     self._lock = threading.RLock()  # see `_locked`
     if self.module is not None:
       self._submodules = list(self.module.modules())
@@ -842,6 +983,60 @@ class Compiled:
       state = [table[attr] for table, attr in slots]
     return state
 
+  def _name_index(self) -> dict[str, int]:
+    """The state's positions by name."""
+    names, index = self._index
+    if names is not self._names:
+      index = {name: i for i, name in enumerate(self._names)}
+      self._index = (self._names, index)
+    return index
+
+  def _state_spans(self, state: list) -> tuple[list, list, dict]:
+    """The state's memory (`_span`), kept while the state's arrays are (`_state_arrays`):
+    (position, span)s, the groups of them that overlap, and per memory the sorted starts and
+    running maximum of the ends (`_touches`)."""
+    cached = self._spans
+    if cached is None or cached[0] != self._state_gen or len(cached[1]) > len(state):
+      spans = [(i, span) for i, span in enumerate(map(_span, state)) if span is not None]
+      index: dict[Any, tuple[list, list]] = {}
+      for _, (memory, lo, hi) in sorted(spans, key=lambda p: (str(p[1][0]), p[1][1])):
+        starts, ends = index.setdefault(memory, ([], []))
+        starts.append(lo)
+        ends.append(max(hi, ends[-1]) if ends else hi)
+      cached = self._spans = (self._state_gen, spans, _overlapping(spans), index)
+    return list(cached[1]), cached[2], cached[3]
+
+  def _written_memory(self, program: _Program, state: list) -> dict | None:
+    """For a shortcut, the memory of the state `program` writes, which an argument must not
+    share (`_touches`): per memory (a `jax` tensor's storage, or a device's address space) the
+    sorted starts and running maximum of the ends; {} where it writes none, None where two
+    tensors of the state share memory it writes (the general path takes such calls)."""
+    if not program.traced.mutated:
+      return {}
+    index = self._name_index()
+    written = {index[k] for k in program.traced.mutated if k in index}
+    spans, groups, _ = self._state_spans(state)
+    if any([written.intersection(group) for group in groups]):
+      return None
+    memory: dict[Any, tuple[list, list]] = {}
+    for _, (key, lo, hi) in sorted(
+      [(pos, span) for pos, span in spans if pos in written], key=lambda p: p[1][1]
+    ):
+      starts, ends = memory.setdefault(key, ([], []))
+      starts.append(lo)
+      ends.append(max(hi, ends[-1]) if ends else hi)
+    return memory
+
+  def _aliased(self, key: tuple, plan: tuple, program: _Program) -> _Program:
+    """The program of `key` for tensors sharing memory as `plan` says (`_alias_plan`)."""
+    full = (*key, plan)
+    aliased = self._programs.get(full)
+    if aliased is None:
+      aliased = self._programs[full] = _Program(
+        self, program.spec, program.statics, self._names, program.amp, plan
+      )
+    return aliased
+
   def _state_arrays(self, state: list) -> tuple[list, Any]:
     """The state's JAX arrays and device (None: the CPU). A torch tensor's array is kept
     while it holds the tensor's values (`_current`), so parameters are not imported again
@@ -849,6 +1044,7 @@ class Compiled:
     cache = self._imported
     if len(cache) != len(state):
       cache[:] = [None] * len(state)
+      self._state_gen += 1
     arrays = []
     device: Any = _NO_DEVICE
     for i, t in enumerate(state):
@@ -859,10 +1055,15 @@ class Compiled:
         raise _device_error(self.name, device, d)
       if type(t) is tensor_lib.Tensor:
         arrays.append(t._storage.array if t._whole else tensor_lib.value(t))
+        hit = cache[i]
+        if hit is None or hit[0] is not t or hit[2] is not t._storage:
+          cache[i] = (t, (), t._storage, _COPY)  # (its memory, for `_state_spans`)
+          self._state_gen += 1
         continue
       hit = cache[i]
       if hit is None or hit[0] is not t or not _current(hit, t):
         hit = cache[i] = _hold(t, "a parameter or buffer")
+        self._state_gen += 1
       arrays.append(hit[2])
     return arrays, device
 
@@ -968,21 +1169,35 @@ class Compiled:
     info = program.info
     if info is None or info.draws:  # (`_locked`; not yet traced: it may draw and update)
       with self._lock, rng.generator_lock():
-        return self._run(program, state, args, dyn, fast, amp)
+        return self._run(program, state, args, dyn, fast, amp, key)
     if info.mutated:
       with self._lock:
-        return self._run(program, state, args, dyn, fast, amp)
-    return self._run(program, state, args, dyn, fast, amp)
+        return self._run(program, state, args, dyn, fast, amp, key)
+    return self._run(program, state, args, dyn, fast, amp, key)
 
   def _run(
-    self, program: _Program, state: list, args: tuple, dyn: Any, fast: bool, amp: torch.dtype | None
+    self,
+    program: _Program,
+    state: list,
+    args: tuple,
+    dyn: Any,
+    fast: bool,
+    amp: torch.dtype | None,
+    key: tuple = (),
   ) -> Any:
     """Runs `program` on the module's state and the call's tensors `dyn` (a plain call's
-    `args`, when `fast`), and writes back what it updated."""
+    `args`, when `fast`), and writes back what it updated. Where the program writes a tensor
+    that shares memory with another, its variant for that sharing runs (`_alias_plan`)."""
     traces = self._traces
+    grad = torch.is_grad_enabled()
     prev = _x64_state.swap_local(True)
     try:
       arrays, device = self._state_arrays(state)
+      info = program.info
+      if info is not None and not program.alias and (info.mutated or info.written):
+        plan = _alias_plan(self, info, state, dyn, grad)
+        if plan:
+          return self._run(self._aliased(key, plan, program), state, args, dyn, fast, amp, key)
       arrays.append(rng._key if rng._key is not None else rng.current_key())
       for t in dyn:
         if type(t) is tensor_lib.Tensor:
@@ -997,10 +1212,15 @@ class Compiled:
           raise _device_error(self.name, device, d)
       if device is _NO_DEVICE:  # no tensor in or kept (a call without arguments): the CPU's
         device = None
+      n = len(state)
+      for _, (rel, numel), rows in program.alias:  # each group's memory, one more input
+        pos = rows[0][0]
+        first = state[pos] if pos < n else dyn[pos - n - 1]
+        arrays.append(
+          _array(first.detach().as_strided((numel,), (1,), int(first.storage_offset()) + rel))
+        )
       try:
-        if torch.is_grad_enabled() and (
-          any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])
-        ):
+        if grad and (any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])):
           if self._guard is not None and self._guard.backward_hooks:
             raise self._backward_hooks_error()
           outs, updates, new_key = self._call_with_grad(
@@ -1014,7 +1234,8 @@ class Compiled:
           outs, updates, new_key = self._forward(program, arrays, len(state))
           if self._traces != traces:  # before a shortcut records the guard
             self._retake()
-          plain = fast and amp is None and not program.traced.written
+          info = program.traced
+          plain = fast and amp is None and not info.written and info.plain_io and not program.alias
           if type(device) is torch.device and device.type == tensor_lib.device_type():
             outs = [tensor_lib.make_result(o, device) for o in outs]
             if plain:
@@ -1027,9 +1248,15 @@ class Compiled:
         if "incompatible devices" not in str(e):
           raise
         raise self._placement_error(arrays, len(state)) from e
+      info = program.traced
+      if self._traces != traces and not program.alias and (info.mutated or info.written):
+        # (just traced: now that what it writes is known, the tensors sharing memory)
+        plan = _alias_plan(self, info, state, dyn, grad)
+        if plan:
+          return self._run(self._aliased(key, plan, program), state, args, dyn, fast, amp, key)
     finally:
       _x64_state.set_local(prev)
-    return self._finish(program, outs, updates, new_key, dyn)
+    return self._finish(program, outs, updates, new_key, dyn, state)
 
   def _record(self, call: Callable[..., Any] | None) -> None:
     """Makes `call` (a `_fast_call` / `_fast_cpu_call` closure, or None to forget the last
@@ -1055,7 +1282,8 @@ class Compiled:
   ) -> None:
     """Records this call for the shortcut if it was a plain one on the `jax` device."""
     tensors = state + list(args)
-    if all(
+    written = self._written_memory(program, state)
+    if written is not None and all(
       [type(t) is tensor_lib.Tensor and t._whole and t._storage.device is device for t in tensors]
     ):
       sig = tuple([(a._storage.array.shape, a._storage.array.dtype) for a in args])
@@ -1070,6 +1298,7 @@ class Compiled:
             device,
             tuple([o.dtype for o in outs]),
             _fixed_key(program, arrays, len(state)),
+            frozenset(written),
           ),
         )
       )
@@ -1082,8 +1311,10 @@ class Compiled:
     """Records this call for the shortcut if it was a plain one with CPU tensors, or with
     tensors of one CUDA GPU (`device`)."""
     imported = self._imported
+    written = self._written_memory(program, state)
     if (
-      len(imported) == len(state)
+      written is not None
+      and len(imported) == len(state)
       and all([h is not None and h[0] is t for h, t in zip(imported, state)])
       and all([type(a) in _PLAIN for a in args])
     ):
@@ -1094,7 +1325,13 @@ class Compiled:
           self,
           program,
           _fast_cpu_call(
-            self, program, sig, list(imported), _fixed_key(program, arrays, len(state)), gpu
+            self,
+            program,
+            sig,
+            list(imported),
+            _fixed_key(program, arrays, len(state)),
+            gpu,
+            written or None,
           ),
         )
       )
@@ -1102,22 +1339,50 @@ class Compiled:
       self._record(None)
 
   def _finish(
-    self, program: _Program, outs: list, updates: tuple, new_key: Any, dyn: Sequence[Any] = ()
+    self,
+    program: _Program,
+    outs: list,
+    updates: tuple,
+    new_key: Any,
+    dyn: Sequence[Any] = (),
+    state: Sequence[Any] = (),
   ) -> Any:
     """Writes back the key, the updated buffers and the arguments written in place (`dyn`:
-    the call's tensors; shortcuts take no program that writes them); the outputs in the
-    forward's structure."""
+    the call's tensors; shortcuts take no program that writes them), and the arguments' new
+    shapes and strides; the outputs in the forward's structure, those that share memory with
+    the call's tensors or with one another made views of them (`_output_plan`)."""
     info = program.traced
+    if info.restrided:
+      _check_restrided(info.restrided, dyn, self.name)
     if new_key is not None:
       rng.set_key(new_key)
+    if info.groups_written:  # each alias group's memory, whole
+      n = len(info.mutated) + len(info.written)
+      tensors = [*state, None, *dyn]
+      for g, new in zip(info.groups_written, updates[n:]):
+        _, (rel, numel), rows = program.alias[g]
+        first = tensors[rows[0][0]]
+        span = first.detach().as_strided((numel,), (1,), int(first.storage_offset()) + rel)
+        with torch.no_grad():
+          special.copy_into(span, array_to_tensor(new, lambda: "an argument", API))
+      updates = updates[:n]
     if info.written:
-      _check_unshared(info.written, dyn, self.name)
       n = len(info.mutated)
       for i, new in zip(info.written, updates[n:]):
-        special.copy_into(dyn[i], array_to_tensor(new, lambda: "an argument", API))
+        if isinstance(new, torch.Tensor):  # an output of the call's autograd node: a copy
+          dyn[i].copy_(new)  # torch records (the argument's new value has its gradient)
+        else:
+          special.copy_into(dyn[i], array_to_tensor(new, lambda: "an argument", API))
       updates = updates[:n]
     if updates:  # (only a module's forward has state to update)
       modules_lib.write_back(self.module, dict(zip(info.mutated, updates)))  # type: ignore[arg-type]
+    for i, size, stride, offset, given, _ in info.restrided:
+      t = dyn[i]
+      with torch.no_grad() if t.is_leaf else contextlib.nullcontext():
+        t.as_strided_(size, stride, int(t.storage_offset()) - given + offset)
+    if info.out_plan:
+      grouped = {row[0] for _, _, rows in program.alias for row in rows}
+      outs = _as_views(info.out_plan, outs, list(state) + [None] + list(dyn), grouped)
     if info.out_plain:
       return outs[0] if info.out_single else info.out_spec.treedef.unflatten(outs)
     it = iter(outs)
@@ -1182,11 +1447,16 @@ class Compiled:
     to_torch = functools.partial(_outputs_to_torch, device)
     flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
     outs, updates, new_key = out_def.unflatten(flat)
+    # (the arguments' new values stay outputs of the autograd node: `_finish` writes them with
+    # a copy torch records, as eager torch records the forward's in-place ops)
+    n_mutated = len(program.traced.mutated)
     updates = [
-      tensor_lib.value(u)
+      u
+      if i >= n_mutated
+      else tensor_lib.value(u)
       if type(u) is tensor_lib.Tensor
       else transfer.tensor_to_jax(u.detach(), api=API, where=lambda: "a buffer update")
-      for u in updates
+      for i, u in enumerate(updates)
     ]
     if new_key is not None:
       new_key = (
@@ -1285,42 +1555,206 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def _check_written(written: tuple, dyn: Sequence[Any], name: str) -> None:
   """A forward that writes in place into an argument torch autograd records: torch's error for
-  a leaf that requires grad; for another tensor that requires grad, the write would not join
-  its graph, so it is refused too (the values would be right and the gradients not)."""
+  a leaf that requires grad, as eager torch raises it. (Another argument is written with a
+  copy torch records: `Compiled._finish`.)"""
   for i in written:
     t = dyn[i]
-    if t.requires_grad:
-      if t.is_leaf:
-        raise RuntimeError(
-          "a leaf Variable that requires grad is being used in an in-place operation."
-        )
-      raise BridgeError(
-        f"`{API}`: {name} writes in place into its tensor argument {i} (shape "
-        f"{tuple(t.shape)}), which requires grad: the compiled program cannot record that "
-        "write in torch's autograd graph. Write into a copy (`x = x.clone()` first), or call "
-        "it under `torch.no_grad()`."
+    if t.requires_grad and t.is_leaf:
+      raise RuntimeError(
+        "a leaf Variable that requires grad is being used in an in-place operation."
       )
 
 
-def _check_unshared(written: tuple, dyn: Sequence[Any], name: str) -> None:
-  """A forward that writes into an argument that shares memory with another (`f(x, x[0])`):
-  the program saw two independent tensors, so what it read through the other is not what
-  eager torch would read. Refused rather than answered wrongly."""
-  owners: dict[Any, int] = {}
-  for i, t in enumerate(dyn):
-    if not isinstance(t, torch.Tensor):
+def _extent(t: torch.Tensor) -> int:
+  """Elements from a tensor's first to past its last in memory (torch's strides are >= 0)."""
+  return 1 + sum([(n - 1) * st for n, st in zip(t.shape, t.stride())])
+
+
+def _span(t: Any) -> tuple | None:
+  """(what memory, first byte, past the last byte) of a tensor's elements: a `jax` tensor's
+  storage, or a device's memory by address; None for an empty or non-strided one."""
+  if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
+    return None
+  size = t.element_size()
+  if type(t) is tensor_lib.Tensor:
+    lo = int(t.storage_offset()) * size
+    return (id(t._storage), lo, lo + _extent(t) * size)
+  lo = t.data_ptr()
+  return (str(t.device), lo, lo + _extent(t) * size)
+
+
+def _overlapping(spans: list) -> list[list[int]]:
+  """The groups (of two or more) of the `(position, span)`s whose memory overlaps, each
+  group's overlaps linking them (a sweep over each memory's spans sorted by address)."""
+  by_memory: dict[Any, list] = {}
+  for pos, (memory, lo, hi) in spans:
+    by_memory.setdefault(memory, []).append((lo, hi, pos))
+  groups = []
+  for items in by_memory.values():
+    if len(items) < 2:
       continue
-    key = (
-      id(t._storage) if type(t) is tensor_lib.Tensor else (t.device, t.untyped_storage().data_ptr())
+    items.sort()
+    group, end = [items[0][2]], items[0][1]
+    for lo, hi, pos in items[1:]:
+      if lo < end:
+        group.append(pos)
+        end = max(end, hi)
+      else:
+        if len(group) > 1:
+          groups.append(group)
+        group, end = [pos], hi
+    if len(group) > 1:
+      groups.append(group)
+  return groups
+
+
+def _touches(index: dict, span: tuple | None) -> bool:
+  """Whether `span` overlaps one of the spans `index` holds: per memory, their starts sorted
+  and the running maximum of their ends (`Compiled._state_spans`)."""
+  if span is None:
+    return False
+  entry = index.get(span[0])
+  if entry is None:
+    return False
+  starts, ends = entry
+  j = bisect.bisect_left(starts, span[2])
+  return j > 0 and ends[j - 1] > span[1]
+
+
+def _alias_plan(
+  compiled: "Compiled", info: "_Info", state: list, dyn: Sequence[Any], grad: bool
+) -> tuple:
+  """The tensors of a call that share memory where the forward writes one of them (a buffer
+  passed as an argument too, two buffers that are views of one tensor): () where none does.
+
+  Each group becomes one input of the program, the memory the group spans, of which the
+  program makes its tensors views (`_Program.apply`), so that a write through one is read
+  through the others as in eager torch: (dtype, the span's offset in elements from the first
+  tensor's, members), each member (flat position, size, stride, offset in the span). Tensors
+  sharing memory that cannot be so (different storages over the same memory, different
+  dtypes, a tensor that requires grad where a gradient is recorded) raise a `BridgeError`."""
+  n = len(state)
+  index = compiled._name_index()
+  written = {index[k] for k in info.mutated if k in index}
+  written.update(n + 1 + i for i in info.written)
+  if not written:
+    return ()
+  spans, groups, index = compiled._state_spans(state)
+  hit = any([written.intersection(group) for group in groups])
+  arg_spans = []
+  for i, t in enumerate(dyn):
+    span = _span(t)
+    if span is not None:
+      arg_spans.append((n + 1 + i, span))
+      hit = hit or _touches(index, span)
+  if not hit and len(arg_spans) > 1:
+    hit = bool(_overlapping(arg_spans))
+  if not hit:
+    return ()
+  spans = spans + arg_spans
+  grad = grad and any([t.requires_grad for t in [*state, *dyn] if isinstance(t, torch.Tensor)])
+  tensors = {pos: (state[pos] if pos < n else dyn[pos - n - 1]) for pos, _ in spans}
+  plan = []
+  for group in _overlapping(spans):
+    if not written.intersection(group):
+      continue  # (read-only sharing: the program reads the same values)
+    group.sort()
+    members = [tensors[pos] for pos in group]
+    refusal = _unaliasable(members, grad)
+    if refusal:
+      raise _aliasing_error(compiled, group, written, refusal)
+    low = min(int(t.storage_offset()) for t in members)
+    rows = tuple(
+      [
+        (pos, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()) - low)
+        for pos, t in zip(group, members)
+      ]
     )
-    j = owners.setdefault(key, i)
-    if j != i and (i in written or j in written):
+    numel = max(off + _extent(t) for (_, _, _, off), t in zip(rows, members))
+    plan.append((members[0].dtype, (low - int(members[0].storage_offset()), numel), rows))
+  return tuple(plan)
+
+
+def _unaliasable(members: list, grad: bool) -> str:
+  """Why tensors sharing memory cannot be views of one span in the program ('' if they can)."""
+  first = members[0]
+  if any(t.dtype != first.dtype for t in members):
+    return "they have different dtypes"
+  if grad:
+    return "a gradient is recorded through the call (call it under `torch.no_grad()`)"
+  if type(first) is tensor_lib.Tensor:
+    if any(
+      type(t) is not tensor_lib.Tensor
+      or t._storage is not first._storage
+      or t._as is not None
+      or t.is_conj()
+      or t.is_neg()
+      for t in members
+    ):
+      return "they are views of one memory as different types"
+    return ""
+  base = first.untyped_storage().data_ptr()
+  if any(t.is_conj() or t.is_neg() or t.untyped_storage().data_ptr() != base for t in members):
+    return "they are different storages over the same memory (e.g. two `torch.from_numpy`)"
+  return ""
+
+
+def _aliasing_error(compiled: "Compiled", group: list, written: set, why: str) -> BridgeError:
+  n = len(compiled._names)
+
+  def name(pos: int) -> str:
+    return (
+      f"parameter/buffer {compiled._names[pos]!r}" if pos < n else f"tensor argument {pos - n - 1}"
+    )
+
+  writes = [name(p) for p in group if p in written]
+  others = [name(p) for p in group if p not in written]
+  return BridgeError(
+    f"`{API}`: {compiled.name} writes in place into {', '.join(writes)}, which shares memory "
+    f"with {', '.join(others) or 'one another'}; the compiled program cannot make them views "
+    f"of one memory, as {why}, so it would not see the write through the other. Pass tensors "
+    "that do not share memory (`.clone()` one of them), or register them as one buffer and "
+    "take views of it in `forward`."
+  )
+
+
+def _check_restrided(restrided: tuple, dyn: Sequence[Any], name: str) -> None:
+  """The forward changed an argument's shape or strides in place (`x.unsqueeze_(0)`): the
+  call gives the caller's tensor the traced ones, which are its own where it was given
+  contiguous (the program holds an argument as its values, contiguous) or as a view of a
+  memory shared with other tensors. A view of other strides is refused."""
+  for i, size, _, _, _, grouped in restrided:
+    t = dyn[i]
+    if not (grouped or t.is_contiguous()):
       raise BridgeError(
-        f"`{API}`: {name} writes in place into tensor argument {j if j in written else i}, "
-        f"which shares memory with tensor argument {i if j in written else j}: the compiled "
-        "program takes them as independent tensors, so it would not see the write through "
-        "the other. Pass tensors that do not share memory (`.clone()` one of them)."
+        f"`{API}`: {name} changes the shape or strides of its tensor argument {i} in place "
+        f"(to {size}), which is a non-contiguous view (shape {tuple(t.shape)}, stride "
+        f"{tuple(t.stride())}): the compiled program cannot tell its strides. Pass a "
+        "contiguous tensor (`x.contiguous()`), or return the reshaped tensor instead."
       )
+
+
+def _as_views(plan: tuple, outs: list, tensors: list, grouped: set) -> list:
+  """The outputs `_output_plan` relates to the call's tensors (`tensors`: the state, None
+  for the key, the arguments) or to one another, made those tensors or views of them; the
+  arrays of the new storages shared by outputs, after the outputs, taken off. A view of a
+  tensor the program took as its values (not in an alias group, `grouped`) is made where
+  that tensor is contiguous (the program's strides are then its own); otherwise it stays
+  the program's new tensor."""
+  n_outs = len(outs) - len({where for _, how, where, *_ in plan if how == "base"})
+  bases = outs[n_outs:]
+  outs = outs[:n_outs]
+  for k, how, where, size, stride, offset, given in plan:
+    if how == "base":
+      base = bases[where]
+      outs[k] = base.as_strided(size, stride, offset)
+      continue
+    t = tensors[where]
+    if how == "same":
+      outs[k] = t
+    elif where in grouped or t.is_contiguous():
+      outs[k] = t.as_strided(size, stride, int(t.storage_offset()) - given + offset)
+  return outs
 
 
 def _device_error(name: str, first: Any, other: Any) -> TransferError:
@@ -1399,11 +1833,16 @@ def compile(
   effects of the forward run when it is traced, not on every call. Module backward
   hooks cannot run in the compiled backward (JAX's derivative of the trace): a call
   that torch autograd records raises instead of skipping them. A tensor argument the
-  forward writes in place is written back after the call, as in eager torch (torch's
-  error for a leaf that requires grad; a `BridgeError` for another that does).
+  forward writes in place is written back after the call, as in eager torch (recorded by
+  autograd; torch's error for a leaf that requires grad), with any shape or stride change
+  made in place. Tensors that share memory, one of them written (a buffer passed as an
+  argument), are views of one memory in the program; outputs that are inputs, state or
+  views of them or of one another come back as those tensors or views (see
+  docs/compile.md for what is not kept).
 
   The guards cannot see: what the forward reads outside the module (globals,
-  closures, attributes of other objects), other than CPU tensors changed in place;
+  closures, attributes of other objects), other than CPU tensors changed in place through
+  torch (a write that leaves the version counter alone, `w.data[0] += 1`, is not seen);
   changes inside a container or object kept as an attribute (`self.cfg["k"] = v`, a
   list appended to, `self.cfg.k = v`); a number replaced by an equal one of another
   type (2 by 2.0, 1 by True) when nothing else changed; an assignment to a

@@ -41,25 +41,33 @@ def inputs_to_torch(tree: Any, api: str = API) -> Any:
   return tree_lib.tree_map(leaf, tree)
 
 
-def _output(x: Any, where: Callable[[], str], api: str) -> Any:
+def _output(x: Any, where: Callable[[], str], api: str, record: list | None = None) -> Any:
   if isinstance(x, tensor_lib.Tensor):
+    if record is not None:
+      record.append(x)
     return tensor_lib.value(x)
   if isinstance(x, torch.Tensor):  # made on the CPU (a constant of the program)
+    if record is not None:
+      record.append(x)
     with jax.enable_x64(True):
       return transfer.tensor_to_jax(
         x.detach(), copy=True, api=api, where=lambda: f"output {where()}"
       )
   if type(x).__module__ == "torch.return_types":  # torch's named tuples (values, indices)
     # (their fields may be lists of tensors: histogramdd's bin edges)
-    return tree_lib.tree_map(lambda v, w: _output(v, w, api), tuple(x))
+    return tree_lib.tree_map(lambda v, w: _output(v, w, api, record), tuple(x))
+  if record is not None and isinstance(x, jax.Array):
+    record.append(None)  # (an array returned as it is: no tensor behind it)
   return x
 
 
-def outputs_to_jax(tree: Any, api: str = API) -> Any:
+def outputs_to_jax(tree: Any, api: str = API, record: list | None = None) -> Any:
   """Tensors in `tree` -> JAX arrays (`bridge.Tensor`s give their arrays, no copy); the
-  containers JAX does not know (a `ModelOutput`, a dataclass) become JAX pytree nodes."""
+  containers JAX does not know (a `ModelOutput`, a dataclass) become JAX pytree nodes.
+  `record`: a list that gets, for each array leaf of the result in order, the tensor it came
+  from (None for an array returned as it is)."""
   tree_lib.register_output_types(tree)  # first: the tensors inside them are converted too
-  return tree_lib.tree_map(lambda x, where: _output(x, where, api), tree)
+  return tree_lib.tree_map(lambda x, where: _output(x, where, api, record), tree)
 
 
 def run_traced(call: Callable[..., Any], args: tuple, kwargs: dict, api: str = API) -> Any:
