@@ -57,7 +57,6 @@ REFUSED = {
   "hypot_int": (lambda a, b: torch.hypot(a, b), [((3,), L), ((3,), L)]),
   "frac_int": (lambda a: a.frac(), [((3,), L)]),
   "round_decimals_int": (lambda a: a.round(decimals=1), [((3,), L)]),
-  "histc_int": (lambda a: torch.histc(a, bins=4), [((3,), L)]),
   "logcumsumexp_int": (lambda a: a.logcumsumexp(0), [((3,), L)]),
   "argmax_bool": (lambda a: a.argmax(), [((3,), B)]),
   "topk_bool": (lambda a: a.topk(1), [((3,), B)]),
