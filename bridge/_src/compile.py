@@ -361,7 +361,7 @@ class _Program:
       now = (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
       if now != (size, stride, offset):
         restrided.append((i, *now, offset, i in layout))
-    out_plan, extra = _output_plan(made, inputs, origins)
+    out_plan, extra = _output_plan(made, inputs, origins) if self.owner.keep_aliases else ([], [])
     self.info = _Info(
       out_spec,
       tuple(statics),
@@ -900,6 +900,10 @@ class Compiled:
     self._spans: tuple | None = None
     self._index: tuple = ((), {})
     self._lock = threading.RLock()  # see `_locked`
+    # outputs that are inputs, state or views of them or of one another come back so
+    # (`_output_plan`); the torch.compile backend, whose graphs' outputs leave through
+    # aot_autograd's Function (which makes their views itself), turns it off
+    self.keep_aliases = True
     if self.module is not None:
       self._submodules = list(self.module.modules())
     functools.update_wrapper(

@@ -396,6 +396,7 @@ class _Graph:
     elif kind == "forward":
       self.layouts = _Layouts(flat, key, _user_outputs())
     self.compiled = compile_lib.compile(graph)
+    self.compiled.keep_aliases = False  # (the layouts and passthrough above make them)
     # torch's generator for a program that draws on CPU or CUDA inputs (`_generator`)
     self.generator = _generator(gm, key)
     self.names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
