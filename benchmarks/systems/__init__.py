@@ -24,7 +24,9 @@ ALL = (
 )
 BASELINE = "bridge"
 # Systems whose workers load the bridge (torch's device-backend autoload is off for the rest).
-BRIDGE = frozenset({"bridge", "bridge_jax", "torch_compile_jax", "bridge_autograd"})
+BRIDGE = frozenset(
+  {"bridge", "bridge_jax", "torch_compile_jax", "bridge_autograd", "torch_compile_eager"}
+)
 
 # Peer libraries live in the peers venv (benchmarks/setup_peers.sh).
 PEERS = frozenset({"torchax", "torch_jax_interop", "jax2torch", "wrap_torch2jax"})

@@ -29,6 +29,8 @@ def _train_step(module, x, y):
 
 
 def make() -> System:
+  import bridge  # noqa: F401  (as torch_compile_jax's worker: see the module docstring)
+
   return System(
     name="torch_compile_eager",
     forward=_forward,
@@ -37,7 +39,7 @@ def make() -> System:
       'torch_compile_eager: torch.compile(module, backend="eager"): dynamo captures the graph '
       "and torch eager runs it, CPU tensors; dynamo's own share of every torch.compile backend "
       "(first call: its tracing; steady state: its guards and frame), the floor under "
-      "torch_compile and torch_compile_jax."
+      "torch_compile_jax (the bridge loaded, as there)."
     ],
     unsupported={
       **dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
