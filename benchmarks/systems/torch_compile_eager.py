@@ -2,8 +2,10 @@
 
 Dynamo captures the graph (its bytecode tracing at the first call, its guards and frame at
 every call) and torch eager runs the captured graph: what any backend, inductor or
-`backend="jax"`, pays before its own work. Shown beside torch_compile_jax so that its first-call
-and per-call figures split into dynamo's share and the backend's.
+`backend="jax"`, pays before its own work. Shown beside torch_compile_jax so that its first call
+splits into dynamo's share and the backend's. Its per-call rows run dynamo's graph in eager torch,
+which is not the module's own call (the torch_eager row): they do not isolate dynamo's per-call
+cost (docs/speed.md measures that).
 """
 
 import torch
@@ -38,8 +40,8 @@ def make() -> System:
     notes=[
       'torch_compile_eager: torch.compile(module, backend="eager"): dynamo captures the graph '
       "and torch eager runs it, CPU tensors; dynamo's own share of every torch.compile backend "
-      "(first call: its tracing; steady state: its guards and frame), the floor under "
-      "torch_compile_jax (the bridge loaded, as there)."
+      "(first call: its tracing), the floor under torch_compile_jax's first call (the bridge "
+      "loaded, as there); its per-call rows run dynamo's graph in eager torch."
     ],
     unsupported={
       **dict.fromkeys(NON_MODULE_CAPABILITIES, NOT_HERE),
