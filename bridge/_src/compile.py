@@ -310,13 +310,12 @@ class _Program:
       (t._storage, tuple(t.shape), tuple(t.stride()), int(t.storage_offset())) for t in tensors
     ]
     # each input's storage -> (its flat position, its offset as given), for `_output_plan`
+    given_at = [*enumerate(state), *[(n + 1 + i, t) for i, t in enumerate(tensors)]]
     origins: dict[int, tuple[int, int]] = {}
-    for pos, t in [*enumerate(state), *[(n + 1 + i, t) for i, t in enumerate(tensors)]]:
+    for pos, t in given_at:
       if isinstance(t, tensor_lib.Tensor):
         origins.setdefault(id(t._storage), (pos, int(t.storage_offset())))
-    inputs = {
-      id(t): pos for pos, t in [*enumerate(state), *[(n + 1 + i, t) for i, t in enumerate(tensors)]]
-    }
+    inputs = {id(t): pos for pos, t in given_at}
     leaves = tree_lib.merge(self.statics, iter(tensors))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
@@ -1002,12 +1001,7 @@ class Compiled:
     cached = self._spans
     if cached is None or cached[0] != self._state_gen or len(cached[1]) > len(state):
       spans = [(i, span) for i, span in enumerate(map(_span, state)) if span is not None]
-      index: dict[Any, tuple[list, list]] = {}
-      for _, (memory, lo, hi) in sorted(spans, key=lambda p: (str(p[1][0]), p[1][1])):
-        starts, ends = index.setdefault(memory, ([], []))
-        starts.append(lo)
-        ends.append(max(hi, ends[-1]) if ends else hi)
-      cached = self._spans = (self._state_gen, spans, _overlapping(spans), index)
+      cached = self._spans = (self._state_gen, spans, _overlapping(spans), _span_index(spans))
     return list(cached[1]), cached[2], cached[3]
 
   def _written_memory(self, program: _Program, state: list) -> dict | None:
@@ -1022,14 +1016,7 @@ class Compiled:
     spans, groups, _ = self._state_spans(state)
     if any([written.intersection(group) for group in groups]):
       return None
-    memory: dict[Any, tuple[list, list]] = {}
-    for _, (key, lo, hi) in sorted(
-      [(pos, span) for pos, span in spans if pos in written], key=lambda p: p[1][1]
-    ):
-      starts, ends = memory.setdefault(key, ([], []))
-      starts.append(lo)
-      ends.append(max(hi, ends[-1]) if ends else hi)
-    return memory
+    return _span_index([(pos, span) for pos, span in spans if pos in written])
 
   def _aliased(self, key: tuple, plan: tuple, program: _Program) -> _Program:
     """The program of `key` for tensors sharing memory as `plan` says (`_alias_plan`)."""
@@ -1610,6 +1597,17 @@ def _overlapping(spans: list) -> list[list[int]]:
     if len(group) > 1:
       groups.append(group)
   return groups
+
+
+def _span_index(spans: list) -> dict:
+  """Per memory, the starts of the `(position, span)`s' spans sorted and the running maximum of
+  their ends: what `_touches` searches."""
+  index: dict[Any, tuple[list, list]] = {}
+  for _, (memory, lo, hi) in sorted(spans, key=lambda p: p[1][1]):
+    starts, ends = index.setdefault(memory, ([], []))
+    starts.append(lo)
+    ends.append(max(hi, ends[-1]) if ends else hi)
+  return index
 
 
 def _touches(index: dict, span: tuple | None) -> bool:
