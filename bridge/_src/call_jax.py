@@ -44,8 +44,8 @@ _OUT_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _tree_flatten = jax.tree_util.tree_flatten
 _FunctionType = types.FunctionType
 _ref = weakref.ref
-# The argument structure of the most common call, `call_jax(f, x)`: one positional leaf.
-_ONE_ARG = _tree_flatten(((0,), {}))[1]
+# The structure of one leaf (a lone output array).
+_LEAF = _tree_flatten(0)[1]
 _DOUBLE = struct.Struct("<d")
 _COMPLEX = struct.Struct("<dd")
 _X64 = dtypes.TORCH_X64  # (64-bit torch dtypes: refused while JAX has 64-bit types off)
@@ -468,6 +468,10 @@ def _leaves(args: tuple, kwargs: dict) -> _Leaves:
 
 def outputs_to_torch(entry: Entry, out: Any) -> tuple[list[torch.Tensor], Any]:
   """Flatten a JAX output pytree and move its leaves to torch."""
+  if type(out) is transfer.ArrayImpl:  # one array (the common case): no pytree
+    t = transfer.fast_array_out(out)
+    if t is not None:
+      return [t], _LEAF
   leaves, treedef = _tree_flatten(out)
   fast = transfer.fast_array_out
   outs = []
@@ -545,30 +549,18 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
   """
   if (
     not kwargs
-    and len(args) == 1
+    and 0 < len(args) <= _MAX_PLAIN
     and not _dead
     and (type(fn) is _FunctionType or _KINDS.get(type(fn)) is _WEAK)
+    and _fwd_ad._current_level < 0
   ):
-    # `call_jax(f, x)` on one plain CPU tensor, of a function (a jitted one, a partial...)
-    # called before, outside autograd (no gradient wanted, and no forward-AD level open, in
-    # which `x` may carry a tangent): straight to its jitted function, skipping the general
-    # sorting of the arguments (which finds the same entry and does the same transfers)
-    x = args[0]
-    if (
-      type(x) is torch.Tensor
-      and not (x.requires_grad and torch.is_grad_enabled())
-      and _fwd_ad._current_level < 0
-    ):
-      entry = _cache_entries.get((_ref(fn), _ONE_ARG, ()))
-      if entry is not None and transfer.default_device_is_cpu():
-        a = transfer.fast_tensor_arg(x)
-        if a is not None:
-          out = entry.forward(a)
-          t = transfer.fast_array_out(out)  # one array out: the tensor itself
-          if t is not None:
-            return t
-          outs, out_def = outputs_to_torch(entry, out)
-          return out_def.unflatten(outs)
+    # `call_jax(f, x, ...)` on plain CPU tensors only, given positionally, of a function (a
+    # jitted one, a partial...) called so before, with no forward-AD level open (in which a
+    # tensor may carry a tangent): straight to its entry, skipping the general sorting of
+    # the arguments (which finds the same entry and does the same transfers)
+    out = _call_plain(fn, args)
+    if out is not _NOT_PLAIN:
+      return out
   if not callable(fn):
     raise BridgeTypeError(
       f"`{API}`: `fn` must be a JAX callable (a function, a `jax.jit`-ed function, a Pallas "
@@ -609,6 +601,43 @@ def call_jax(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     if split.device is None or "incompatible devices" not in str(e):
       raise
     raise _placement_error(split, args, kwargs) from e
+  return out_def.unflatten(outs)
+
+
+_MAX_PLAIN = 8
+# The argument structures `call_jax(f, x1, ..., xn)` of n positional leaves, n <= _MAX_PLAIN.
+_PLAIN_SPECS = (None, *(_tree_flatten(((0,) * n, {}))[1] for n in range(1, _MAX_PLAIN + 1)))
+_NOT_PLAIN = object()
+
+
+def _call_plain(fn: Callable, args: tuple) -> Any:
+  """`call_jax(fn, *args)` for positional plain CPU tensors and a cached entry, or `_NOT_PLAIN`
+  (then the general path decides)."""
+  for x in args:
+    if type(x) is not torch.Tensor:
+      return _NOT_PLAIN
+  entry = _cache_entries.get((_ref(fn), _PLAIN_SPECS[len(args)], ()))
+  if entry is None or not transfer.default_device_is_cpu():
+    return _NOT_PLAIN
+  fast = transfer.fast_tensor_arg
+  arrays = []
+  for x in args:
+    a = fast(x)
+    if a is None:
+      return _NOT_PLAIN
+    arrays.append(a)
+  if torch.is_grad_enabled() and any(x.requires_grad for x in args):
+    to_torch: Callable = outputs_to_torch
+    if entry.weak:  # the graph holds the function (see `_keeping`)
+      to_torch = functools.partial(_keeping, fn, to_torch)
+    tensors = [(i, i, x) for i, x in enumerate(args)]
+    outs, out_def = vjp.call_with_grad(entry, arrays, tensors, to_torch)
+  else:
+    out = entry.forward(*arrays)
+    t = transfer.fast_array_out(out)  # one array out: the tensor itself
+    if t is not None:
+      return t
+    outs, out_def = outputs_to_torch(entry, out)
   return out_def.unflatten(outs)
 
 

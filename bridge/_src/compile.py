@@ -32,6 +32,7 @@ import jax
 import jax.extend.core
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _fwd_ad
 from jax._src import config as _jax_config
 
 from bridge._src import dtypes
@@ -483,6 +484,14 @@ def _constants_hold(constants: tuple) -> bool:
   return True
 
 
+def _has_tangent(state: Sequence[torch.Tensor], dyn: Sequence[Any]) -> bool:
+  """Whether a tensor of the call carries a forward-mode tangent (`torch.autograd.forward_ad`)."""
+  return any(
+    isinstance(t, torch.Tensor) and _fwd_ad.unpack_dual(t).tangent is not None
+    for t in (*state, *dyn)
+  )
+
+
 def _refusal(compiled: "Compiled", n_args: int, program: "_Program") -> Callable[..., bool]:
   """The checks both shortcuts make first: whether a call must take the general path because
   something the trace read changed (the module's guard: `modules.Guard.holds`; a CPU tensor
@@ -505,6 +514,7 @@ def _refusal(compiled: "Compiled", n_args: int, program: "_Program") -> Callable
       or len(args) != n_args
       or self is not compiled
       or autocast_on(device_type)
+      or _fwd_ad._current_level >= 0  # (a tangent may ride on a tensor: the general path)
     )
 
   return refused
@@ -1211,8 +1221,12 @@ class Compiled:
           _array(first.detach().as_strided((numel,), (1,), int(first.storage_offset()) + rel))
         )
       try:
-        if grad and (any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])):
-          if self._guard is not None and self._guard.backward_hooks:
+        recorded = grad and (
+          any([t.requires_grad for t in state]) or any([t.requires_grad for t in dyn])
+        )
+        # (forward-mode AD: a tangent goes through the same autograd node's `jvp`)
+        if recorded or (_fwd_ad._current_level >= 0 and _has_tangent(state, dyn)):
+          if recorded and self._guard is not None and self._guard.backward_hooks:
             raise self._backward_hooks_error()
           outs, updates, new_key = self._call_with_grad(
             program, arrays, state + list(dyn), len(state), device

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _fwd_ad
 from jax._src import xla_bridge
 
 import _bridge_autoload
@@ -219,7 +220,7 @@ def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False
 # Composite ops that torch would decompose before they reach the jax device, but that run
 # better whole (`linear` is one matmul, not `t` + `addmm`; `matmul` of a non-contiguous 3-D
 # tensor would expand a weight to every batch element for `bmm`): when autograd is not
-# recording them and a lowering exists, they run as one op.
+# recording them (in reverse or forward mode) and a lowering exists, they run as one op.
 _WHOLE_WHEN_NOT_RECORDING = ("linear", "matmul")
 # Composite ops whose torch code reads tensor values to decide (`cov` checks its weights and
 # its degrees of freedom with `.item()`-like calls): inside a JAX trace, where those values
@@ -242,6 +243,8 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   whole = (
     whole
     and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    # (nor forward-mode AD: a dual tensor's tangent lives above the dispatch run below)
+    and _fwd_ad._current_level < 0
     and REGISTRY.lookup(op) is not None
   )
   if whole:

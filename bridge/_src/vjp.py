@@ -20,6 +20,7 @@ torch asks for is JAX's derivative of the one before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _fwd_ad
 
 from bridge._src import dtypes
 from bridge._src import tensor as tensor_lib
@@ -39,13 +41,21 @@ _API = "bridge.call_jax"
 def _concrete_signature(arrays: tuple) -> tuple:
   x64 = dtypes.x64_enabled()
   return tuple(
-    (
-      a.shape,
-      a.dtype if x64 else jax.dtypes.canonicalize_dtype(a.dtype),
-      getattr(a, "weak_type", False),
-    )
-    for a in arrays
+    [
+      (
+        a.shape,
+        a.dtype if x64 else _canonical(a.dtype),
+        type(a) is not np.ndarray and getattr(a, "weak_type", False),
+      )
+      for a in arrays
+    ]
   ) + (x64,)
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical(dtype: Any) -> Any:
+  """JAX's dtype for `dtype` while its 64-bit types are off."""
+  return jax.dtypes.canonicalize_dtype(dtype)
 
 
 def _abstract_signature(tracers: tuple) -> tuple:
@@ -65,6 +75,7 @@ class VjpCache:
     self._backwards: dict[tuple, Callable] = {}
     self._pullbacks: dict[tuple, _Pullback] = {}
     self._jvp: Callable | None = None
+    self._tangents: dict[tuple[bool, ...], _Tangents] = {}
     self._lock = threading.Lock()
 
   def jvp(self) -> Callable:
@@ -74,6 +85,15 @@ class VjpCache:
         if self._jvp is None:
           self._jvp = jax.jit(lambda p, t: jax.jvp(self.apply, p, t)[1])
     return self._jvp
+
+  def tangents(self, inexact: tuple[bool, ...], name: str) -> "_Tangents":
+    """The forward-mode derivative of the calls whose inputs are inexact where `inexact` says,
+    as a function to call differentiably (forward-over-reverse)."""
+    t = self._tangents.get(inexact)
+    if t is None:
+      with self._lock:
+        t = self._tangents.setdefault(inexact, _Tangents(self, inexact, name))
+    return t
 
   def forward(self, mask: tuple[bool, ...]) -> Callable:
     """The jitted `(diff, rest) -> (out, residuals)`; `mask` marks the differentiated inputs."""
@@ -173,6 +193,29 @@ class _Pullback:
     return tuple(jnp.conj(c) if jnp.iscomplexobj(c) else c for c in in_cts)
 
 
+class _Tangents:
+  """JAX's JVP of one function as a function of its own: `(*inputs, *tangents of the inexact
+  inputs) -> tangents of the inexact outputs`. Called differentiably when torch records the
+  forward-mode derivative itself (a tangent whose backward is asked for: forward-over-reverse),
+  as torch records what a `Function.jvp` computes with torch ops."""
+
+  def __init__(self, cache: VjpCache, inexact: tuple[bool, ...], name: str):
+    self.fn_apply, self.inexact = cache.apply, inexact
+    self.name = f"the forward-mode derivative of {name}"
+    self.forward = jax.jit(self.apply)
+    self.vjp = VjpCache(self.apply)
+
+  def apply(self, *arrays: Any) -> tuple:
+    n = len(self.inexact)
+    primals, given = arrays[:n], iter(arrays[n:])
+    tans = [
+      next(given) if m else np.zeros(np.shape(a), jax.dtypes.float0)
+      for a, m in zip(primals, self.inexact)
+    ]
+    out = jax.jvp(self.fn_apply, tuple(primals), tuple(tans))[1]
+    return tuple(t for t in jax.tree_util.tree_leaves(out) if _inexact(t.dtype))
+
+
 class _Call:
   """One differentiable call: the forward with residuals, then the backward."""
 
@@ -189,6 +232,7 @@ class _Call:
     self.device: torch.device | None = None  # the `jax` device when the inputs live there
     self.positions: tuple[int, ...] = ()  # each tensor's position among the arrays
     self.tensor_mask: tuple[bool, ...] = ()  # which tensors require grad
+    self.inputs: tuple[torch.Tensor, ...] = ()  # the tensors, while forward-mode AD is on
 
   def forward(self) -> list[torch.Tensor]:
     # torch runs `Function.forward` with grad mode off; the traced torch code of a compiled
@@ -233,17 +277,20 @@ class _Call:
         self._release()
 
   def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
-    with _x64_scope(self.x64):
-      cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
-      bwd = self.entry.vjp.backward(
-        self.mask, self.diff, self.rest, tuple(shape for shape, _ in self.out_avals)
-      )
-      try:
-        in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
-      except Exception as e:  # (re-raised with the call named)
-        # e.g. JAX linearizes a while_loop but cannot transpose it.
-        raise _differentiation_error(self.entry.name, e) from e
-      return [_gradient(c, self.device) for c in in_cts]
+    if self.x64 != dtypes.x64_enabled():
+      with jax.enable_x64(self.x64):  # the forward's 64-bit setting: the same types
+        return self._backward(grads)
+    cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
+    bwd = self.entry.vjp.backward(
+      self.mask, self.diff, self.rest, tuple(shape for shape, _ in self.out_avals)
+    )
+    try:
+      in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
+    except Exception as e:  # (re-raised with the call named)
+      # e.g. JAX linearizes a while_loop but cannot transpose it.
+      raise _differentiation_error(self.entry.name, e) from e
+    device = self.device
+    return [_gradient(c, device) for c in in_cts]
 
   def differentiable_backward(
     self, saved: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...]
@@ -275,6 +322,10 @@ class _Call:
   def jvp(self, tangents: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
     """Forward-mode AD (`torch.autograd.forward_ad`): the output tangents, JAX's JVP at this
     call's inputs of the given input tangents (one per tensor; None: zero)."""
+    if torch.is_grad_enabled() and any(
+      t.requires_grad for t in (*self.inputs, *(t for t in tangents if t is not None))
+    ):
+      return self._recorded_jvp(tangents)
     with _x64_scope(self.x64):
       primals = _merge(self.mask, self.diff, self.rest)
       tans: list[Any] = [
@@ -291,6 +342,32 @@ class _Call:
         (_on_device(c, self.device, "an output tangent") if _inexact(c.dtype) else None)
         for c in jax.tree_util.tree_leaves(out)
       ]
+
+  def _recorded_jvp(self, tangents: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+    """The output tangents as a differentiable call of `_Tangents` on the input tensors and
+    their tangents: torch's backward then reaches them (forward-over-reverse)."""
+    with _x64_scope(self.x64):
+      primals = _merge(self.mask, self.diff, self.rest)
+      inexact = tuple(_inexact(a.dtype) for a in primals)
+      entry = self.entry.vjp.tangents(inexact, self.entry.name)
+      arrays = list(primals)
+      tensors = [(pos, pos, t) for pos, t in zip(self.positions, self.inputs)]
+      by_position = {pos: t for pos, t in zip(self.positions, tangents) if t is not None}
+      for pos, a in enumerate(primals):
+        if not inexact[pos]:
+          continue
+        t = by_position.get(pos)
+        if t is None:
+          arrays.append(jnp.zeros(np.shape(a), a.dtype))
+        else:
+          tensors.append((len(arrays), len(arrays), t))
+          arrays.append(_full_array(t, "a tangent"))
+      outs, _ = call_with_grad(entry, arrays, tensors, self.outputs_to_torch, self.device)
+    found = iter(outs)
+    return [
+      next(found) if (dtype.is_floating_point or dtype.is_complex) else None
+      for _, dtype in self.out_avals
+    ]
 
   def _release(self) -> None:
     self.residuals = self.diff = self.rest = None
@@ -322,6 +399,16 @@ def _full_array(g: torch.Tensor, what: str = "an output gradient") -> Any:
   return transfer.tensor_to_jax_arg(g.detach(), api=_API, where=lambda: what)
 
 
+def _batched_error(name: str) -> BridgeError:
+  return BridgeError(
+    f"`{_API}`: the backward of {name} was asked for with batched output gradients "
+    "(`torch.autograd.grad(..., is_grads_batched=True)`, or a torch.func transform), which "
+    "the JAX pullback does not take. Ask for one gradient at a time (a loop over the "
+    "grad_outputs), or take the batched derivative in JAX (`jax.vmap` of `jax.vjp`, or "
+    "`jax.jacrev`) inside the function."
+  )
+
+
 def _differentiation_error(name: str, cause: Exception) -> BridgeError:
   return BridgeError(
     f"`{_API}`: a gradient was requested through {name}, but JAX cannot differentiate "
@@ -344,14 +431,22 @@ def _cotangent(g: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> Any:
     ct = tensor_lib.value(g)
     return jnp.conj(ct) if g.is_complex() else ct
   strides = g.stride()
-  if 0 in strides and g.dim():  # an expanded gradient (e.g. of .sum()): pass what is distinct
-    index = tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)
+  if 0 in strides:  # an expanded gradient (e.g. of .sum()): pass what is distinct
+    index = _DISTINCT.get(strides)
+    if index is None:
+      index = tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)
+      if len(_DISTINCT) < 256:
+        _DISTINCT[strides] = index
     arg = transfer.fast_tensor_arg(g, index) if transfer.default_device_is_cpu() else None
     if arg is not None:
       return np.conj(arg) if g.is_complex() else arg
     g = g[index]
   ct = transfer.tensor_to_jax_arg(g, api=_API, where=lambda: "an output gradient")
   return np.conj(ct) if g.is_complex() else ct
+
+
+# strides with a 0 -> the basic index of an expanded gradient's distinct values
+_DISTINCT: dict[tuple[int, ...], tuple[slice, ...]] = {}
 
 
 def _on_device(c: jax.Array, device: torch.device | None, what: str) -> torch.Tensor:
@@ -362,7 +457,12 @@ def _on_device(c: jax.Array, device: torch.device | None, what: str) -> torch.Te
 
 
 def _gradient(c: jax.Array, device: torch.device | None) -> torch.Tensor:
-  return _on_device(c.conj() if c.dtype.kind == "c" else c, device, "an input gradient")
+  complex_ = c.dtype.kind == "c"
+  if device is None and not complex_:  # (a fresh output of the backward: nothing else holds it)
+    t = transfer.fast_array_out(c)
+    if t is not None:
+      return t
+  return _on_device(c.conj() if complex_ else c, device, "an input gradient")
 
 
 class _JaxFunction(torch.autograd.Function):
@@ -372,6 +472,8 @@ class _JaxFunction(torch.autograd.Function):
   def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     outs = call.forward()
     ctx.call = call
+    if _fwd_ad._current_level >= 0:  # for a tangent torch records (`_Call._recorded_jvp`)
+      call.inputs = tensors
     # Saved as torch saves an op's inputs: torch then refuses a second backward once the
     # graph is freed and a backward after an input was changed in place (the residuals may
     # alias its memory), and a recorded backward (`create_graph`) links to these tensors.
@@ -398,10 +500,15 @@ class _JaxFunction(torch.autograd.Function):
       saved = tuple(
         ctx.unchecked[i] if i in ctx.unchecked else next(rest) for i in range(len(call.positions))
       )
-    if torch.is_grad_enabled():  # create_graph=True: a backward that is itself recorded
-      in_grads = iter(call.differentiable_backward(saved, grads))
-    else:
-      in_grads = iter(call.backward(grads, _keep_graph()))
+    try:
+      if torch.is_grad_enabled():  # create_graph=True: a backward that is itself recorded
+        in_grads = iter(call.differentiable_backward(saved, grads))
+      else:
+        in_grads = iter(call.backward(grads, _keep_graph()))
+    except RuntimeError as e:
+      if any(g is not None and (_legacy_batched(g) or _functorch_wrapped(g)) for g in grads):
+        raise _batched_error(call.entry.name) from e
+      raise
     # One gradient per tensor given to forward(); the mask picked exactly the
     # tensors that require grad, in the same order.
     if all(call.tensor_mask):
@@ -436,10 +543,25 @@ def call_with_grad(
 
   `device`: the `jax` device when the tensors live there (gradients are made there too).
   """
-  wanted = {pos for pos, _, t in tensors if t.requires_grad}
-  call = _Call(entry, tuple(i in wanted for i in range(len(arrays))), arrays, outputs_to_torch)
+  given = [t for _, _, t in tensors]
+  tensor_mask = tuple([t.requires_grad for t in given])
+  mask = [False] * len(arrays)
+  for (pos, _, _), m in zip(tensors, tensor_mask):
+    mask[pos] = m
+  call = _Call(entry, tuple(mask), arrays, outputs_to_torch)
   call.device = device
-  call.positions = tuple(pos for pos, _, _ in tensors)
-  call.tensor_mask = tuple(t.requires_grad for _, _, t in tensors)
-  outs = _JaxFunction.apply(call, *(t for _, _, t in tensors))
+  call.positions = tuple([pos for pos, _, _ in tensors])
+  call.tensor_mask = tensor_mask
+  if _transforms_active() or any(_functorch_wrapped(t) for t in given):
+    outs = _JaxFunction.apply(call, *given)
+  else:
+    # torch's own C `apply`: `Function.apply`'s Python layer only binds default arguments
+    # for a `setup_context` (there is none) and unwraps dead torch.func wrappers (none here)
+    outs = _apply(call, *given)
   return list(outs), call.out_def
+
+
+_transforms_active = torch._C._are_functorch_transforms_active
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _JaxFunction)
