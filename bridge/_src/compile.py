@@ -36,6 +36,7 @@ import torch.autograd.forward_ad as _fwd_ad
 from jax._src import config as _jax_config
 
 from bridge._src import dtypes
+from bridge._src import ffi
 from bridge._src import modules as modules_lib
 from bridge._src import rng
 from bridge._src import scope
@@ -52,6 +53,7 @@ from bridge._src.module_state import module_of, state_where
 from bridge._src.placement import devices_of, placement_lines
 
 API = "bridge.compile"
+_JaxRuntimeError = jax.errors.JaxRuntimeError
 _DYN = tree_lib.DYN
 _x64_state = _jax_config.enable_x64
 _SCALARS = (bool, int, float)
@@ -603,6 +605,9 @@ def _fast_call(
         o = lean_call(*arrays)
       except (TypeError, ValueError):  # refused: the general path hands it to `jax.jit`
         return general(self, args, kwargs)
+      except _JaxRuntimeError as e:
+        ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+        raise
     else:
       prev = swap(True)
       try:
@@ -795,6 +800,9 @@ def _fast_cpu_call(
           except (TypeError, RuntimeError):  # what NumPy cannot hold (bfloat16, conj views)
             arrays.append(_array(a))
         o = lean_call(*arrays)
+      except _JaxRuntimeError as e:
+        ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+        return general(self, args, kwargs)
       except (TypeError, ValueError, RuntimeError):  # the general path explains or retries
         return general(self, args, kwargs)
       finally:
@@ -817,6 +825,9 @@ def _fast_cpu_call(
             return general(self, args, kwargs)
           arrays.append(arg)
         o = lean_call(*arrays)
+      except _JaxRuntimeError as e:
+        ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+        return general(self, args, kwargs)
       except (TypeError, ValueError, RuntimeError):  # the general path explains or retries
         return general(self, args, kwargs)
       finally:
@@ -844,6 +855,9 @@ def _fast_cpu_call(
           outs = (lean_call(*arrays),)
         except (TypeError, ValueError):
           outs = None
+        except _JaxRuntimeError as e:
+          ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+          raise
       else:
         outs, updates, new_key = self._forward(program, arrays, n_state)
     finally:
@@ -1400,6 +1414,9 @@ class Compiled:
       return program.forward(*arrays)
     except (TypeError, ValueError) as e:
       return self._retry(program, arrays, n, e)
+    except _JaxRuntimeError as e:
+      ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+      raise
 
   def _retry(self, program: _Program, arrays: list, n: int, error: Exception) -> tuple:
     """`program.forward` refused the arguments: an ahead-of-time compiled tier gives way to
@@ -1450,7 +1467,11 @@ class Compiled:
     if not (type(device) is torch.device and device.type == tensor_lib.device_type()):
       device = None  # the CPU (or a CUDA device): outputs cross by transfer
     to_torch = functools.partial(_outputs_to_torch, device)
-    flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
+    try:
+      flat, out_def = vjp.call_with_grad(program, arrays, entries, to_torch, device)
+    except _JaxRuntimeError as e:
+      ffi.reraise(e)  # a value check's (or a fallback op's) own error, as torch raises it
+      raise
     outs, updates, new_key = out_def.unflatten(flat)
     # (the arguments' new values stay outputs of the autograd node: `_finish` writes them with
     # a copy torch records, as eager torch records the forward's in-place ops)
