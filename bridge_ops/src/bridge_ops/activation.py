@@ -87,11 +87,14 @@ def elu(self, alpha=1, scale=1, input_scale=1):
   return jnp.where(self <= 0, neg, self * _as(scale, self.dtype))
 
 
-@lowering(aten.celu.default)
+@lowering(aten.celu.default, static_argnames=("alpha",))
 @promote("self")
 def celu(self, alpha=1.0):
   """torch computes celu as elu(x, alpha, 1, 1 / alpha); torch's decomposition (a `where`
-  over expm1) would give a nan gradient for a large input."""
+  over expm1) would give a nan gradient for a large input. `alpha` is static: torch refuses
+  0 before it computes (here at once, also while torch code is traced into a program)."""
+  if alpha == 0:
+    raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
   return elu(self, alpha, 1, 1 / alpha)  # (1 / alpha in double, as torch's Scalar)
 
 

@@ -6,8 +6,78 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from bridge_ops._lowering import aten, check, lowering, opmath
+from bridge_ops._lowering import aten, check, lowering, opmath, scalar_type_name
+
+
+# ----------------------------------------------------------------------------- torch's checks
+
+
+def _num(v) -> str:
+  """A double as torch's messages print it (C++ `ostream <<`: 6 significant digits, "-nan")."""
+  if math.isnan(v):
+    return "-nan" if math.copysign(1.0, v) < 0 else "nan"
+  return "%g" % v
+
+
+def _sizes(shape) -> str:
+  return "[" + ", ".join(str(int(n)) for n in shape) + "]"
+
+
+def _check_bin_cts(bins) -> None:
+  """histogramdd_prepare_out: a positive number of bins per dim."""
+  for k, b in enumerate(bins):
+    if b <= 0:
+      raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {b} for dimension {k}")
+
+
+def _check_inputs(x, edges, weight) -> None:
+  """histogramdd_check_inputs (shapes; the dtypes are the core's): `x` (..., N), one 1-d,
+  non-empty edges tensor per dim, a weight of x's shape less its innermost dim."""
+  for k, e in enumerate(edges):
+    if e.ndim != 1:
+      raise RuntimeError(
+        "torch.histogramdd: bins tensor should have one dimension, but got "
+        f"{e.ndim} dimensions in the bins tensor for dimension {k}"
+      )
+    if e.size == 0:
+      raise RuntimeError(
+        "torch.histogramdd: bins tensor should have at least 1 element, but got "
+        f"{e.size} elements in the bins tensor for dimension {k}"
+      )
+  if weight is not None and tuple(x.shape[:-1]) != (tuple(weight.shape) or (1,)):
+    raise RuntimeError(
+      "torch.histogramdd: if weight tensor is provided it should have the same shape as the "
+      "input tensor excluding its innermost dimension, but got input with shape "
+      f"{_sizes(x.shape)} and weight with shape {_sizes(weight.shape)}"
+    )
+
+
+def _widen(lo, hi, dtype, xp):
+  """torch's `bins_edges_correction` of an empty range [lo, lo]: one step of `dtype` or 1 out,
+  whichever is wider, for float32/float64; 1 out for the other dtypes. `xp`: np or jnp."""
+  if dtype not in (np.float32, np.float64):
+    return lo - 1, hi + 1
+  t, inf = np.dtype(dtype).type, np.inf
+  down = xp.nextafter(xp.asarray(lo).astype(t), t(-inf)).astype(np.float64)
+  up = xp.nextafter(xp.asarray(hi).astype(t), t(inf)).astype(np.float64)
+  return xp.minimum(down, lo - 1), xp.maximum(up, hi + 1)
+
+
+def _range_error(text, nan):
+  """`check`'s message for data ranges packed as lo + hi*1j, one per dim (the position): `text`
+  with {lo}, {hi} and {dim}. A NaN end prints as `nan` ("nan", "-nan"), or as its own sign
+  (None), or as the first NaN of the data ("first": lo's, which both ends are in torch)."""
+
+  def message(value, position):
+    lo, hi = value.real, value.imag
+    if nan == "first" and math.isnan(lo):
+      hi = lo
+    show = _num if nan in (None, "first") else lambda v: nan if math.isnan(v) else _num(v)
+    return text.format(lo=show(lo), hi=show(hi), dim=position)
+
+  return message
 
 
 # ----------------------------------------------------------------------------- histograms
@@ -29,6 +99,8 @@ def _upper_bound(edges, x, first, length):
 def _linspace(left, right, steps: int, dtype):
   """torch's CPU linspace in `dtype`: start + step * i for the first half, end - step * (steps -
   1 - i) for the rest (so both ends are exact)."""
+  if steps < 0:
+    raise RuntimeError("number of steps must be non-negative")
   start, end = left.astype(dtype), right.astype(dtype)
   step = (end - start) / jnp.asarray(max(steps - 1, 1), dtype)
   i = jnp.arange(steps)
@@ -75,65 +147,125 @@ def _histdd(x, edges, weight, density, algorithm):
 
 def _outer_edges(x, bins, limits):
   """histogramdd's bin edges per dim: the outer edges are `limits` (the `range` argument), else the data's
-  min/max (0 and 1 for an empty input); an empty interval is widened by 0.5 each side."""
+  min/max (0 and 1 for an empty input); an empty interval is widened by 0.5 each side. torch
+  refuses a range that is not finite, or whose min exceeds its max."""
+  d = x.shape[1]
+  left, right = _outer_range(x, limits)
+  if len(bins) != d:
+    raise RuntimeError(
+      "histogramdd: The size of bins must be equal to the innermost dimension of the input."
+    )
+  return [_linspace(left[k], right[k], bins[k] + 1, x.dtype) for k in range(d)]
+
+
+def _outer_range(x, limits):
+  """select_outer_bin_edges: per dim the (left, right) ends, checked as torch does (`limits`,
+  the `range` argument, is static: checked here; the data's range is a value check)."""
   d = x.shape[1]
   if limits is not None:
+    if len(limits) != 2 * d:
+      raise RuntimeError(
+        f"torch.histogramdd: for a {d}-dimensional histogram range should have {2 * d} "
+        f"elements, but got {len(limits)}"
+      )
+    for k in range(d):
+      lo, hi = float(limits[2 * k]), float(limits[2 * k + 1])
+      if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise RuntimeError(
+          f"torch.histogramdd: dimension {k}'s range [{_num(lo)}, {_num(hi)}] is not finite"
+        )
+      if not lo <= hi:
+        raise RuntimeError(
+          "torch.histogramdd: min should not exceed max, but got min "
+          f"{_num(lo)} max {_num(hi)} for dimension {k}"
+        )
     left = jnp.stack([jnp.asarray(limits[2 * k], jnp.float64) for k in range(d)])
     right = jnp.stack([jnp.asarray(limits[2 * k + 1], jnp.float64) for k in range(d)])
   elif x.shape[0] > 0:
     left, right = jnp.min(x, axis=0).astype(jnp.float64), jnp.max(x, axis=0).astype(jnp.float64)
+    check(  # (a NaN is both ends: the first NaN of the data, as torch's kernel finds it)
+      ~(jnp.isfinite(left) & jnp.isfinite(right)),
+      jax.lax.complex(left, right),
+      RuntimeError,
+      _range_error(
+        "torch.histogramdd: dimension {dim}'s range [{lo}, {hi}] is not finite", "first"
+      ),
+    )
   else:
     left, right = jnp.zeros((d,), jnp.float64), jnp.ones((d,), jnp.float64)
   same = left == right
-  left, right = jnp.where(same, left - 0.5, left), jnp.where(same, right + 0.5, right)
-  return [_linspace(left[k], right[k], bins[k] + 1, x.dtype) for k in range(d)]
+  return jnp.where(same, left - 0.5, left), jnp.where(same, right + 0.5, right)
 
 
-@lowering(aten.histc.default)
+@lowering(aten.histc.default, static_argnames=("min", "max"))
 def histc(self, bins=100, min=0, max=0):
-  """torch.histc: `bins` equal bins over [min, max] (the data's range when min == max, widened by
-  1 each side when still empty); out-of-range elements are ignored. A non-finite or empty range,
-  which torch refuses, gives NaN counts here."""
+  """torch.histc: `bins` equal bins over [min, max] (the data's range when min == max, widened
+  when still empty as torch's `bins_edges_correction`); out-of-range elements are ignored. torch
+  refuses a range that is not finite or empty: `min`/`max` are static and checked here, the
+  data's range is a value check (unchecked inside a JAX program, where the counts are NaN)."""
+  _check_bin_cts([bins])
   x = self.reshape(-1, 1)
-  lo, hi = jnp.asarray(min, jnp.float64), jnp.asarray(max, jnp.float64)
-  if x.shape[0] > 0:
-    data_lo, data_hi = jnp.min(x).astype(jnp.float64), jnp.max(x).astype(jnp.float64)
-    lo, hi = jnp.where(lo == hi, data_lo, lo), jnp.where(lo == hi, data_hi, hi)
+  dtype = np.dtype(self.dtype)
+  if not (min == max and x.shape[0] > 0):  # the range is min/max's
+    lo, hi = float(min), float(max)
+    if lo == hi:
+      lo, hi = (float(v) for v in _widen(lo, hi, dtype, np))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+      raise RuntimeError(f"torch.histc: range of [{_num(lo)}, {_num(hi)}] is not finite")
+    if not lo < hi:
+      raise RuntimeError("torch.histc: max must be larger than min")
+    lo, hi = jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64)
+    return _histdd(x, [_linspace(lo, hi, bins + 1, dtype)], None, False, "linear")
+  lo, hi = jnp.min(x).astype(jnp.float64), jnp.max(x).astype(jnp.float64)
   same = lo == hi
-  lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
-  edges = _linspace(lo, hi, bins + 1, self.dtype)
-  hist = _histdd(x, [edges], None, False, "linear")
+  wide_lo, wide_hi = _widen(lo, hi, dtype, jnp)
+  lo, hi = jnp.where(same, wide_lo, lo), jnp.where(same, wide_hi, hi)
+  hist = _histdd(x, [_linspace(lo, hi, bins + 1, dtype)], None, False, "linear")
   if not jnp.issubdtype(hist.dtype, jnp.inexact):  # integer data (CUDA's histc takes it):
     return hist  # its range is finite and widened to lo < hi, and NaN has no integer value
-  bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi) & (lo < hi))
+  bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi))  # (a finite range is widened to lo < hi)
+  # the data's NaN: torch's aminmax gives the NaN itself for one element, else its
+  # vectorized "-nan" (bfloat16's goes through float: "nan")
+  nan = "nan" if dtype == jnp.bfloat16 else None if x.shape[0] == 1 else "-nan"
+  message = _range_error("torch.histc: range of [{lo}, {hi}] is not finite", nan)
+  check(bad, jax.lax.complex(lo, hi), RuntimeError, message)
   return jnp.where(bad, jnp.full_like(hist, jnp.nan), hist)
 
 
-@lowering(aten.histogram.bin_ct)
+@lowering(aten.histogram.bin_ct, static_argnames=("range",))
 def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
   x = self.reshape(-1, 1)
+  _check_bin_cts([bins])
   edges = _outer_edges(x, [bins], range)
+  _check_inputs(x, edges, None if weight is None else weight.reshape(-1))
   return _histdd(x, edges, weight, density, "local"), edges[0]
 
 
 @lowering(aten.histogram.bins_tensor)
 def histogram_bins_tensor(self, bins, *, weight=None, density=False):
+  _check_inputs(self.reshape(-1, 1), [bins], None if weight is None else weight.reshape(-1))
+  _check_bin_cts([bins.size - 1])
   return _histdd(self.reshape(-1, 1), [bins], weight, density, "search"), bins
 
 
-@lowering(aten._histogramdd_bin_edges.default)
+@lowering(aten._histogramdd_bin_edges.default, static_argnames=("range",))
 def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
   return _outer_edges(self.reshape(-1, self.shape[-1]), list(bins), range)
 
 
-@lowering(aten._histogramdd_from_bin_cts.default)
+@lowering(aten._histogramdd_from_bin_cts.default, static_argnames=("range",))
 def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
   x = self.reshape(-1, self.shape[-1])
-  return _histdd(x, _outer_edges(x, list(bins), range), weight, density, "local")
+  edges = _outer_edges(x, list(bins), range)
+  _check_inputs(self, edges, weight)
+  _check_bin_cts(bins)
+  return _histdd(x, edges, weight, density, "local")
 
 
 @lowering(aten._histogramdd_from_bin_tensors.default)
 def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+  _check_inputs(self, bins, weight)
+  _check_bin_cts([e.size - 1 for e in bins])
   return _histdd(self.reshape(-1, self.shape[-1]), list(bins), weight, density, "search")
 
 
@@ -141,8 +273,20 @@ def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
 def bincount(self, weights=None, minlength=0):
   """Counts (int64), or sums of `weights`, of each value 0..max(self); at least `minlength` bins.
   The length depends on the values, so this runs on concrete arrays (not under `jax.jit`)."""
+  if not jnp.issubdtype(self.dtype, jnp.integer):  # (the core refuses bool; floats come here)
+    raise NotImplementedError(
+      f"\"bincount_cpu\" not implemented for '{scalar_type_name(self.dtype)}'"
+    )
+  if minlength < 0:
+    raise RuntimeError("minlength should be >= 0")
+  if self.ndim != 1:
+    raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+  if self.size == 0:  # (torch returns before it looks at the weights)
+    return jnp.zeros((minlength,), jnp.int64)
   check(self < 0, self, RuntimeError, "bincount only supports 1-d non-negative integral inputs.")
-  n = max(int(jnp.max(self)) + 1 if self.size else 0, minlength)
+  if weights is not None and (weights.ndim != 1 or weights.shape != self.shape):
+    raise RuntimeError("weights should be 1-d and have the same length as input")
+  n = max(int(jnp.max(self)) + 1, minlength)
   if weights is None:
     return jnp.zeros((n,), jnp.int64).at[self].add(1)
   w = weights.astype(jnp.float32 if weights.dtype == jnp.float32 else jnp.float64)

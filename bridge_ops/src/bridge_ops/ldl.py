@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bridge_ops._lowering import aten, lowering, scalar_type_name, while_loop
+from bridge_ops._linalg import check_info
 
 
 # ----------------------------------------------------------------------------- LDL (Bunch-Kaufman)
@@ -188,7 +189,10 @@ def _sytrs(ld, ipiv, b, herm):
 def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
   """torch's LAPACK ?sytrf (?hetrf for complex `hermitian`) with uplo='L': (LD, pivots, info)."""
   herm = hermitian and jnp.iscomplexobj(self)
-  return _matrices(functools.partial(_sytf2, herm=herm), self, cores=(2,))
+  ld, pivots, info = _matrices(functools.partial(_sytf2, herm=herm), self, cores=(2,))
+  if check_errors:
+    check_info(info, "torch.linalg.ldl_factor_ex", self.ndim == 2)
+  return ld, pivots, info
 
 
 @lowering(aten.linalg_ldl_solve.default)

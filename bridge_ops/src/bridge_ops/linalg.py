@@ -2,18 +2,18 @@
 triangular solves, Householder products), inverses, determinants, renorm.
 
 Decompositions return exactly the outputs of their aten schema (LU and 1-based int32
-pivots, LAPACK's `info`, empty tensors for outputs not asked for). The composite ops
-(`linalg.inv`, `linalg.solve`, `linalg.cholesky`...) check `info` through
-`_linalg_check_errors`, which raises torch's `LinAlgError` on concrete values; inside a
-staged program (`jax.jit`) it cannot, and the result holds JAX's NaN/inf instead.
+pivots, LAPACK's `info`, empty tensors for outputs not asked for). Where torch checks `info`
+(the composite ops `linalg.inv`, `linalg.solve`, `linalg.cholesky`... through
+`_linalg_check_errors`; the `*_ex` ops with `check_errors=True`; `cholesky`,
+`cholesky_inverse`), `_linalg.check_info` raises torch's error (`LinAlgError` mostly) as a
+value check: eagerly on the `jax` device, and inside a staged program (`jax.jit`) only with
+`bridge.config(check_indices=True)`; without it the result holds JAX's NaN/inf instead.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import torch
 from jax import lax
 
 from bridge_ops._lowering import (
@@ -33,6 +33,7 @@ from bridge_ops._linalg import (
   _is_vector_rhs,
   _mH,
   _mT,
+  check_info,
 )
 
 
@@ -101,6 +102,8 @@ def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
   if not pivot:
     raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
   lu, pivots, _, info = _lu(A)
+  if check_errors:
+    check_info(info, "torch.linalg.lu_factor_ex", A.ndim == 2)
   return lu, pivots, info
 
 
@@ -139,6 +142,8 @@ def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
   vector = _is_vector_rhs(A, B)
   b = B[..., None] if vector else B
   x = _lu_solve(lu, perm, b) if left else _mH(_lu_solve(lu, perm, _mH(b), True))
+  if check_errors:
+    check_info(info, "torch.linalg.solve_ex", A.ndim == 2)
   return (x[..., 0] if vector else x), lu, pivots, info
 
 
@@ -146,6 +151,8 @@ def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
 def linalg_inv_ex(A, *, check_errors=False):
   lu, _, perm, info = _lu(A)
   eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+  if check_errors:
+    check_info(info, "linalg.inv_ex", A.ndim == 2)
   return _lu_solve(lu, perm, eye), info
 
 
@@ -234,14 +241,19 @@ def _cholesky(a, upper):
 @lowering(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
   # Where A is not positive definite torch leaves a partial factor; this gives NaN (info says).
-  return _cholesky(self, upper)
+  l, info = _cholesky(self, upper)
+  if check_errors:
+    check_info(info, "linalg.cholesky_ex", self.ndim == 2)
+  return l, info
 
 
 @lowering(aten.cholesky.default)
 def cholesky(self, upper=False):
-  # torch raises on a matrix that is not positive definite; under `jit` that cannot be
-  # checked, so the factor is NaN there.
-  return _cholesky(self, upper)[0]
+  # torch raises on a matrix that is not positive definite (a value check: inside a staged
+  # program only with `check_indices`, else the factor is NaN there).
+  l, info = _cholesky(self, upper)
+  check_info(info, "cholesky", self.ndim == 2)
+  return l
 
 
 def _cholesky_solve(b, l, upper):
@@ -261,6 +273,9 @@ def cholesky_solve(self, input2, upper=False):
 
 @lowering(aten.cholesky_inverse.default)
 def cholesky_inverse(self, upper=False):
+  # LAPACK potri: info is the first zero on the factor's diagonal (a NaN is not zero)
+  diag = jnp.diagonal(self, axis1=-2, axis2=-1)
+  check_info(_first_zero(diag == 0), "cholesky_inverse", self.ndim == 2)
   eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
   return _cholesky_solve(eye, self, upper)
 
@@ -335,47 +350,19 @@ def ormqr(self, input2, input3, left=True, transpose=False):
 @lowering(aten._linalg_check_errors.default, dynamic_shape=True)
 def _linalg_check_errors(info, api_name, *, is_matrix):
   """torch's check of the `info` of a factorization (`linalg.inv`, `linalg.solve`,
-  `linalg.cholesky`, ... call it): raises torch's `LinAlgError` on a concrete failing `info`.
-  Inside a staged JAX program the value is unknown, so nothing is checked there and the result
-  holds NaN/inf as JAX's own linear algebra gives."""
-  if isinstance(info, jax.core.Tracer):
-    return None
-  flat = np.asarray(info).reshape(-1)
-  bad = np.flatnonzero(flat)
-  if not bad.size:
-    return None
-  code = int(flat[bad[0]])
-  where = "" if is_matrix else f": (Batch element {bad[0]})"
-  if code < 0:
-    raise RuntimeError(f"{api_name}{where}: Argument {-code} has illegal value.")
-  if "inv" in api_name:
-    msg = (
-      f"The diagonal element {code} is zero, the inversion could not be completed because "
-      "the input matrix is singular."
-    )
-  elif "solve" in api_name:
-    msg = "The solver failed because the input matrix is singular."
-  elif "cholesky" in api_name:
-    msg = (
-      "The factorization could not be completed because the input is not "
-      f"positive-definite (the leading minor of order {code} is not positive-definite)."
-    )
-  elif "lu_factor" in api_name:
-    raise RuntimeError(
-      f"{api_name}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
-      "division by zero. If you still want to perform the factorization, consider calling "
-      "linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"
-    )
-  else:
-    msg = f"The algorithm failed (error code: {code})."
-  raise torch.linalg.LinAlgError(f"{api_name}{where}: {msg}")
+  `linalg.cholesky`, ... call it): torch's error for the first failing `info`, a value check
+  (`check_info`)."""
+  check_info(info, api_name, is_matrix)
 
 
-@lowering(aten.renorm.default, static_argnames=("p",))
+@lowering(aten.renorm.default, static_argnames=("p", "maxnorm"))
 def renorm(self, p, dim, maxnorm):
   """torch: each slice along `dim` whose p-norm exceeds `maxnorm` is scaled by
   maxnorm / (norm + 1e-7); norms of 16-bit floats are taken in float32 and the factor rounded
-  to the dtype before the multiplication."""
+  to the dtype before the multiplication. (`maxnorm` is static, so that torch's check of it
+  raises here, in compiled programs too; its meta kernel checks only `p`.)"""
+  if not maxnorm >= 0:  # (NaN too; torch prints the double as C++ streams do)
+    raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {float(maxnorm):g}")
   dim = dim % self.ndim
   axes = tuple(d for d in range(self.ndim) if d != dim)
   # torch's derivative of |x| and of the root is 0 at 0, so a zero slice (left as it is) has

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from bridge_ops import arithmetic, indexing
+from bridge_ops import reduction as reduction_ops
 from bridge_ops._lowering import (
   Ops,
   aten,
@@ -68,9 +70,13 @@ def mse_loss(self, target, reduction=_MEAN):
   return _reduce(jnp.square(self - target), reduction)
 
 
-@lowering(aten.huber_loss.default)
+# `delta`/`beta` are static: torch refuses a bad one before it computes (its message here, at
+# once, also while torch code is traced into a program); a value recompiles (one per model).
+@lowering(aten.huber_loss.default, static_argnames=("delta",))
 @promote("self", "target")
 def huber_loss(self, target, reduction=_MEAN, delta=1.0):
+  if not delta > 0:
+    raise RuntimeError("huber_loss does not support non-positive values for delta.")
   z = jnp.abs(self - target)
   q = _quadratic_part(z, delta)
   return _reduce(jnp.where(z < delta, 0.5 * q * q, delta * (z - 0.5 * delta)), reduction)
@@ -83,12 +89,14 @@ def _quadratic_part(z, bound):
   return jnp.where(z >= bound, jnp.zeros((), z.dtype), z)
 
 
-@lowering(aten.smooth_l1_loss.default)
+@lowering(aten.smooth_l1_loss.default, static_argnames=("beta",))
 @promote("self", "target")
 def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
+  if not beta >= 0:
+    raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
   z = jnp.abs(self - target)
   # beta == 0 is the L1 loss: `z < 0` never holds, and the quadratic branch divides by 1
-  # instead of 0 (`beta` may be traced: no Python branch on it).
+  # instead of 0.
   safe_beta = beta + (beta == 0)
   q = _quadratic_part(z, beta)
   return _reduce(jnp.where(z < beta, 0.5 * q * q / safe_beta, z - 0.5 * beta), reduction)
@@ -110,10 +118,24 @@ def _bce_tangent(out, primals, tangents):
 
 _bce = with_derivative(_bce_elements, _bce_tangent)
 
+_BCE_ERRORS = {
+  1: "all elements of input should be between 0 and 1",
+  2: "all elements of target should be between 0 and 1",
+}
+
+
+def _check_bce_values(input, target):
+  """torch's CPU kernel checks each element in turn, input before target (NaN fails both)."""
+  codes = jnp.where(
+    ~((input >= 0) & (input <= 1)), 1, jnp.where(~((target >= 0) & (target <= 1)), 2, 0)
+  )
+  check(codes != 0, codes, RuntimeError, lambda code, position: _BCE_ERRORS[int(code)])
+
 
 @lowering(aten.binary_cross_entropy.default)
 @promote("self", "target", "weight")
 def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
+  _check_bce_values(self, target)
   loss = _bce(self, target)
   if weight is not None:
     loss = loss * weight
@@ -178,6 +200,60 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
   # self (N, C, H, W), target (N, H, W).
   return _nll(jnp.moveaxis(self, 1, -1), target, weight, reduction, ignore_index)
+
+
+# --- margin losses: torch's decompositions, with its CPU kernels' checks of the targets -------
+# (the decompositions' `gather` would name its own index error): the same lowerings, in the
+# same order, so the values and derivatives are those of the decompositions.
+
+
+@lowering(aten.multi_margin_loss.default, static_argnames=("p",))
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
+  if p not in (1, 2):
+    raise RuntimeError("only p == 1 and p == 2 supported")
+  x = jnp.atleast_2d(self)
+  t = jnp.atleast_1d(target)
+  dim = x.shape[1]
+  check((t < 0) | (t >= dim), t, RuntimeError, "target out of range")
+  t = t[:, None]
+  z = arithmetic.add(arithmetic.rsub(indexing.gather(x, 1, t), margin), x)
+  z = arithmetic.clamp_min(z, 0)
+  z = z if p == 1 else arithmetic.mul(z, z)
+  if weight is not None:
+    z = arithmetic.mul(z, jnp.atleast_1d(weight)[t])
+  z = arithmetic.where(jnp.arange(dim) != t, z, 0)
+  if reduction == _MEAN:
+    return reduction_ops.mean_dim(z)
+  if reduction == _SUM:
+    return arithmetic.div(reduction_ops.sum_dim_IntList(z), dim)
+  return reduction_ops.mean_dim(z, [1])
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+  x = jnp.atleast_2d(self)
+  t = jnp.atleast_2d(target)
+  dim = x.shape[1]
+  # torch's CPU kernel checks every label, those after a -1 too
+  check((t < -1) | (t >= dim), t, RuntimeError, "argument #2 'target' is out of range")
+  idx = jnp.arange(dim)
+  end = jnp.min(jnp.where(t == -1, idx, dim), axis=-1, keepdims=True)
+  kept = idx < end
+  u = indexing.gather(x, -1, jnp.where(kept, t, 0))
+  is_target = jnp.any(idx == jnp.where(kept, t, -1)[..., None], axis=1)
+  z = arithmetic.add(arithmetic.rsub(u.T[..., None], 1.0), x)
+  z = arithmetic.div(arithmetic.clamp_min(z, 0), dim)
+  z = arithmetic.where(is_target, 0, z)
+  # (torch's decomposition stops here, and counts the labels at and after a -1 as class 0:
+  # its CPU kernel, which this follows, leaves them out)
+  z = arithmetic.where(kept.T[..., None], z, 0)
+  if reduction == _MEAN:
+    z = reduction_ops.mean_dim(reduction_ops.sum_dim_IntList(z, [0, -1]))
+  elif reduction == _SUM:
+    z = reduction_ops.sum_dim_IntList(z)
+  else:
+    z = reduction_ops.sum_dim_IntList(z, [0, -1])
+  return z, is_target.astype(self.dtype).reshape(target.shape)
 
 
 # --- chunked linear cross entropy (`F.linear_cross_entropy(..., options=...)`) ----------------
@@ -415,9 +491,69 @@ def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, width, bla
   return (nll, log_alpha) if batched else (nll[0], log_alpha[0])
 
 
+_CTC_WHERE = " (while checking arguments for ctc_loss_allocate_outputs)"
+
+
+def _ctc_length_error(name, low, high=None):
+  """torch's message for a length out of [low, high] (`value` the first such length)."""
+
+  def message(value, position):
+    if value < low:
+      return f"Expected {name} to have value at least {low}, but got value {value}{_CTC_WHERE}"
+    return f"Expected {name} to have value at most {high}, but got value {value}{_CTC_WHERE}"
+
+  return message
+
+
+def _check_ctc_arguments(log_probs, targets, input_lengths, target_lengths, blank):
+  """torch's checks of `_ctc_loss`'s arguments, in its CPU kernel's order: the blank and the
+  lengths' sizes (static), then the target lengths (>= 0, and the targets long enough for
+  them), then each input length in [0, T]. Lengths given as lists (`_ctc_loss.default`) are
+  known here and raise at once; as tensors they are values (`check`)."""
+  if not 0 <= blank < log_probs.shape[-1]:
+    raise RuntimeError("blank must be in label range")
+  batched = log_probs.ndim == 3
+  in_len = jnp.reshape(jnp.asarray(input_lengths), (-1,))
+  tgt_len = jnp.reshape(jnp.asarray(target_lengths), (-1,))
+  if batched:
+    if in_len.shape[0] != log_probs.shape[1]:
+      raise RuntimeError("input_lengths must be of size batch_size")
+    if tgt_len.shape[0] != log_probs.shape[1]:
+      raise RuntimeError("target_lengths must be of size batch_size")
+  if tgt_len.size:
+    check(tgt_len < 0, tgt_len, RuntimeError, _ctc_length_error("target_lengths", 0))
+    if targets.ndim == 1:  # concatenated: exactly sum(target_lengths) labels
+      total = jnp.sum(tgt_len)
+      check(
+        total != targets.shape[0],
+        total,
+        RuntimeError,
+        f"Expected tensor to have size {{value}} at dimension 0, but got size "
+        f"{targets.shape[0]} for argument #2 'targets'{_CTC_WHERE}",
+      )
+    elif targets.ndim == 2:
+      longest = jnp.max(tgt_len)
+      check(
+        longest > targets.shape[1],
+        longest,
+        RuntimeError,
+        f"Expected tensor to have size at least {{value}} at dimension 1, but got size "
+        f"{targets.shape[1]} for argument #2 'targets'{_CTC_WHERE}",
+      )
+  if in_len.size:
+    t_max = log_probs.shape[0]
+    check(
+      (in_len < 0) | (in_len > t_max),
+      in_len,
+      RuntimeError,
+      _ctc_length_error("input_lengths", 0, t_max),
+    )
+
+
 @lowering(aten._ctc_loss.default)
 def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
   """torch's CTC loss (`F.ctc_loss` before its reduction), with torch's gradient."""
+  _check_ctc_arguments(log_probs, targets, input_lengths, target_lengths, blank)
   width = max((int(v) for v in target_lengths), default=0)
   return _ctc_loss_impl(
     log_probs,
@@ -438,6 +574,7 @@ def _ctc_loss_Tensor(
   reads) is (N, T, 2 * max(target_lengths) + 1) as in torch; under `jax.jit` the lengths are
   not known, so it is padded to the targets' own width (the extra columns -inf, where torch
   leaves uninitialized memory). The loss is the same either way."""
+  _check_ctc_arguments(log_probs, targets, input_lengths, target_lengths, blank)
   if isinstance(target_lengths, jax.core.Tracer):
     width = targets.shape[-1] if targets.ndim == 2 else targets.shape[0]
   else:

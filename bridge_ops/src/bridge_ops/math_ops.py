@@ -25,6 +25,7 @@ from bridge_ops._lowering import (
   x_times_log,
 )
 from bridge_ops._elementwise import _as, _inexact, _integer, _promote, _sigmoid
+from bridge_ops.comparison import _integral
 
 __all__: list[str] = []
 
@@ -515,12 +516,14 @@ def _gcd(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 @lowering(aten.gcd.default)
+@_integral("gcd_cpu")
 @_promote("self", "other")
 def gcd(self, other):
   return _gcd(self, other)
 
 
 @lowering(aten.lcm.default)
+@_integral("lcm_cpu")
 @_promote("self", "other")
 def lcm(self, other):
   # torch: g == 0 ? 0 : abs(a / g * b).

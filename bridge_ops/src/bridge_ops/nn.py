@@ -23,7 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, check_index, expand_param, lowering, opmath
+from bridge_ops._lowering import (
+  aten,
+  check,
+  check_index,
+  expand_param,
+  lowering,
+  opmath,
+  scalar_type_name,
+)
 from bridge_ops.indexing import _embedding
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -276,17 +284,66 @@ def _bags(indices, offsets, n_bags, include_last_offset, padding_idx):
   return pos, bag, valid, jnp.where(valid, bag, n_bags)
 
 
+_NOT_IMPROVED = (
+  "  (Could this error message be improved?  If so, please report an enhancement request to "
+  "PyTorch.)"
+)
+
+
+def _fbgemm_path(weight, mode, padding_idx):
+  """Whether torch's CPU kernel takes its FBGEMM path ("sum"/"mean" of 16/32-bit floats
+  without padding_idx), whose checks and messages differ from the other paths'."""
+  return (
+    mode != _BAG_MAX
+    and (padding_idx is None or padding_idx < 0)
+    and np.dtype(weight.dtype)
+    in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+  )
+
+
+def _check_bag_offsets(weight, indices, offsets, mode, include_last_offset, padding_idx):
+  """torch's checks of `offsets` (values), in its CPU kernel's order: offsets[0] is 0,
+  offsets[-1] at most the number of indices, every offset in [0, n] (its `index_add_` into
+  offset2bag), and on the FBGEMM path non-decreasing offsets (its error report's words)."""
+  if offsets.shape[0] == 0:
+    return
+  n = indices.shape[0]
+  first, last = offsets[0], offsets[-1]
+  kind = scalar_type_name(offsets.dtype)
+  check(
+    jnp.stack([first != 0, last > n]),
+    jnp.stack([first, last]),
+    RuntimeError,
+    lambda value, position: (
+      "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+      f"position 0. However, got {value}\n[ torch.{kind}Tensor{{}} ]"  # (torch prints a tensor)
+      if position == 0
+      else f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {value}"
+    ),
+  )
+  check((offsets < 0) | (offsets > n), offsets, IndexError, "index out of range in self")
+  if _fbgemm_path(weight, mode, padding_idx) and offsets.shape[0] > 1:
+    decreasing = jnp.any(offsets[1:] < offsets[:-1])
+    ragged_end = include_last_offset & (last != n)
+    check(
+      jnp.stack([decreasing & ~ragged_end, decreasing & ragged_end]),
+      None,
+      RuntimeError,
+      lambda value, position: (
+        "Expected i < index_size to be true, but got false." + _NOT_IMPROVED
+        if position == 0
+        else "Your input appears to be incorrect: the last offset value should be the size "
+        "of the indices tensor, but it seems not to be the case."
+      ),
+    )
+
+
 def _check_bag_indices(weight, indices, mode, padding_idx):
   """Rows in [0, num_embeddings), with the message of torch's CPU kernel: its FBGEMM path
   (16/32-bit floats, "sum"/"mean", no padding_idx) names the position (FBGEMM words a bad
   index past the first bag otherwise; this message is kept for it too)."""
   n = weight.shape[0]
-  if (
-    mode != _BAG_MAX
-    and (padding_idx is None or padding_idx < 0)
-    and np.dtype(weight.dtype)
-    in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
-  ):
+  if _fbgemm_path(weight, mode, padding_idx):
     message = (
       f"Index {{position}} of input takes value {{value}} which is not in the valid range [0, {n})"
     )
@@ -316,6 +373,7 @@ def _embedding_bag(
   CUDA layout): the bag of every index, the entries per bag, the row index of each maximum
   ("max"; 0 for an empty bag, as torch's CPU kernel). Sums run in float32 for the 16-bit floats.
   """
+  _check_bag_offsets(weight, indices, offsets, mode, include_last_offset, padding_idx)
   _check_bag_indices(weight, indices, mode, padding_idx)
   n = indices.shape[0]
   n_offsets = offsets.shape[0]

@@ -12,9 +12,15 @@ Conventions followed from torch's CPU kernels:
 * `random` without an upper bound draws integers in [from, M] where M is the
   dtype's largest integer (integer dtypes) or 2**mantissa_digits (float dtypes);
 * `native_dropout` with `train=None` trains; its mask is bool.
+
+Arguments are checked as torch's CPU kernels check them, before anything is drawn (see
+"torch's checks of the arguments" below).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +31,7 @@ from bridge_ops._lowering import (
   check,
   default_float,
   jax_dtype,
+  literal,
   lowering,
   opmath,
   real_dtype,
@@ -91,34 +98,160 @@ def _randint_inclusive(key, shape, low: int, high: int, dtype):
   return (r.astype(jnp.int64) + jnp.int64(low)).astype(dtype)
 
 
+# --- torch's checks of the arguments ------------------------------------------------------------
+#
+# torch's CPU kernels refuse a negative std, a p outside [0, 1], an empty `uniform_` range...
+# before they draw. A Scalar argument is a Python number while torch code is traced into a
+# program (`bridge.compile`, `call_torch`), and its check raises here at once. In an eager op's
+# program it is a traced value: the check joins the op's `check` flag, and when that is set the
+# op runs again on the Python numbers, which raise here. A tensor argument's values (a tensor
+# std, p or rate) go through `check`: torch's error at once in eager mode, inside a program only
+# with `bridge.config(check_indices=True)`. A check takes no key, so draws stay as they were.
+
+
+def _number(x) -> str:
+  """A double as torch's messages print it (C++'s `<<`: 6 significant digits, "-nan")."""
+  x = float(x)
+  if math.isnan(x):
+    return "-nan" if math.copysign(1.0, x) < 0 else "nan"
+  return "%g" % x
+
+
+def _require(ok, message, *values) -> None:
+  """torch's `TORCH_CHECK(ok(*values), message(*values))` on one or two Scalar arguments,
+  compared in double precision (in the traced scalars' own float type without 64-bit types)."""
+  dtype = jax.dtypes.canonicalize_dtype(np.float64)
+  if all(literal(v) for v in values):
+    with np.errstate(all="ignore"):
+      good = ok(*(np.asarray(v, dtype) for v in values))
+    if not good:
+      raise RuntimeError(message(*values))
+    return
+  args = [jnp.asarray(v).astype(dtype) for v in values]
+  if len(args) == 1:
+    check(~ok(*args), args[0], RuntimeError, lambda value, _: message(value))
+  else:  # (`check` hands its message one value: the two travel as one complex number)
+    packed = jax.lax.complex(*args)
+    check(~ok(*args), packed, RuntimeError, lambda value, _: message(value.real, value.imag))
+
+
+def _check_std(std) -> None:
+  _require(
+    lambda s: s >= 0, lambda s: f"normal expects std >= 0.0, but found std {_number(s)}", std
+  )
+
+
+def _check_std_tensor(std) -> None:
+  if np.size(std):
+    check(~(std >= 0), None, RuntimeError, "normal expects all elements of std >= 0.0")
+
+
+def _check_p(p) -> None:
+  """`bernoulli_`'s check of a Scalar p (also `native_dropout`'s, of 1 - p)."""
+  _require(
+    lambda p: (p >= 0) & (p <= 1),
+    lambda p: f"bernoulli_ expects p to be in [0, 1], but got p={_number(p)}",
+    p,
+  )
+
+
+_P_TENSOR = (
+  "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be "
+  "improved?  If so, please report an enhancement request to PyTorch.)"
+)
+
+
+def _check_p_tensor(p) -> None:
+  if np.size(p):
+    check(~((p >= 0) & (p <= 1)), None, RuntimeError, _P_TENSOR)
+
+
+# torch's names of the float types that `uniform_` checks its range against: C++'s (its bounds'
+# messages) and torch's own (its range's)
+_UNIFORM_NAMES = {
+  np.dtype(np.float32): ("float", "Float"),
+  np.dtype(np.float64): ("double", "Double"),
+  np.dtype(np.float16): ("c10::Half", "Half"),
+  np.dtype(jnp.bfloat16): ("c10::BFloat16", "BFloat16"),
+}
+
+
+def _check_uniform(dtype, from_, to) -> None:
+  """`uniform_`'s checks: both bounds within the dtype's range (a complex dtype's parts'), then
+  from <= to, then to - from within it too, in that order."""
+  names = _UNIFORM_NAMES.get(np.dtype(real_dtype(dtype)))
+  if names is None:  # (integers: torch's kernel refuses them before the lowering runs)
+    return
+  cpp, name = names
+  info = jnp.finfo(real_dtype(dtype))
+  low, high = float(info.min), float(info.max)
+  for value, what in ((from_, "from"), (to, "to")):
+    _require(
+      lambda v: (v >= low) & (v <= high),
+      lambda v, what=what: f"{what} is out of bounds for {cpp}",
+      value,
+    )
+  _require(
+    lambda f, t: f <= t,
+    lambda f, t: (
+      f"uniform_ expects to return a [from, to) range, but found from={_number(f)} > "
+      f"to={_number(t)}"
+    ),
+    from_,
+    to,
+  )
+  _require(
+    lambda f, t: t - f <= high,
+    lambda f, t: (
+      f"uniform_ expects to-from <= std::numeric_limits<{name}>::max(), but found "
+      f"to={_number(t)} and from={_number(f)} which result in to-from to exceed the limit"
+    ),
+    from_,
+    to,
+  )
+
+
 # --- in-place-only and functional samplers on `self` ------------------------------------------
 
 
 @lowering(aten.normal_.default, random=True)
 def normal_(self, mean=0.0, std=1.0, *, generator=None, key):
+  _check_std(std)
   return _normal(key, self.shape, self.dtype, mean, std)
 
 
 # (`normal_`'s functional form, which aot_autograd's graphs hold: `Normal(...).rsample()`)
 @lowering(aten.normal_functional.default, random=True)
 def normal_functional(self, mean=0.0, std=1.0, *, generator=None, key):
+  _check_std(std)
   return _normal(key, self.shape, self.dtype, mean, std)
 
 
 @lowering(aten.uniform.default, random=True)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, key, **kwargs):
   from_ = kwargs.pop("from", from_)  # `from` is a Python keyword
+  _check_uniform(self.dtype, from_, to)
   return _uniform(key, self.shape, self.dtype, from_, to)
 
 
 @lowering(aten.exponential.default, random=True)
 def exponential(self, lambd=1.0, *, generator=None, key):
+  _require(
+    lambda v: v > 0,
+    lambda v: f"exponential_ expects lambda > 0.0, but found lambda={_number(v)}",
+    lambd,
+  )
   f = _sample_dtype(self.dtype)
   return (-jnp.log(_open_uniform(key, self.shape, f)) / lambd).astype(self.dtype)
 
 
 @lowering(aten.geometric.default, random=True)
 def geometric(self, p, *, generator=None, key):
+  _require(
+    lambda p: (p > 0) & (p < 1),
+    lambda p: f"geometric_ expects p to be in (0, 1), but got p={_number(p)}",
+    p,
+  )
   f = _sample_dtype(self.dtype)
   u = _open_uniform(key, self.shape, f)
   return jnp.ceil(jnp.log(u) / jnp.log1p(jnp.asarray(-p, f))).astype(self.dtype)
@@ -126,12 +259,20 @@ def geometric(self, p, *, generator=None, key):
 
 @lowering(aten.log_normal.default, random=True)
 def log_normal(self, mean=1.0, std=2.0, *, generator=None, key):
+  _require(
+    lambda s: s > 0, lambda s: f"log_normal_ expects std > 0.0, but found std={_number(s)}", std
+  )
   f = _sample_dtype(self.dtype)
   return jnp.exp(jax.random.normal(key, self.shape, f) * std + mean).astype(self.dtype)
 
 
 @lowering(aten.cauchy.default, random=True)
 def cauchy(self, median=0.0, sigma=1.0, *, generator=None, key):
+  _require(
+    lambda s: s > 0,
+    lambda s: f"cauchy_ expects sigma > 0.0, but found sigma={_number(s)}",
+    sigma,
+  )
   f = _sample_dtype(self.dtype)
   u = jax.random.uniform(key, self.shape, f)
   return (median + sigma * jnp.tan(np.pi * (u - 0.5))).astype(self.dtype)
@@ -168,27 +309,35 @@ def _bernoulli(key, p, shape, dtype):
 
 @lowering(aten.bernoulli.default, random=True)
 def bernoulli(self, *, generator=None, key):
+  _check_p_tensor(self)
   return _bernoulli(key, self, self.shape, self.dtype)
 
 
 @lowering(aten.bernoulli.p, random=True)
 def bernoulli_p(self, p, *, generator=None, key):
+  _check_p(p)
   return _bernoulli(key, p, self.shape, self.dtype)
 
 
 @lowering(aten.bernoulli.Tensor, random=True)
 def bernoulli_Tensor(self, p, *, generator=None, key):
+  _check_p_tensor(p)
   return _bernoulli(key, jnp.broadcast_to(p, self.shape), self.shape, self.dtype)
 
 
 @lowering(aten.bernoulli_.float, random=True)
 def bernoulli_float(self, p=0.5, *, generator=None, key):
+  _check_p(p)
   return _bernoulli(key, p, self.shape, self.dtype)
 
 
 @lowering(aten.poisson.default, random=True)
 def poisson(self, generator=None, *, key):
   """Counts drawn with rates `self` (same shape and dtype)."""
+  if np.size(self):
+    check(
+      ~(self >= 0), None, RuntimeError, "invalid Poisson rate, expected rate to be non-negative"
+    )
   rate = self.astype(jnp.float64 if np.dtype(self.dtype) == np.float64 else jnp.float32)
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # (JAX samples it with threefry only)
     key = jax.random.wrap_key_data(jax.random.key_data(key), impl="threefry2x32")
@@ -200,16 +349,19 @@ def poisson(self, generator=None, *, key):
 
 @lowering(aten.normal.Tensor_float, random=True)
 def normal_Tensor_float(mean, std=1.0, *, generator=None, key):
+  _check_std(std)
   return _normal(key, mean.shape, mean.dtype, 0.0, std) + mean
 
 
 @lowering(aten.normal.float_Tensor, random=True)
 def normal_float_Tensor(mean, std, *, generator=None, key):
+  _check_std_tensor(std)
   return _normal(key, std.shape, std.dtype) * std + mean
 
 
 @lowering(aten.normal.Tensor_Tensor, random=True)
 def normal_Tensor_Tensor(mean, std, *, generator=None, key):
+  _check_std_tensor(std)
   dtype = result_dtypes(mean, std)[1]
   shape = jnp.broadcast_shapes(mean.shape, std.shape)
   return _normal(key, shape, dtype) * std.astype(dtype) + mean.astype(dtype)
@@ -219,6 +371,7 @@ def normal_Tensor_Tensor(mean, std, *, generator=None, key):
 def normal_float_float(
   mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key
 ):
+  _check_std(std)
   return _normal(key, size, jax_dtype(dtype, default_float()), mean, std)
 
 
@@ -392,11 +545,15 @@ def multinomial(self, num_samples, replacement=False, *, generator=None, key):
   return jax.lax.top_k(perturbed, num_samples)[1].astype(jnp.int64)
 
 
-@lowering(aten.native_dropout.default, random=True)
+# (`p` is static: a module's dropout rate is a constant, and torch's check of it then raises
+# here, with no check flag to read back after each eager call of this op of every training step)
+@lowering(aten.native_dropout.default, random=True, static_argnames=("p",))
 def native_dropout(input, p, train, *, key):
   if train is False:
     return jnp.copy(input), jnp.ones(input.shape, jnp.bool_)
-  keep_prob = 1.0 - p  # `p` may be traced: no Python branch on its value
+  keep_prob = 1.0 - p
+  if input.size:  # (torch returns an empty input before it draws its mask with `bernoulli_`)
+    _check_p(keep_prob)
   scale = jnp.where(keep_prob == 0, 0.0, 1.0 / jnp.where(keep_prob == 0, 1.0, keep_prob))
   mask = jax.random.bernoulli(key, keep_prob, input.shape)
   # torch: input.mul(mask).mul_(scale), the scalar product in float for half types.
@@ -426,7 +583,28 @@ def rrelu_with_noise_functional(
   if not training:
     slope = (lower + upper) / 2
     return jnp.where(x > 0, x, x * slope).astype(self.dtype), jnp.copy(noise)
+  _check_rrelu_bounds(x, lower, upper)
   r = jax.random.uniform(key, self.shape, compute) * (upper - lower) + lower
   neg = x <= 0
   out = jnp.where(neg, x * r, x).astype(self.dtype)
   return out, jnp.where(neg, r, jnp.ones((), compute)).astype(noise.dtype)
+
+
+def _check_rrelu_bounds(x, lower, upper) -> None:
+  """torch's CPU kernel draws each x <= 0's slope from U(lower, upper) in `x`'s compute dtype,
+  refusing lower > upper there (and only there: with no such x it draws nothing)."""
+  crossed: Any
+  if literal(lower) and literal(upper):
+    if not np.asarray(lower, x.dtype) > np.asarray(upper, x.dtype):
+      return
+    crossed = True
+  else:
+    crossed = jnp.asarray(lower).astype(x.dtype) > jnp.asarray(upper).astype(x.dtype)
+  if np.size(x):
+    check(
+      crossed & (x <= 0),
+      None,
+      RuntimeError,
+      "Expected from <= to to be true, but got false.  (Could this error message be improved?  "
+      "If so, please report an enhancement request to PyTorch.)",
+    )

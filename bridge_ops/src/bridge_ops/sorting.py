@@ -25,9 +25,11 @@ from jax import lax
 
 from bridge_ops._lowering import (
   aten,
+  check_index,
   fori_loop,
   lowering,
   result_dtypes,
+  scalar_type_name,
   while_loop,
   with_derivative,
 )
@@ -647,6 +649,29 @@ def _binary_search(seq, values, right):
 
 
 def _searchsorted(seq, values, out_int32, side, sorter=None):
+  """torch's searchsorted; first the checks of its `searchsorted_pre_check` that the core's
+  meta kernel leaves to the CPU kernel (a sorter's dtype and values, `side`, a 0-d `seq`)."""
+  if side not in ("left", "right"):
+    raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but got {side}")
+  if sorter is not None:
+    if sorter.shape != seq.shape:
+      raise RuntimeError(
+        "torch.searchsorted(): boundary and sorter must have the same size, but got boundary "
+        f"tensor [{', '.join(map(str, seq.shape))}]and got sorter tensor "
+        f"[{', '.join(map(str, sorter.shape))}]"
+      )
+    if sorter.dtype != jnp.int64:
+      raise RuntimeError(
+        "torch.searchsorted(): sorter must be a tensor of long dtype but got dtype "
+        f"{scalar_type_name(sorter.dtype)}"
+      )
+    if sorter.ndim and sorter.size:
+      message = "torch.searchsorted(): sorter index out of range"
+      check_index(sorter, sorter.shape[-1], RuntimeError, message)
+  if seq.ndim == 0:
+    raise RuntimeError(
+      "torch.searchsorted(): boundaries tensor should have positive dimension, but got 0 dimension"
+    )
   if sorter is not None:
     seq = jnp.take_along_axis(seq, sorter, axis=-1)
   compute, _ = result_dtypes(seq, values)
@@ -680,11 +705,17 @@ def searchsorted_Scalar(
   return _searchsorted(sorted_sequence, self, out_int32, _side(right, side), sorter)
 
 
+def _bucketize(self, boundaries, out_int32, right):
+  if boundaries.ndim != 1:
+    raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
+
+
 @lowering(aten.bucketize.Tensor)
 def bucketize_Tensor(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
+  return _bucketize(self, boundaries, out_int32, right)
 
 
 @lowering(aten.bucketize.Scalar)
 def bucketize_Scalar(self, boundaries, *, out_int32=False, right=False):
-  return _searchsorted(boundaries, self, out_int32, "right" if right else "left")
+  return _bucketize(self, boundaries, out_int32, right)

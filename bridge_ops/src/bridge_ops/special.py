@@ -178,7 +178,7 @@ def mvlgamma(self, p):
   # torch: sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi), for every x: torch no longer
   # checks x > (p-1)/2 (mvlgamma(-0.5, 1) is lgamma(-0.5), mvlgamma(0, 1) is inf).
   if p < 1:
-    raise ValueError(f"`torch.mvlgamma`: p has to be greater than or equal to 1, got p={p}")
+    raise RuntimeError("p has to be greater than or equal to 1")
   args = self[..., None] + jnp.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=self.dtype)
   return jnp.sum(_lgamma(args), axis=-1) + p * (p - 1) / 4 * np.log(np.pi)
 
