@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, SupportsIndex
 
@@ -30,19 +31,147 @@ import torch
 
 from bridge._src import dtypes
 from bridge._src import strided
-from bridge._src.errors import BridgeTypeError
+from bridge._src.errors import BridgeTypeError, TracedValueError
 from bridge._src.transfer import ArrayImpl
 
 
 class Storage:
   """A mutable box around the JAX array that a base tensor and its views share."""
 
-  __slots__ = ("array", "version", "device")
+  # (`address` and `torch_storage` are set only when asked for: `storage_address`,
+  # `Tensor.untyped_storage`; nothing is added to the storage every op result makes)
+  __slots__ = ("array", "version", "device", "address", "torch_storage")
+  address: int  # (`storage_address`: what `data_ptr()` counts from)
+  torch_storage: Any  # (a weak reference to its `_StorageStandIn`)
 
   def __init__(self, array: Any, device: torch.device):
     self.array = array
     self.version = 0
     self.device = device  # a cached `jax_device(i)`, so devices compare by identity
+
+
+def storage_nbytes(storage: Storage) -> int:
+  """How many bytes the storage's array holds."""
+  array = storage.array
+  return int(np.size(array)) * np.dtype(array.dtype).itemsize
+
+
+# The numbers `data_ptr()` gives `jax` tensors. torch code tells storages apart by their data
+# pointers (tied weights in safetensors and transformers, deduplication), so each storage gets
+# one of its own, the first time it is asked for, spaced so that no two storages' byte ranges
+# meet, and the same while the storage lives (a storage that grows gets a new one, as torch's
+# reallocated memory). They are not addresses and must never be read as such: they lie in
+# [2**55, 2**56), which no process maps (not canonical on x86-64, outside every AArch64 user
+# address space, top byte ignored or not), so a dereference faults instead of reading memory.
+_ADDRESSES = (1 << 55, 1 << 56)
+_next_address = _ADDRESSES[0]
+_address_lock = threading.Lock()
+
+
+def storage_address(storage: Storage) -> int:
+  """The number `data_ptr()` of `storage`'s tensors counts from: 0 for an empty storage (as
+  torch's), else the storage's own (see `_ADDRESSES`)."""
+  global _next_address
+  address = getattr(storage, "address", 0)
+  if address:
+    return address
+  nbytes = storage_nbytes(storage)
+  if nbytes == 0:
+    return 0
+  with _address_lock:
+    address = getattr(storage, "address", 0)
+    if not address:
+      span = -(-nbytes // 4096) * 4096 + 4096  # page-aligned, with a page's gap to the next
+      if _next_address + span > _ADDRESSES[1]:  # (after 32 PiB handed out: again from the start)
+        _next_address = _ADDRESSES[0]
+      address = storage.address = _next_address
+      _next_address += span
+  return address
+
+
+class _StorageStandIn:
+  """What `untyped_storage()` and `storage()` of a `jax` tensor give: the data is a JAX array,
+  not a torch storage, so this read-only stand-in answers only what libraries ask of a storage
+  to tell tensors' memory apart (safetensors' `storage_ptr`/`storage_size`, transformers'
+  tied weights): `data_ptr()` (what the tensors' `data_ptr()` count from: a number, not an
+  address), `nbytes()`, `size()`, `len()`, `element_size()`, `device`; anything else raises
+  `BridgeTypeError`."""
+
+  __slots__ = ("_box", "__weakref__")
+
+  def __init__(self, box: Storage):
+    self._box = box
+
+  @property
+  def device(self) -> torch.device:
+    return self._box.device
+
+  is_cuda = False
+  is_sparse = False
+
+  def data_ptr(self) -> int:
+    return storage_address(self._box)
+
+  def nbytes(self) -> int:
+    return storage_nbytes(self._box)
+
+  def element_size(self) -> int:
+    return 1
+
+  def size(self) -> int:
+    return self.nbytes() // self.element_size()
+
+  def __len__(self) -> int:
+    return self.size()
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("__"):  # (protocol probes: `getattr(s, "__array__", None)`)
+      raise AttributeError(name)
+    raise _no_torch_storage(f"`{name}`")
+
+  def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+    raise _no_torch_storage("pickling (save the tensor instead)")
+
+  def __repr__(self) -> str:
+    return f"<storage of {self.nbytes()} bytes of a JAX array on {self.device}>"
+
+
+class _TypedStorageStandIn(_StorageStandIn):
+  """`storage()` of a `jax` tensor: `_StorageStandIn` counted in elements of the tensor's dtype,
+  as torch's `TypedStorage`."""
+
+  __slots__ = ("dtype",)
+
+  def __init__(self, box: Storage, dtype: torch.dtype):
+    super().__init__(box)
+    self.dtype = dtype
+
+  def element_size(self) -> int:
+    return self.dtype.itemsize
+
+  def untyped(self) -> _StorageStandIn:
+    return _untyped_stand_in(self._box)
+
+
+def _untyped_stand_in(box: Storage) -> _StorageStandIn:
+  """The storage's stand-in: the same object while one is held (torch's storage objects are:
+  `t.untyped_storage() is t[1:].untyped_storage()`); the box holds it weakly, so no cycle keeps
+  the array alive."""
+  ref = getattr(box, "torch_storage", None)
+  stand_in = ref() if ref is not None else None
+  if stand_in is None:
+    stand_in = _StorageStandIn(box)
+    box.torch_storage = weakref.ref(stand_in)
+  return stand_in
+
+
+def _no_torch_storage(what: str) -> BridgeTypeError:
+  return BridgeTypeError(
+    "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage: its "
+    "`untyped_storage()` and `storage()` are stand-ins that tell storages apart (`data_ptr()`, "
+    f"`nbytes()`, `size()`, `element_size()`, `device`), without {what}. Use "
+    "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy."
+  )
 
 
 def device_type() -> str:
@@ -170,6 +299,9 @@ class Tensor(torch.Tensor):
     `source_Storage_storage_offset` overload), which for a `jax` tensor holds no data: the
     dispatcher finds `source` itself here (`set_source`)."""
     source = args[0] if args else kwargs.get("source")
+    if isinstance(source, _StorageStandIn):  # `t.set_(u.untyped_storage(), ...)`: u's storage,
+      source = _over_storage(source._box, self.dtype)  # as a 1-d tensor of t's dtype
+      args, kwargs = ((source, *args[1:]), kwargs) if args else (args, {**kwargs, "source": source})
     if not isinstance(source, Tensor):
       return super().set_(*args, **kwargs)
     _set_source.tensor = source
@@ -189,11 +321,75 @@ class Tensor(torch.Tensor):
     return True
 
   def untyped_storage(self) -> Any:
-    """Refused: the data is a JAX array, not a torch storage (`bridge.jax_view` gives it)."""
-    raise BridgeTypeError(
-      "bridge: a `jax` tensor keeps its data in a JAX array, not in a torch storage. Use "
-      "`bridge.jax_view(t)` for the array, or `t.cpu()` for a CPU copy."
-    )
+    """A read-only stand-in for torch's storage (the data is a JAX array): it tells storages
+    apart as torch's does (`data_ptr()`, `nbytes()`, `size()`, `device`) and refuses anything
+    else (`bridge.jax_view(t)` gives the array)."""
+    return _untyped_stand_in(self._storage)
+
+  def _typed_storage(self) -> Any:
+    """`untyped_storage()` counted in elements of this tensor's dtype (torch's `storage()`)."""
+    return _TypedStorageStandIn(self._storage, self.dtype)
+
+  def storage(self) -> Any:
+    """As `torch.Tensor.storage`, with its deprecation warning: `untyped_storage()`'s
+    stand-in, counted in elements of this tensor's dtype."""
+    torch.storage._warn_typed_storage_removal(stacklevel=2)
+    return self._typed_storage()
+
+  def data_ptr(self) -> int:
+    """A number that tells this tensor's storage apart, as torch's data pointers do: the
+    storage's own (`untyped_storage().data_ptr()`) plus the storage offset in bytes, so views
+    of one storage agree and no two storages meet; 0 for an empty tensor, as torch's. Not an
+    address (`bridge.jax_view(t)` gives the array)."""
+    if self.numel() == 0:
+      return 0
+    base = storage_address(self._storage)
+    return base + int(self.storage_offset()) * self.element_size() if base else 0
+
+  def __dlpack__(
+    self,
+    *,
+    stream: Any = None,
+    max_version: tuple[int, int] | None = None,
+    dl_device: Any = None,
+    copy: bool | None = None,
+  ) -> Any:
+    """As `torch.Tensor.__dlpack__`: JAX's own DLPack export of the tensor's array, zero-copy
+    (so `torch.from_dlpack(t)`, `np.from_dlpack(t)` and `jax.dlpack.from_dlpack(t)` share its
+    buffer, as `bridge.jax_view(t)` does), with the protocol's arguments as JAX takes them.
+    torch's refusals: a tensor that requires grad, a lazy conjugate. A view that is not its
+    storage's whole array exports a copy of its values (DLPack cannot describe it over the
+    array), and `copy=False` refuses it."""
+    if self.requires_grad:
+      raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+    if self.is_conj():
+      raise BufferError("Can't export tensors with the conjugate bit set")
+    array = self._dlpack_array("__dlpack__")
+    if not self._whole:
+      if copy is False:
+        raise BufferError(
+          f"`Tensor.__dlpack__`: this `jax` tensor (shape {tuple(self.shape)}, strides "
+          f"{self.stride()}, storage offset {self.storage_offset()}) is a view of a JAX array "
+          "that DLPack cannot describe, so it cannot be exported without a copy. Pass "
+          "`copy=None` or `copy=True`, or export `t.clone()`."
+        )
+      array = value(self)
+    return array.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+  def __dlpack_device__(self) -> tuple[Any, int]:
+    """As `torch.Tensor.__dlpack_device__`: the DLPack device of the tensor's JAX array (the
+    CPU, or the GPU it is on), where `__dlpack__` exports it."""
+    return self._dlpack_array("__dlpack_device__").__dlpack_device__()
+
+  def _dlpack_array(self, api: str) -> Any:
+    array = self._storage.array
+    if isinstance(array, jax.core.Tracer):
+      raise TracedValueError(
+        f"`Tensor.{api}`: the tensor is a value of the JAX program being traced (an argument "
+        "of `bridge.compile`, `call_torch` or `jax.jit`, or computed from one), which has no "
+        "buffer to export while the program is built. Export it outside the traced function."
+      )
+    return array
 
   def __format__(self, format_spec: str) -> str:
     """As `torch.Tensor.__format__`: a 0-d tensor formats its value (`f"{loss:.4f}"`), but
@@ -219,6 +415,34 @@ class Tensor(torch.Tensor):
     elif self.requires_grad:
       extra.append("requires_grad=True")
     return f"{text[:-1]}, {', '.join(extra)})"
+
+  def __copy__(self) -> Tensor:
+    """As `copy.copy` of a CPU tensor (torch's rebuild from the same storage): a new tensor
+    over this one's storage (a write through either shows in both) with its geometry, a leaf
+    that requires grad where this one does, without its `.grad`, with its Python attributes
+    (the same objects: a `Parameter` stays one); backward hooks are not copied (torch's
+    warning)."""
+    if not isinstance(self, torch.nn.Parameter):  # (torch's `Parameter` does not warn)
+      torch.utils.hooks.warn_if_has_hooks(self)
+    with torch.no_grad():
+      new = make_view(
+        self._storage,
+        tuple(self.shape),
+        tuple(self.stride()),
+        int(self.storage_offset()),
+        self.dtype,
+        self._storage.device,
+        self._as,
+        self.is_conj(),
+        self.is_neg(),
+      )
+    if self._detached:
+      detach_traced(new)
+    new.requires_grad_(self.requires_grad)
+    for name, v in self.__dict__.items():
+      if name not in _INTERNAL:
+        setattr(new, name, v)
+    return new
 
   def __deepcopy__(self, memo: dict) -> Tensor:
     """A copy in which what aliased still aliases (one new storage per storage, as torch's
@@ -440,6 +664,16 @@ def make_view(
   ):
     t._whole = False
   return t
+
+
+def _over_storage(storage: Storage, dtype: torch.dtype) -> Tensor:
+  """All of `storage` as a 1-d tensor of `dtype` (its bytes read as that dtype where the
+  array's is another), as torch's `set_(storage)` sees a storage."""
+  as_: Any = dtypes.TORCH_TO_JAX[dtype]
+  if as_ == np.dtype(storage.array.dtype):
+    as_ = None
+  n = storage_nbytes(storage) // dtype.itemsize
+  return make_view(storage, (n,), (1,), 0, dtype, storage.device, as_)
 
 
 def storage_numel(t: Tensor) -> int:

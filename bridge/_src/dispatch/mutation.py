@@ -418,10 +418,15 @@ def _resize_output(target: Tensor, shape: tuple) -> None:
   resize(target, shape)
 
 
-def meta_like(t: Tensor) -> torch.Tensor:
+def meta_like(t: torch.Tensor) -> torch.Tensor:
   """A meta tensor with `t`'s dtype and geometry over a storage of `t`'s storage's size: what
-  torch's own `resize_` / `set_` make of it (their checks, errors and strides) is `t`'s."""
-  storage = torch.empty(storage_numel(t), dtype=t.dtype, device="meta")
+  torch's own `resize_` / `set_` make of it (their checks, errors and strides) is `t`'s. `t`
+  may be on another device than `jax` (the other tensor of an op mixing devices)."""
+  if type(t) is Tensor:
+    numel = storage_numel(t)
+  else:
+    numel = t.untyped_storage().nbytes() // t.element_size()
+  storage = torch.empty(numel, dtype=t.dtype, device="meta")
   return storage.as_strided(tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
 
 
@@ -502,3 +507,4 @@ def grow(holder: Tensor, nbytes: int) -> None:
   with x64():
     storage.array = jnp.pad(array.reshape(-1), (0, missing))
   storage.version += 1
+  storage.address = 0  # (new memory, in torch: `data_ptr()` changes; `tensor.storage_address`)

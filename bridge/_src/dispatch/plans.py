@@ -17,6 +17,7 @@ from bridge._src.dispatch import mutation
 from bridge._src.dispatch import special
 from bridge._src.dispatch.functional import FunctionalPlan
 from bridge._src.dispatch.schema import is_view, mutated_args
+from bridge._src.dispatch.tensors import LIKE_OPS, made_elsewhere
 from bridge._src.dispatch.views import ViewPlan
 
 _scope_var = scope._ACTIVE
@@ -43,12 +44,28 @@ def get_plan(func: Any) -> Callable:
       )
     else:  # (a composite op without a lowering, reached below autograd: `special.composite`)
       plan = special.composite(func) or FunctionalPlan(func)
+    if func in LIKE_OPS:
+      plan = _placed(func, plan)
     with _plans_lock:
       plan = _PLANS.setdefault(func, plan)
   return plan
 
 
 _SPECIAL = special.table(get_plan)
+
+
+def _placed(func: Any, plan: Callable) -> Callable:
+  """`plan` of a `_like`/`new_` op, whose result `plan` makes where its input is; one given
+  `device=` (another device than its input's), `pin_memory=True` or `layout=` goes through
+  `tensors.made_elsewhere`, where torch puts it. The common call passes neither (torch's
+  binding passes `pin_memory=False`): three dictionary reads."""
+
+  def like(args: tuple, kwargs: dict) -> Any:
+    if kwargs.get("device") is None and not kwargs.get("pin_memory") and "layout" not in kwargs:
+      return plan(args, kwargs)
+    return made_elsewhere(func, plan, args, kwargs)
+
+  return like
 
 
 def _proven(func: Any, plan: Callable) -> Callable:

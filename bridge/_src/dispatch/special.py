@@ -86,6 +86,8 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
       with torch.no_grad():
         dst.copy_(_to_copy((src,), {"device": dst.device, "dtype": src.dtype}))
     return dst
+  if src.is_meta:  # (torch's error, for any device: `copy_impl`)
+    raise NotImplementedError("Cannot copy out of meta tensor; no data!")
   # (inside a 32-bit program a 64-bit source must fit, as CPU tensors beside jax tensors)
   src_t, bound = narrowing.known(
     src.detach(), f"a {src.dtype} CPU tensor (shape {tuple(src.shape)}) copied to the jax device"
@@ -197,6 +199,21 @@ def _false(args: tuple, kwargs: dict) -> bool:
   return False
 
 
+def _is_set_to(args: tuple, kwargs: dict) -> bool:
+  """`t.is_set_to(other)`, as torch's: the same storage, storage offset, sizes and strides
+  (whatever the dtypes); a tensor of another device never is."""
+  bound = dict(zip(["self", "tensor"], args), **kwargs)
+  a, b = bound["self"], bound["tensor"]
+  return (
+    type(a) is Tensor
+    and type(b) is Tensor
+    and a._storage is b._storage
+    and a.storage_offset() == b.storage_offset()
+    and a.shape == b.shape
+    and a.stride() == b.stride()
+  )
+
+
 def _native_batch_norm(plan_of: Callable[[Any], Callable]) -> Callable:
   """`native_batch_norm` updates its running stats in place though its schema does not say so:
   it runs the plan (`plan_of`) of the `_native_batch_norm_legit` overload that fits, then
@@ -304,10 +321,12 @@ def _resize_as_(args: tuple, kwargs: dict) -> Any:
   """`t.resize_as_(template)`: `resize_` to the template's shape (and memory format)."""
   bound = dict(zip(["self", "the_template"], args), **kwargs)
   self, template = bound["self"], bound["the_template"]
-  meta = mutation.meta_like(self)
   meta_template = torch.empty_strided(
     tuple(template.shape), tuple(template.stride()), dtype=template.dtype, device="meta"
   )
+  if type(self) is not Tensor:  # (a CPU tensor resized as a `jax` one: torch's own kernel)
+    return self.resize_as_(meta_template, memory_format=bound.get("memory_format"))
+  meta = mutation.meta_like(self)
   meta.resize_as_(meta_template, memory_format=bound.get("memory_format"))
   mutation.conform(self, meta, self)
   return self
@@ -340,12 +359,12 @@ def _set_tensor(args: tuple, kwargs: dict) -> Any:
   bound = dict(zip(names, args), **kwargs)
   self, source = bound["self"], bound["source"]
   stand_in: Any = mutation.meta_like(source) if isinstance(source, Tensor) else source.to("meta")
-  meta = mutation.meta_like(self)
+  meta = mutation.meta_like(self)  # (`self` may be a CPU tensor given a `jax` source)
   if "size" in bound:
     meta.set_(stand_in, bound["storage_offset"], bound["size"], bound.get("stride") or [])
   else:
     meta.set_(stand_in)
-  if not isinstance(source, Tensor) or source._dev is not self._dev:
+  if type(self) is not Tensor or type(source) is not Tensor or source._dev is not self._dev:
     raise _other_device(self, source.device)
   mutation.conform(self, meta, source)
   return self
@@ -392,6 +411,7 @@ _SPECIAL: dict[Any, Callable] = {
   aten.resolve_neg.default: _resolved,
   aten.as_strided_scatter.default: _as_strided_scatter,
   aten.is_pinned.default: _false,
+  aten.is_set_to.default: _is_set_to,
   aten._pack_padded_sequence.default: _pack_padded_sequence,
   aten._has_compatible_shallow_copy_type.default: lambda a, k: (
     isinstance(a[0], Tensor) and isinstance(a[1], Tensor)

@@ -1,5 +1,6 @@
 """Tensors in and out of an op: one device per op, CPU scalars beside `jax` tensors, results
-placed like their argument, JAX results as `bridge.Tensor`s, new zero-filled tensors.
+placed like their argument (or on the device a `_like`/`new_` op names), JAX results as
+`bridge.Tensor`s, new zero-filled tensors.
 """
 
 from __future__ import annotations
@@ -60,6 +61,45 @@ LIKE_OPS = frozenset(
 )
 
 
+def made_elsewhere(func: Any, plan: Any, args: tuple, kwargs: dict) -> Any:
+  """A `_like`/`new_` op (`LIKE_OPS`) given `device=`, `pin_memory=True` or `layout=`: its
+  result where torch makes it (`plans` sends only such calls here; without them `plan`, the
+  op's lowering, makes it where the input is).
+
+  On the input's own device with a strided layout, `plan` makes it. Anywhere else torch's own
+  kernel of the op makes it, on a CPU stand-in of the input that has what the op reads of it
+  (dtype; for a `_like` op its size and strides too, over memory never touched): as for a CUDA
+  tensor, `device="cpu"` gives a CPU tensor (a random op draws from torch's CPU generator, as
+  `rand_like(x.cpu())`), "meta" a meta tensor, another `jax:i` one made by the device's
+  factory kernels there, with torch's dtype, layout, memory format and strides, and its
+  errors. Inside a trace a CPU result is what `torch.zeros(n, device="cpu")` makes there: a
+  real tensor, a constant of the program where it meets traced ones (`scope`). torch sets
+  `requires_grad=` on the result afterwards.
+  """
+  x = args[0]
+  device = kwargs.get("device")
+  target = x.device if device is None else torch.device(device)
+  if target.type == tensor_lib.device_type():
+    if kwargs.get("pin_memory"):  # (CUDA's `empty_cuda` check: only CPU memory is pinned)
+      raise RuntimeError("Only dense CPU tensors can be pinned")
+    layout = kwargs.get("layout")
+    index = device_lib.device_index(target)
+    if index == x.device.index and (layout is None or layout is torch.strided):
+      return plan(args, kwargs)
+    kwargs = {**kwargs, "device": tensor_lib.jax_device(index)}
+  # (a CPU tensor, so that torch's C++ kernels of the op run, as they do for a CUDA tensor; a
+  # meta one would run its Python meta kernels, whose strides and errors differ)
+  if func in _READ_GEOMETRY:
+    stand_in = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+  else:
+    stand_in = torch.empty(0, dtype=x.dtype)
+  return func(stand_in, *args[1:], **kwargs)
+
+
+# (the `_like` ops, whose result has the input's size and, by default, its memory format)
+_READ_GEOMETRY = frozenset(f for f in LIKE_OPS if f.__name__.split(".")[0].endswith("_like"))
+
+
 def placed_like(out: Any, like: Any) -> Any:
   """A `_like`/`new_` op's result, put where its argument is when that spans several devices:
   the same layout for the same shape, else replicated over the argument's mesh."""
@@ -89,6 +129,8 @@ def wrap(out: Any, device: torch.device) -> Any:
   """JAX results -> `bridge.Tensor`s (tuples, lists and None kept)."""
   if type(out) is ArrayImpl:
     _last_result[0] = out
+    if device.index:  # (jax:0's arrays are where JAX puts a result by default)
+      out = _on_device(out, device.index)
     return tensor_lib.make_result(out, device)
   if isinstance(out, (tuple, list)):
     return (list if isinstance(out, list) else tuple)(wrap(o, device) for o in out)
@@ -97,6 +139,18 @@ def wrap(out: Any, device: torch.device) -> Any:
   if not isinstance(out, jax.core.Tracer):  # a tracer must not outlive its trace here
     _last_result[0] = out
   return make(out, device)
+
+
+def _on_device(out: Any, index: int) -> Any:
+  """A result on one JAX device moved to `jax:index`'s, the device its tensor says it is on:
+  JAX puts a result that depends on no committed input (`zeros_like(x)`, `x.zero_()`'s
+  zeros, `torch.ones(n, device="jax:1")`'s fill: values from shapes and Python scalars) on
+  its default device, whatever device the op's tensors are on. (A result over several devices
+  is left where it is: `placed_like`.)"""
+  devices = out.sharding.device_set
+  if len(devices) == 1 and device_lib.jax_devices()[index] not in devices:
+    return jax.device_put(out, device_lib.jax_devices()[index])
+  return out
 
 
 def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:

@@ -1,7 +1,9 @@
 """Creation family: full/zeros/ones and their `_like`/`new_` forms, ranges, eye, fill.
 
 `layout`, `device`, `pin_memory` and `memory_format` arguments are accepted and
-ignored (the core places the result). `empty*` results are zero-filled.
+ignored: the core places the result (on the `jax` device a `_like`/`new_` op reaches its
+lowering only for a strided result, unpinned, on its input's device; torch's own kernel
+makes any other). `empty*` results are zero-filled.
 When `dtype` is None the dtype follows torch: the fill value's kind (bool ->
 bool, int -> int64, float -> the default float dtype, complex -> the matching
 complex dtype) for `full`/`scalar_tensor`-like ops, the input's dtype for `_like`
