@@ -37,7 +37,7 @@ _pending_seed: int | None = None  # a seed given before bridge was loaded (`bind
 # The kernels the backend registers, as (library key, aten op, name of the implementation).
 # implemented by torch per backend only (`_efficientzerotensor`: forward AD's zero tangents)
 _FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor")
-_COMPOSITES = ("linear", "matmul", "cov")  # see `bridge._src.device._composite`
+_COMPOSITES = ("linear", "matmul", "cov", "one_hot")  # see `bridge._src.device._composite`
 KERNELS: tuple[tuple[str, str, str], ...] = (
   ("PrivateUse1", "empty.memory_format", "empty"),
   # `.item()` below torch's Python key: `torch.tensor([loss, loss])` reads its 0-d elements so
@@ -48,6 +48,11 @@ KERNELS: tuple[tuple[str, str, str], ...] = (
   *(("PrivateUse1", op, f"factory.{op}") for op in _FACTORIES),
   ("QuantizedPrivateUse1", "empty_quantized", "no_quantized"),
   *(("AutogradPrivateUse1", op, f"composite.{op}") for op in _COMPOSITES),
+  # ops with no meaning on the jax device, answered before the per-op fallback would run them
+  # on CPU copies (`t.pin_memory()`: torch's error for a non-CPU tensor; `record_stream`: a
+  # no-op, JAX manages the buffers' lifetimes)
+  ("AutogradPrivateUse1", "_pin_memory", "pin_memory"),
+  ("AutogradPrivateUse1", "record_stream", "record_stream"),
 )
 
 
@@ -227,6 +232,7 @@ def install(named: bool | None) -> bool:
       # torch.load(..., map_location="jax"): keep the CPU storages as they are; jax tensors
       # pickle as CPU tensors whose rebuild function then moves them to the jax device.
       torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
+      _guard_storages()
       _installed = True
     if named or (named is None and not cuda_usable()):
       name_backend()
@@ -282,6 +288,37 @@ def bind(implementations: dict[str, Any]) -> None:
   # JAX runtime while bridge is being imported
   if seed is not None and seed % 2**64 != torch.initial_seed():
     implementations["module"].manual_seed_all(seed)
+
+
+def _guard_storages() -> None:
+  """Make a torch storage on the jax device an error instead of a crash.
+
+  torch builds a storage on a device with that device's allocator (`c10::make_storage_impl`),
+  which a Python backend cannot register: `torch.UntypedStorage(n, device="jax")` crashed the
+  process (SIGSEGV), and with it every Python path that makes one (`TypedStorage(n,
+  device=...)`, `storage.to(device=...)`, `_new_shared`, a `torch.load` whose `map_location`
+  moves storages with `storage.to`). They all construct `torch.UntypedStorage(...,
+  device=...)` (`device` is a keyword-only argument of its constructor), so this wraps that
+  constructor, once, at install (a patch of a torch class: the one narrow guard the backend
+  needs): only a storage asked for on this backend's device changes (bridge's error, through
+  a trampoline); every other call goes on to torch's constructor as it was."""
+  torchs = torch.UntypedStorage.__new__  # (torch's C constructor, `StorageBase.__new__`)
+
+  def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    device = kwargs.get("device")
+    if device is not None and device != "cpu" and _is_ours(device):
+      _real("no_storage")()
+    return torchs(cls, *args, **kwargs)
+
+  torch.UntypedStorage.__new__ = __new__  # type: ignore[method-assign]
+
+
+def _is_ours(device: Any) -> bool:
+  """Whether `device` (anything torch takes for one) names this backend's device."""
+  try:
+    return torch.device(device).type == backend_name()
+  except (RuntimeError, TypeError, ValueError):
+    return False  # (torch's constructor gives its own error for it)
 
 
 def _never_tag(obj: Any) -> None:

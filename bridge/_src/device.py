@@ -31,6 +31,7 @@ import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.autograd.forward_ad as _fwd_ad
@@ -41,7 +42,15 @@ import _bridge_autoload
 from bridge._src import autocast
 from bridge._src import rng
 from bridge._src import tensor
-from bridge._src.devices import current_device, device, device_count, is_available, set_device
+from bridge._src.devices import (
+  current_device,
+  device,
+  device_count,
+  device_index,
+  is_available,
+  set_device,
+)
+from bridge._src.dispatch import checks
 from bridge._src.dispatch.plans import get_plan
 from bridge._src.dispatch.special import copy_into
 from bridge._src.dispatch.tensors import new_zeros, wait_for_last_result
@@ -109,7 +118,7 @@ def get_rng_state(device: Any = None) -> torch.Tensor:
   `bridge.rng_key` block, the block's key, which its random ops draw from: a `jax` tensor of
   its uint32 data (traced in traced code), so that `torch.utils.checkpoint` and `fork_rng`
   save and restore what the block's ops draw (a recomputation replays dropout's mask)."""
-  del device
+  _check_device(device)
   box = rng.current_box()
   if box is not None:
     return tensor.make(rng.raw(box.key), torch.device(tensor.device_type()), torch.uint32)
@@ -117,14 +126,62 @@ def get_rng_state(device: Any = None) -> torch.Tensor:
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
-  """Restore a state `get_rng_state` gave (a block's key inside a `bridge.rng_key` block)."""
-  del device
+  """Restore a state `get_rng_state` gave (a block's key inside a `bridge.rng_key` block).
+
+  Else the state is a CPU `torch.uint8` tensor of the generator's 8 bytes, with torch's errors
+  (CUDA's `set_rng_state`, whose generator checks what the CPU's does) for another tensor."""
+  _check_device(device)
   box = rng.current_box()
   if box is not None and type(new_state) is tensor.Tensor and new_state.dtype == torch.uint32:
     data = tensor.value(new_state)
     box.key = rng.typed(data) if jax.dtypes.issubdtype(box.key.dtype, jax.dtypes.prng_key) else data
     return
-  rng.set_state(new_state.cpu().numpy().tobytes())
+  if not isinstance(new_state, torch.Tensor):
+    raise TypeError(f"expected a torch.ByteTensor, but got {type(new_state).__name__}")
+  if not (
+    new_state.layout == torch.strided
+    and new_state.device.type == "cpu"
+    and new_state.dtype == torch.uint8
+  ):
+    raise TypeError("RNG state must be a torch.ByteTensor")
+  if new_state.numel() != rng.STATE_BYTES:
+    raise RuntimeError("RNG state is wrong size")
+  rng.set_state(new_state.contiguous().numpy().tobytes())
+
+
+def _check_device(device: Any) -> None:
+  """torch.jax's RNG functions' `device` (None: the current one): one that exists (`set_device`'s
+  error else)."""
+  if device is not None:
+    device_index(
+      device if not isinstance(device, int) else torch.device(tensor.device_type(), device)
+    )
+
+
+def _no_storage() -> Any:
+  """`torch.UntypedStorage(..., device="jax")` and what builds on it (`_bridge_autoload`'s
+  guard): torch would build the storage with the device's allocator, which a Python backend
+  cannot have (the process crashed)."""
+  raise BridgeTypeError(
+    "bridge: a torch storage cannot live on the `jax` device (a `jax` tensor keeps its data in "
+    "a JAX array, not in a torch storage), so a storage cannot be made on it or moved to it. "
+    "Move tensors instead: `t.to('jax')`, `model.to('jax')`; to load a checkpoint onto the "
+    "device, load it on the CPU and move the tensors: `model.to('jax')` then "
+    "`model.load_state_dict(torch.load(f))`, or "
+    "`torch.utils._pytree.tree_map(lambda t: t.to('jax'), torch.load(f))`."
+  )
+
+
+def _pin_memory(self: torch.Tensor, device: Any = None) -> Any:
+  """`t.pin_memory()` of a `jax` tensor: torch's error for a tensor not on the CPU (CUDA's)."""
+  del device
+  raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+
+
+def _record_stream(self: torch.Tensor, stream: Any) -> None:
+  """`t.record_stream(s)`: nothing to do, as for a device without a stream-ordered allocator
+  (JAX keeps an array's buffer alive while a computation uses it)."""
+  del self, stream
 
 
 def _no_quantized(*args: Any, **kwargs: Any) -> Any:
@@ -168,7 +225,9 @@ def _empty(
   pin_memory: Any = None,
   memory_format: Any = None,
 ) -> torch.Tensor:
-  del layout, pin_memory, memory_format
+  del layout, memory_format
+  if pin_memory:  # (CUDA's `empty_cuda` check: only CPU memory is pinned)
+    raise RuntimeError("Only dense CPU tensors can be pinned")
   return new_zeros(_sizes(size), dtype, device)
 
 
@@ -180,7 +239,9 @@ def _empty_strided(
   device: Any = None,
   pin_memory: Any = None,
 ) -> torch.Tensor:
-  del stride, layout, pin_memory  # jax tensors are created contiguous
+  del stride, layout  # jax tensors are created contiguous
+  if pin_memory:  # (as `_empty`)
+    raise RuntimeError("Only dense CPU tensors can be pinned")
   return new_zeros(_sizes(size), dtype, device)
 
 
@@ -253,6 +314,42 @@ def _composite(packet: Any, *args: Any, **kwargs: Any) -> Any:
   return op.decompose(*args, **kwargs)
 
 
+def _one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+  """`F.one_hot` with the CPU's errors. torch's composite code skips its checks for a tensor
+  with torch's Python key (as a `jax` tensor has), computing `eq(self[..., None], arange(n))`:
+  a class out of range gave a row of zeros, a float tensor a result. Here torch's errors come
+  first: on concrete values eagerly, and in a traced program through the value checks
+  (`bridge.config(check_indices=True)`; unchecked otherwise, as other value checks there);
+  then that computation, without torch's `_assert_async` (which would run on the host)."""
+  if self.dtype != torch.int64:
+    raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+  if type(self) is not tensor.Tensor:  # (a functorch wrapper: torch's own code)
+    return torch.ops.aten.one_hot.default.decompose(self, num_classes)
+  if self.numel() == 0:
+    if num_classes <= 0:
+      raise RuntimeError("Can not infer total number of classes from empty tensor.")
+  else:
+    v = tensor.value(self)
+    with jax.enable_x64(True):  # (int64 values and class counts, whatever JAX's setting)
+      negative = jnp.min(v) < 0
+      too_large = None if num_classes == -1 else jnp.max(v) >= num_classes
+    op, checks.check_state.op = getattr(checks.check_state, "op", None), "aten::one_hot"
+    try:  # (`op`: what a staged check's error names)
+      checks._report_check(
+        negative, None, RuntimeError, "Class values must be non-negative.", "value"
+      )
+      if too_large is not None:
+        checks._report_check(
+          too_large, None, RuntimeError, "Class values must be smaller than num_classes.", "value"
+        )
+    finally:
+      checks.check_state.op = op
+    if num_classes == -1:
+      num_classes = int(self.max().item()) + 1
+  classes = torch.arange(num_classes, dtype=self.dtype, device=self.device)
+  return (self.unsqueeze(-1) == classes).to(torch.int64)
+
+
 cuda_usable = _bridge_autoload.cuda_usable
 
 
@@ -282,6 +379,10 @@ def _implementations() -> dict[str, Any]:
     "copy_from": _copy_from,
     "local_scalar_dense": _local_scalar_dense,
     "no_quantized": _no_quantized,
+    "no_storage": _no_storage,
+    "pin_memory": _pin_memory,
+    "record_stream": _record_stream,
+    "composite.one_hot": _one_hot,
   }
   for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
     found[f"factory.{op_name}"] = functools.partial(_factory, op_name)

@@ -436,6 +436,9 @@ def set_key(key: Any) -> None:
     _key = key
 
 
+STATE_BYTES = 8  # the generator's state: its raw uint32[2] key (`get_state`)
+
+
 def get_state() -> bytes:
   with _lock:
     key = _key if _key is not None else _make_key(torch.initial_seed())
