@@ -92,6 +92,24 @@ def _check_along(self, dim, index, error, message, negative=False):
   )
 
 
+def broadcast_shapes(a, b) -> tuple[int, ...]:
+  """The shape `a` and `b` broadcast to, or torch's error (`infer_size`'s: the last dim, from
+  the right, where they differ) where they do not broadcast."""
+  ndim = max(len(a), len(b))
+  out = []
+  for i in range(ndim - 1, -1, -1):
+    offset = ndim - 1 - i
+    size_a = a[len(a) - 1 - offset] if offset < len(a) else 1
+    size_b = b[len(b) - 1 - offset] if offset < len(b) else 1
+    if size_a != size_b and size_a != 1 and size_b != 1:
+      raise RuntimeError(
+        f"The size of tensor a ({size_a}) must match the size of tensor b ({size_b}) at "
+        f"non-singleton dimension {i}"
+      )
+    out.append(size_b if size_a == 1 else size_a)
+  return tuple(out[::-1])
+
+
 def _torch_name(dtype) -> str:
   """torch's name of a dtype in its messages: "Char" for int8, "Float" for float32."""
   return torch.empty(0, dtype=torch_dtype(dtype)).type().removeprefix("torch.")[: -len("Tensor")]
@@ -415,7 +433,12 @@ def _select_from_empty():
 def index_add(self, dim, index, source, *, alpha=1):
   if self.ndim == 0:
     return index_add(self.reshape(1), 0, index, source.reshape(1), alpha=alpha).reshape(())
-  _check_along(self, dim, index, RuntimeError, _dim_message())
+  # torch's CPU kernel words it by its path: a loop over one dim for 1-d (and 0-d) tensors,
+  # `index_put`'s for the others
+  if self.ndim == 1:
+    _check_along(self, dim, index, IndexError, "index out of range in self")
+  else:
+    _check_along(self, dim, index, RuntimeError, _dim_message())
   # bool: torch's `source * alpha` is a logical and, its addition a logical or
   src = jnp.logical_and(source, alpha) if self.dtype == jnp.bool_ else source * alpha
   src = src.astype(self.dtype)
@@ -786,6 +809,7 @@ def masked_scatter(self, mask, source):
 @lowering(aten.masked_select.default, dynamic_shape=True)
 @_index_dtypes(1, ("bool",), RuntimeError, "masked_select: expected BoolTensor for mask")
 def masked_select(self, mask):
+  broadcast_shapes(mask.shape, self.shape)  # (torch's error where they do not broadcast)
   s, m = jnp.broadcast_arrays(self, mask.astype(jnp.bool_))
   return s[m]
 

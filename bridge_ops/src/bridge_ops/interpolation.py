@@ -186,6 +186,7 @@ def _resample(x, output_size, table, stored_weights=True):
   weights in the input's dtype (`stored_weights`), its vectorized one keeps them in float;
   both then compute in float and round once, as here."""
   nd = len(output_size)
+  _check_sizes(x, output_size)
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   ct = opmath(x.dtype) if floating else np.dtype(np.float32)
   wt = np.dtype(x.dtype) if floating and stored_weights else ct
@@ -194,6 +195,32 @@ def _resample(x, output_size, table, stored_weights=True):
     axis = x.ndim - nd + d
     y = _resample_axis(y, axis, *table(d, x.shape[axis], int(output_size[d]), ct, wt))
   return y.astype(x.dtype)
+
+
+def _check_sizes(x, output_size) -> None:
+  """torch's `upsample_{1,2,3}d_common_check` and its kernels' check of the channels: every
+  spatial size, in and out, > 0, and no empty dim but the batch. Known from the shapes."""
+  nd = len(output_size)
+  n_in = [int(n) for n in x.shape[x.ndim - nd :]]
+  n_out = [int(n) for n in output_size]
+  if min(n_in + n_out) <= 0:
+    names = ("D", "H", "W")[3 - nd :]
+
+    def sizes(values):
+      return ", ".join(f"{a}: {n}" for a, n in zip(names, values))
+
+    joint = ") and output (" if nd == 1 else ") output ("
+    raise RuntimeError(
+      "Input and output sizes should be greater than 0, but got input ("
+      + sizes(n_in)
+      + joint
+      + sizes(n_out)
+      + ")"
+    )
+  if 0 in x.shape[1:]:
+    raise RuntimeError(
+      f"Non-empty {x.ndim}D data tensor expected but got a tensor with sizes {list(x.shape)}"
+    )
 
 
 def _vectorized_2d(output_size) -> bool:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, expand_param, lowering, lowest, opmath
+from bridge_ops._lowering import aten, check, expand_param, lowering, lowest, opmath
 
 
 # ---------------------------------------------------------------------------- windows
@@ -230,13 +230,27 @@ def _adaptive_avg(x, output_size):
   return (y / jnp.asarray(count, y.dtype)).astype(x.dtype)
 
 
+def _check_nonempty(x, name: str, first: int) -> None:
+  """torch's refusal of an adaptive pooling's input with an empty dim from `first` on (the
+  spatial dims for `adaptive_avg_pool2d`, every non-batch dim for `adaptive_avg_pool3d`):
+  its windows would be empty. Known from the shapes."""
+  for i in range(first, x.ndim):
+    if x.shape[i] == 0:
+      raise RuntimeError(
+        f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input "
+        f"has sizes {list(x.shape)} with dimension {i} being empty"
+      )
+
+
 @lowering(aten._adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(self, output_size):
+  _check_nonempty(self, "adaptive_avg_pool2d", self.ndim - 2)
   return _adaptive_avg(self, expand_param(output_size, 2))
 
 
 @lowering(aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool3d(self, output_size):
+  _check_nonempty(self, "adaptive_avg_pool3d", 1)
   if self.dtype in (jnp.float16, jnp.bfloat16) and self.size and all(expand_param(output_size, 3)):
     return _adaptive_avg3d_half(self, expand_param(output_size, 3))
   return _adaptive_avg(self, expand_param(output_size, 3))
@@ -269,8 +283,9 @@ def _adaptive_windows(spatial, output_size):
     flat = flat + (idx * stride).reshape(shape)
     valid = valid & mask.reshape(shape)
   out_shape = tuple(int(o) for o in output_size)
-  flat = np.broadcast_to(flat, out_shape + flat.shape[nd:]).reshape(out_shape + (-1,))
-  valid = np.broadcast_to(valid, out_shape + valid.shape[nd:]).reshape(out_shape + (-1,))
+  window = (_numel(flat.shape[nd:]),)  # (not -1: an output size of 0 leaves it unknown)
+  flat = np.broadcast_to(flat, out_shape + flat.shape[nd:]).reshape(out_shape + window)
+  valid = np.broadcast_to(valid, out_shape + valid.shape[nd:]).reshape(out_shape + window)
   return flat, valid
 
 
@@ -431,13 +446,32 @@ def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, 
 # ------------------------------------------------------------------------------- unpool
 
 
+def _check_unpool_indices(idx, output_size):
+  """torch's error for an index outside the output plane. Its CPU kernel scans every index
+  and keeps the last bad one (when it runs on one thread; several threads race for it):
+  flipped, that one comes first in C order, which `check` reports."""
+  sizes = "x".join(str(int(o)) for o in output_size)
+  plane = int(np.prod(output_size))
+  flat = jnp.flip(idx.reshape(-1))
+  check(
+    (flat < 0) | (flat >= plane),
+    flat,
+    RuntimeError,
+    "Found an invalid max index: {value} (output volumes are of size " + sizes + ")",
+  )
+
+
 def _max_unpool(x, indices, output_size, nd):
   """Each value written at its flat index of an (N, C, *output_size) zero tensor; the gradient
-  of every input is the output gradient at its index (torch's, also for repeated indices)."""
+  of every input is the output gradient at its index (torch's, also for repeated indices).
+  An index outside the output raises torch's error (`_check_unpool_indices`); unchecked in a
+  traced program, where it is dropped."""
   lead = x.shape[:-nd]
   plane = int(np.prod(output_size))
   batch = tuple(jnp.arange(n).reshape((-1,) + (1,) * (len(lead) - i)) for i, n in enumerate(lead))
   idx = indices.reshape(lead + (_numel(indices.shape[-nd:]),)).astype(jnp.int64)
+  if idx.size:
+    _check_unpool_indices(idx, output_size)
 
   @jax.custom_vjp
   def unpool(values):
@@ -457,7 +491,7 @@ def _max_unpool(x, indices, output_size, nd):
 
 @lowering(aten.max_unpool2d.default)
 def max_unpool2d(self, indices, output_size):
-  """`F.max_unpool1d/2d`. torch raises for an index outside the output; it is dropped here."""
+  """`F.max_unpool1d/2d` (1-D as an (L, 1) output, as torch words its error)."""
   return _max_unpool(self, indices, output_size, 2)
 
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, fori_loop, lowering, opmath
+from bridge_ops._lowering import aten, fori_loop, lowering, opmath, scalar_type_name
+from bridge_ops.indexing import broadcast_shapes
 from bridge_ops._linalg import (
   _HIGHEST,
-  _batch_broadcast,
   _empty,
   _hermitian_input,
   _is_vector_rhs,
@@ -316,6 +316,45 @@ def linalg_matrix_exp(self):
   return _matrix_exp(self.astype(opmath(self.dtype))).astype(self.dtype)
 
 
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_shapes(A, B, driver):
+  """torch's checks of `linalg.lstsq`'s arguments, in its order, and its shapes: (whether `B`
+  is a batch of vectors, the solution's batch). torch broadcasts `A`'s batch with `B`'s first
+  `A.ndim - 2` sizes (which, for a `B` of one dim fewer that is not a batch of vectors,
+  include its rows), then copies `B` into the solution, broadcasting it there."""
+  name = "torch.linalg.lstsq"
+  if A.ndim < 2:
+    raise RuntimeError(f"{name}: input must have at least 2 dimensions.")
+  if B.ndim < 1:
+    raise RuntimeError(f"{name}: other must have at least 1 dimension.")
+  if A.dtype != B.dtype:
+    raise RuntimeError(
+      f"{name}: Expected input and other to have the same dtype, but got input's dtype "
+      f"{scalar_type_name(A.dtype)} and other's dtype {scalar_type_name(B.dtype)}"
+    )
+  if not 0 <= A.ndim - B.ndim <= 1:
+    raise RuntimeError(
+      f"{name}: input.dim() must be greater or equal to other.dim() and "
+      "(input.dim() - other.dim()) <= 1"
+    )
+  vector = _is_vector_rhs(A, B)
+  if A.shape[-2] != B.shape[-1 if vector else -2]:
+    raise RuntimeError(f"{name}: input.size(-2) should match other.size({-1 if vector else -2})")
+  if driver not in _LSTSQ_DRIVERS:
+    raise RuntimeError(f"{name}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+  batch = broadcast_shapes(A.shape[:-2], B.shape[: A.ndim - 2])
+  rhs = B.shape + (1,) if vector else B.shape
+  target = batch + (A.shape[-2], rhs[-1])
+  if broadcast_shapes(target, rhs) != target:
+    raise RuntimeError(
+      f"output with shape {list(target)} doesn't match the broadcast shape "
+      f"{list(broadcast_shapes(target, rhs))}"
+    )
+  return vector, batch
+
+
 @lowering(aten.linalg_lstsq.default, static_argnames=("rcond",))
 def linalg_lstsq(self, b, rcond=None, *, driver=None):
   """The minimum-norm least-squares solution, by SVD with singular values below
@@ -323,12 +362,14 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
   what else they return: `gelsy` (the CPU default) the rank only, `gels` the residuals only,
   `gelsd`/`gelss` all of rank, singular values and residuals; residuals are computed for
   m > n only, and only where every matrix has full rank (under `jit` the shape cannot depend
-  on that, so they are NaN there instead of empty)."""
-  driver = driver or "gelsy"
+  on that, so they are NaN there instead of empty). The rank and singular values have
+  `self`'s batch shape, the solution and residuals the broadcast one (`_lstsq_shapes`)."""
+  driver = "gelsy" if driver is None else driver
+  vector, batch = _lstsq_shapes(self, b, driver)
   m, n = self.shape[-2:]
-  vector = _is_vector_rhs(self, b)
   rhs = b[..., None] if vector else b
-  a, rhs = _batch_broadcast(self, rhs)
+  rhs = jnp.broadcast_to(rhs, batch + (m, rhs.shape[-1]))
+  a = jnp.broadcast_to(self, batch + (m, n))
   u, s, vh = jnp.linalg.svd(a, full_matrices=False)
   real = s.dtype
   cutoff = jnp.finfo(real).eps * max(m, n) if rcond is None or rcond < 0 else rcond
@@ -345,9 +386,11 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
       residuals = jnp.where(jnp.all(rank == n), residuals, jnp.nan)
     if vector:
       residuals = residuals[..., 0]
+  # the rank and singular values of `self`'s own batch (its copies along broadcast dims agree)
+  own = tuple(slice(0, 1) if size == 1 else slice(None) for size in self.shape[:-2])
   return (
     (x[..., 0] if vector else x),
     residuals,
-    rank if driver != "gels" else _empty(jnp.int64),
-    s if driver in ("gelsd", "gelss") else _empty(real),
+    rank[own] if driver != "gels" else _empty(jnp.int64),
+    s[own] if driver in ("gelsd", "gelss") else _empty(real),
   )
