@@ -37,7 +37,15 @@ _pending_seed: int | None = None  # a seed given before bridge was loaded (`bind
 # The kernels the backend registers, as (library key, aten op, name of the implementation).
 # implemented by torch per backend only (`_efficientzerotensor`: forward AD's zero tangents)
 _FACTORIES = ("tril_indices", "triu_indices", "_efficientzerotensor")
-_COMPOSITES = ("linear", "matmul", "cov", "one_hot")  # see `bridge._src.device._composite`
+_COMPOSITES = (
+  "linear",
+  "matmul",
+  "linalg_eigvals",
+  "cov",
+  "one_hot",
+  "quantile",
+  "nanquantile",
+)  # see `bridge._src.device._composite`
 KERNELS: tuple[tuple[str, str, str], ...] = (
   ("PrivateUse1", "empty.memory_format", "empty"),
   # `.item()` below torch's Python key: `torch.tensor([loss, loss])` reads its 0-d elements so

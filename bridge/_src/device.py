@@ -281,8 +281,10 @@ def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False
 # Composite ops that torch would decompose before they reach the jax device, but that run
 # better whole (`linear` is one matmul, not `t` + `addmm`; `matmul` of a non-contiguous 3-D
 # tensor would expand a weight to every batch element for `bmm`): when autograd is not
-# recording them (in reverse or forward mode) and a lowering exists, they run as one op.
-_WHOLE_WHEN_NOT_RECORDING = ("linear", "matmul")
+# recording them (in reverse or forward mode) and a lowering exists, they run as one op
+# (`linalg_eigvals` then keeps CPU torch's values where `linalg_eig` refuses infs and NaNs: torch
+# decomposes it into `linalg_eig` only for a tensor that may need a derivative).
+_WHOLE_WHEN_NOT_RECORDING = ("linear", "matmul", "linalg_eigvals")
 # Composite ops whose torch code reads tensor values to decide (`cov` checks its weights and
 # its degrees of freedom with `.item()`-like calls): inside a JAX trace, where those values
 # are unknown, they run whole through their lowering; on concrete values torch's own code
@@ -350,6 +352,24 @@ def _one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
   return (self.unsqueeze(-1) == classes).to(torch.int64)
 
 
+def _quantile(packet: Any, self: torch.Tensor, q: Any, *args: Any, **kwargs: Any) -> Any:
+  """`torch.quantile`/`nanquantile` with a tensor `q`, with the CPU's check of q's values
+  (torch makes it on the CPU only, to spare an accelerator the wait; the `jax` device makes it
+  as its other value checks: on concrete values eagerly, in a traced program with
+  `bridge.config(check_indices=True)`), then torch's own composite code."""
+  if type(q) is tensor.Tensor and q.numel():
+    v = tensor.value(q)
+    outside = jnp.any(~((v >= 0) & (v <= 1)))  # (NaN too)
+    op, checks.check_state.op = getattr(checks.check_state, "op", None), f"aten::{packet.__name__}"
+    try:
+      checks._report_check(
+        outside, None, RuntimeError, "quantile() q values must be in the range [0, 1]", "value"
+      )
+    finally:
+      checks.check_state.op = op
+  return packet.default.decompose(self, q, *args, **kwargs)
+
+
 cuda_usable = _bridge_autoload.cuda_usable
 
 
@@ -383,6 +403,8 @@ def _implementations() -> dict[str, Any]:
     "pin_memory": _pin_memory,
     "record_stream": _record_stream,
     "composite.one_hot": _one_hot,
+    "composite.quantile": functools.partial(_quantile, torch.ops.aten.quantile),
+    "composite.nanquantile": functools.partial(_quantile, torch.ops.aten.nanquantile),
   }
   for op_name in _BACKEND_ONLY_FACTORIES:  # no composite kernel: torch never reaches Python
     found[f"factory.{op_name}"] = functools.partial(_factory, op_name)

@@ -86,8 +86,10 @@ def _torch_info_error(api_name: str, is_matrix: bool, code: int, position: int) 
 
 @functools.cache
 def _info_error_type(api_name: str, sign: int) -> type[Exception]:
-  # (the type depends on the name and the code's sign only)
-  return type(_torch_info_error(api_name, True, sign, 0))
+  # (the type depends on the name and the code's sign only, but for the SVDs' -4, a NaN in the
+  # input: torch's LinAlgError where other negative codes are internal asserts)
+  code = -4 if sign < 0 and "svd" in api_name else sign
+  return type(_torch_info_error(api_name, True, code, 0))
 
 
 def _info_message(api_name: str, is_matrix: bool):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bridge_ops._lowering import aten, fori_loop, lowering, opmath, scalar_type_name
+from bridge_ops._lowering import aten, check, fori_loop, lowering, opmath, scalar_type_name
 from bridge_ops.indexing import broadcast_shapes
 from bridge_ops._linalg import (
   _HIGHEST,
@@ -19,6 +19,7 @@ from bridge_ops._linalg import (
   _is_vector_rhs,
   _mH,
   _mT,
+  check_info,
 )
 
 
@@ -43,8 +44,17 @@ def _svd(a, **kwargs):
   return u.astype(a.dtype), s.astype(jnp.float32), vh.astype(a.dtype)
 
 
+def _check_svd_input(A) -> None:
+  """LAPACK's gesdd refuses a NaN (code -4: torch's "...contained non-finite values."; an
+  infinity passes): for svd, svdvals, pinv, matrix_rank, the 2/nuclear norms and cond alike."""
+  if A.size:
+    nan = jnp.isnan(A).any(axis=(-2, -1))
+    check_info(jnp.where(nan, -4, 0).astype(jnp.int32), "linalg.svd", A.ndim == 2)
+
+
 @lowering(aten._linalg_svd.default)
 def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+  _check_svd_input(A)
   if not compute_uv:
     return _empty(A.dtype), _svd(A, compute_uv=False), _empty(A.dtype)
   u, s, vh = _svd(A, full_matrices=False)
@@ -108,6 +118,13 @@ _eig.defvjp(_eig_fwd, _eig_bwd)
 
 @lowering(aten.linalg_eig.default)
 def linalg_eig(self):
+  if self.size:  # (torch's check; `linalg_eigvals` makes none)
+    check(
+      ~jnp.isfinite(self),
+      None,
+      RuntimeError,
+      "torch.linalg.eig: input tensor should not contain infs or NaNs.",
+    )
   return _eig(self)
 
 
@@ -133,6 +150,8 @@ def linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
   # torch: singular values (|eigenvalues| where hermitian) at or below max(atol, rtol * s_max)
   # are dropped. Its derivative is pinv's own (torch's pinv_backward), not the one through
   # the SVD/eigh, so it is the same for `hermitian` and for any A.
+  if not hermitian:
+    _check_svd_input(self)  # (torch's pinv runs its SVD)
   m, n = self.shape[-2:]
   atol = None if atol is None else jnp.asarray(atol)
   rtol = None if rtol is None else jnp.asarray(rtol)
