@@ -539,7 +539,8 @@ def _cold_start(figures: dict | None) -> list[str]:
     "## Cold start (fresh processes)",
     "",
     f"Measured {figures['date']} ({figures['mode']}) by `python -m benchmarks.cold_start "
-    "--write`: every sample is a new interpreter, the cases of a row taking turns; see "
+    "--write`: every sample is a new interpreter, the cases of a row taking turns, the "
+    "bridge's own files byte-compiled first (as `pip install` leaves them); see "
     "benchmarks/cold_start.py for what each case runs.",
     "",
   ]
