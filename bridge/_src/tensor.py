@@ -424,9 +424,20 @@ class Tensor(torch.Tensor):
     warning)."""
     if not isinstance(self, torch.nn.Parameter):  # (torch's `Parameter` does not warn)
       torch.utils.hooks.warn_if_has_hooks(self)
+    new = self._same_view(self._storage)
+    if self._detached:
+      detach_traced(new)
+    new.requires_grad_(self.requires_grad)
+    for name, v in self.__dict__.items():
+      if name not in _INTERNAL:
+        setattr(new, name, v)
+    return new
+
+  def _same_view(self, storage: Storage) -> Tensor:
+    """A new tensor over `storage` with this one's geometry, dtype view and conj/neg bits."""
     with torch.no_grad():
-      new = make_view(
-        self._storage,
+      return make_view(
+        storage,
         tuple(self.shape),
         tuple(self.stride()),
         int(self.storage_offset()),
@@ -436,13 +447,6 @@ class Tensor(torch.Tensor):
         self.is_conj(),
         self.is_neg(),
       )
-    if self._detached:
-      detach_traced(new)
-    new.requires_grad_(self.requires_grad)
-    for name, v in self.__dict__.items():
-      if name not in _INTERNAL:
-        setattr(new, name, v)
-    return new
 
   def __deepcopy__(self, memo: dict) -> Tensor:
     """A copy in which what aliased still aliases (one new storage per storage, as torch's
@@ -457,18 +461,7 @@ class Tensor(torch.Tensor):
     if storage is None:  # (the array is immutable: the new box may hold the same one)
       storage = memo[key] = Storage(self._storage.array, self._storage.device)
       memo.setdefault(id(memo), []).append(self._storage)  # (keeps the id valid)
-    with torch.no_grad():
-      new = make_view(
-        storage,
-        tuple(self.shape),
-        tuple(self.stride()),
-        int(self.storage_offset()),
-        self.dtype,
-        self._storage.device,
-        self._as,
-        self.is_conj(),
-        self.is_neg(),
-      )
+    new = self._same_view(storage)
     new.requires_grad_(self.requires_grad)
     if self.grad is not None:
       new.grad = copy.deepcopy(self.grad, memo)

@@ -10,7 +10,7 @@ Each is compared with the op on CPU with `torch.testing.assert_close`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -124,3 +124,26 @@ def check(
     torch.testing.assert_close(
       dev_cpu, expected, atol=atol, rtol=rtol, check_dtype=exact_dtype, equal_nan=True
     )
+
+
+def error_message(error: BaseException) -> str:
+  """`str(error)` without torch's C++ backtrace (where TORCH_SHOW_CPP_STACKTRACES prints one)."""
+  return str(error).split("\nException raised from")[0]
+
+
+def assert_raises_like_cpu(make: Callable[[str], Any]) -> None:
+  """`make("jax")` raises what `make("cpu")` raises: torch's exception type (or the bridge's
+  class for it: `TorchRuntimeError`, `TorchIndexError`...) with torch's message."""
+  import pytest
+
+  from bridge._src.errors import BridgeError
+
+  with pytest.raises(Exception) as expected:
+    make("cpu")
+  with pytest.raises(Exception) as got:
+    make("jax")
+  want, have = expected.value, got.value
+  assert type(have) is type(want) or (
+    isinstance(have, type(want)) and isinstance(have, BridgeError)
+  ), (type(have), type(want), str(have))
+  assert error_message(have) == error_message(want)

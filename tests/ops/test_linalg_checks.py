@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import bridge
-from bridge._src.errors import BridgeError
+from tests.ops.harness import assert_raises_like_cpu, error_message
 
 nan = float("nan")
 
@@ -53,9 +53,7 @@ def _square(d, dtype=torch.float64):
   return torch.randn(3, 4, 4, generator=g, dtype=dtype).to(d)
 
 
-def _message(e):
-  # (torch's C++ backtrace, where TORCH_SHOW_CPP_STACKTRACES asks for one, left out)
-  return str(e).split("\nException raised from ")[0]
+_message = error_message
 
 
 # name -> op on device `d`; torch on CPU raises for each (its type and message here too).
@@ -123,16 +121,7 @@ CONTROLS = {
 }
 
 
-def _assert_raises_torchs_error(fn):
-  with pytest.raises(Exception) as expected:
-    fn("cpu")
-  with pytest.raises(Exception) as got:
-    fn("jax")
-  want, have = expected.value, got.value
-  # torch's type, or the bridge's subclass of it (`TorchRuntimeError` for a RuntimeError)
-  assert isinstance(have, type(want)), (type(have), type(want))
-  assert type(have) is type(want) or isinstance(have, BridgeError), type(have)
-  assert _message(have) == _message(want)
+_assert_raises_torchs_error = assert_raises_like_cpu
 
 
 @pytest.mark.parametrize("name", list(RAISES))

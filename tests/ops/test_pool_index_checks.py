@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge._src.errors import BridgeError
+from tests.ops.harness import assert_raises_like_cpu, error_message
 
 aten = torch.ops.aten
 Z, ONES = torch.zeros, torch.ones
@@ -218,22 +218,10 @@ CONTROLS = {
 }
 
 
-def _message(e: BaseException) -> str:
-  """The message without torch's C++ backtrace, if any."""
-  return str(e).split("\nException raised from")[0]
+_message = error_message
 
 
-def _assert_raises_torchs_error(fn):
-  with pytest.raises(Exception) as expected:
-    fn("cpu")
-  with pytest.raises(Exception) as got:
-    fn("jax")
-  e_cpu, e_jax = expected.value, got.value
-  # torch's type, or the bridge's class for it (TorchIndexError, TorchRuntimeError)
-  assert type(e_jax) is type(e_cpu) or (
-    isinstance(e_jax, type(e_cpu)) and isinstance(e_jax, BridgeError)
-  ), (type(e_jax), type(e_cpu), str(e_jax))
-  assert _message(e_jax) == _message(e_cpu)
+_assert_raises_torchs_error = assert_raises_like_cpu
 
 
 @pytest.mark.parametrize("name", list(RAISES))
