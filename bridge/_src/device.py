@@ -335,17 +335,10 @@ def _one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     with jax.enable_x64(True):  # (int64 values and class counts, whatever JAX's setting)
       negative = jnp.min(v) < 0
       too_large = None if num_classes == -1 else jnp.max(v) >= num_classes
-    op, checks.check_state.op = getattr(checks.check_state, "op", None), "aten::one_hot"
-    try:  # (`op`: what a staged check's error names)
-      checks._report_check(
-        negative, None, RuntimeError, "Class values must be non-negative.", "value"
-      )
-      if too_large is not None:
-        checks._report_check(
-          too_large, None, RuntimeError, "Class values must be smaller than num_classes.", "value"
-        )
-    finally:
-      checks.check_state.op = op
+    report = functools.partial(checks.report_value_check, "aten::one_hot")
+    report(negative, RuntimeError, "Class values must be non-negative.")
+    if too_large is not None:
+      report(too_large, RuntimeError, "Class values must be smaller than num_classes.")
     if num_classes == -1:
       num_classes = int(self.max().item()) + 1
   classes = torch.arange(num_classes, dtype=self.dtype, device=self.device)
@@ -360,13 +353,12 @@ def _quantile(packet: Any, self: torch.Tensor, q: Any, *args: Any, **kwargs: Any
   if type(q) is tensor.Tensor and q.numel():
     v = tensor.value(q)
     outside = jnp.any(~((v >= 0) & (v <= 1)))  # (NaN too)
-    op, checks.check_state.op = getattr(checks.check_state, "op", None), f"aten::{packet.__name__}"
-    try:
-      checks._report_check(
-        outside, None, RuntimeError, "quantile() q values must be in the range [0, 1]", "value"
-      )
-    finally:
-      checks.check_state.op = op
+    checks.report_value_check(
+      f"aten::{packet.__name__}",
+      outside,
+      RuntimeError,
+      "quantile() q values must be in the range [0, 1]",
+    )
   return packet.default.decompose(self, q, *args, **kwargs)
 
 

@@ -53,9 +53,6 @@ def _square(d, dtype=torch.float64):
   return torch.randn(3, 4, 4, generator=g, dtype=dtype).to(d)
 
 
-_message = error_message
-
-
 # name -> op on device `d`; torch on CPU raises for each (its type and message here too).
 RAISES = {
   # the legacy `cholesky` checks its factorization itself
@@ -121,17 +118,14 @@ CONTROLS = {
 }
 
 
-_assert_raises_torchs_error = assert_raises_like_cpu
-
-
 @pytest.mark.parametrize("name", list(RAISES))
 def test_raises_torchs_error(name):
-  _assert_raises_torchs_error(RAISES[name])
+  assert_raises_like_cpu(RAISES[name])
 
 
 @pytest.mark.parametrize("name", list(CONTROLS))
 def test_control_composites_raise_torchs_error(name):
-  _assert_raises_torchs_error(CONTROLS[name])
+  assert_raises_like_cpu(CONTROLS[name])
 
 
 # name -> op on device `d` that torch computes (valid inputs): the `jax` device gives its
@@ -211,7 +205,7 @@ def test_bridge_compile_with_check_indices_raises_torchs_error(name):
       bridge.compile(fn)(*args)
   got = str(info.value)
   assert "check_indices" in got
-  assert _message(expected.value) in got
+  assert error_message(expected.value) in got
   assert isinstance(info.value, want) or want.__name__ in got or "TorchRuntimeError" in got
 
 
@@ -243,7 +237,7 @@ def test_bridge_compile_renorm_refuses_negative_maxnorm(maxnorm):
     fn(x)
   with pytest.raises(RuntimeError) as got:
     bridge.compile(fn)(x)
-  assert _message(got.value) == _message(expected.value)
+  assert error_message(got.value) == error_message(expected.value)
 
 
 def test_bridge_compile_renorm_values_for_two_maxnorms():

@@ -100,9 +100,6 @@ RAISES = {
 }
 
 
-_message = error_message
-
-
 @pytest.mark.parametrize("name", list(RAISES))
 def test_raises_torchs_error(name):
   assert_raises_like_cpu(RAISES[name])
@@ -130,14 +127,14 @@ COMPILED = {
 
 
 @pytest.mark.parametrize("name", list(COMPILED))
-def test_bridge_compile_with_check_indices_raises_torchs_message(name):
+def test_bridge_compile_with_check_indices_raises_torchserror_message(name):
   fn, args = COMPILED[name]
   with pytest.raises(RuntimeError) as expected:
     fn(*args)
   with bridge.config(check_indices=True):
     with pytest.raises((jax.errors.JaxRuntimeError, RuntimeError, IndexError)) as info:
       jax.block_until_ready(bridge.compile(fn)(*args))
-  assert _message(expected.value) in str(info.value)
+  assert error_message(expected.value) in str(info.value)
 
 
 # Python scalars torch refuses: raised while the program is traced, with or without the setting.
@@ -153,7 +150,7 @@ def test_bridge_compile_raises_torchs_error_for_a_scalar(name):
   fn, args = COMPILED_SCALARS[name], (torch.tensor([1.0, -2.0]), torch.tensor([2.0, 0.5]))
   with pytest.raises(RuntimeError) as expected:
     fn(*args)
-  with pytest.raises(RuntimeError, match=re.escape(_message(expected.value))):
+  with pytest.raises(RuntimeError, match=re.escape(error_message(expected.value))):
     bridge.compile(fn)(*args)
 
 

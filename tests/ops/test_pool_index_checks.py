@@ -218,20 +218,14 @@ CONTROLS = {
 }
 
 
-_message = error_message
-
-
-_assert_raises_torchs_error = assert_raises_like_cpu
-
-
 @pytest.mark.parametrize("name", list(RAISES))
 def test_raises_torchs_error(name):
-  _assert_raises_torchs_error(RAISES[name])
+  assert_raises_like_cpu(RAISES[name])
 
 
 @pytest.mark.parametrize("name", list(CONTROLS))
 def test_control_raised_torchs_error_already(name):
-  _assert_raises_torchs_error(CONTROLS[name])
+  assert_raises_like_cpu(CONTROLS[name])
 
 
 def test_max_unpool_reports_the_last_bad_index_as_torch_on_one_thread():
@@ -405,7 +399,7 @@ def test_bridge_compile_raises_torchs_error_for_shapes(name, checked):
   with bridge.config(check_indices=checked):
     with pytest.raises(type(expected.value), match=re.escape(str(expected.value))) as got:
       bridge.compile(fn)(*args)
-  assert _message(got.value) == _message(expected.value)
+  assert error_message(got.value) == error_message(expected.value)
 
 
 # Values torch refuses (an index out of range): in a compiled program, checked only with

@@ -32,9 +32,6 @@ def _full(d, value, dtype=torch.float32, n=3):
   return torch.full((n,), value, dtype=dtype, device=d)
 
 
-_message = error_message
-
-
 # name -> op on device `d`; torch on CPU raises for each (its type and message here too).
 RAISES = {
   # normal: a Scalar std (normal_, its functional form, Tensor_float, float_float)
@@ -236,7 +233,7 @@ def test_bridge_compile_raises_torchs_error_for_scalar_arguments(name, check_ind
     with pytest.raises(Exception) as got:
       bridge.compile(fn)(x)
   assert isinstance(got.value, type(expected.value)), (type(got.value), type(expected.value))
-  assert _message(got.value) == _message(expected.value)
+  assert error_message(got.value) == error_message(expected.value)
 
 
 # Tensor arguments' values in a compiled program: unknown while it is traced, so checked only
@@ -275,12 +272,12 @@ def test_eager_and_bridge_compile_check_tensor_arguments(name):
     fn(*args)
   with pytest.raises(RuntimeError) as eager:
     fn(*(a.to("jax") for a in args))
-  assert _message(eager.value) == _message(expected.value)
+  assert error_message(eager.value) == error_message(expected.value)
   jax.block_until_ready(bridge.compile(fn)(*args))  # unchecked by default (documented)
   with bridge.config(check_indices=True):
     # (a `jax.errors.JaxRuntimeError`, or the check's torch error itself where the compiled
     # program's call re-raises it: both name the op and the setting)
     with pytest.raises(RuntimeError) as compiled:
       jax.block_until_ready(bridge.compile(fn)(*args))
-  assert f"{op}: {_message(expected.value)}" in str(compiled.value)
+  assert f"{op}: {error_message(expected.value)}" in str(compiled.value)
   assert "check_indices" in str(compiled.value)

@@ -49,6 +49,16 @@ def _check_error(
   return _TORCH_ERRORS.get(error, error)(_check_message(message, value, position))
 
 
+def report_value_check(op: str, bad: Any, error: type[Exception], message: str) -> None:
+  """A value check the core makes itself, outside a lowering (a composite op run whole):
+  `_report_check` with `op` as the op a staged check's error names."""
+  outer, check_state.op = getattr(check_state, "op", None), op
+  try:
+    _report_check(bad, None, error, message, "value")
+  finally:
+    check_state.op = outer
+
+
 def _report_check(bad: Any, values: Any, error: type[Exception], message: Any, kind: str) -> None:
   """Enforce one rule a lowering declares (`bridge_ops._lowering.check`; see above)."""
   known = concrete(bad)
