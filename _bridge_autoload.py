@@ -237,9 +237,8 @@ def install(named: bool | None) -> bool:
           libraries[key] = torch.library.Library("aten", "IMPL", key)
         libraries[key].impl(op, _trampoline(target))
       _libraries.extend(libraries.values())
-      # torch.load(..., map_location="jax"): keep the CPU storages as they are; jax tensors
-      # pickle as CPU tensors whose rebuild function then moves them to the jax device.
-      torch.serialization.register_package(5, _never_tag, _keep_storage_on_cpu)
+      # torch.load(..., map_location="jax"): the saved (CPU) storages load onto the device
+      torch.serialization.register_package(5, _never_tag, _load_onto_device)
       _guard_storages()
       _installed = True
     if named or (named is None and not cuda_usable()):
@@ -334,8 +333,29 @@ def _never_tag(obj: Any) -> None:
   return None
 
 
-def _keep_storage_on_cpu(storage: Any, location: str) -> Any:
+def _load_onto_device(storage: Any, location: str) -> Any:
+  """`torch.load(..., map_location="jax")`'s deserializer of a storage saved from the CPU.
+
+  torch rebuilds a tensor on its storage's device (`torch._utils._rebuild_tensor`: an empty
+  tensor there, `set_` to the storage). No storage can hold memory on the jax device, so the
+  one handed back only says it is there: it points at the CPU storage's bytes without owning
+  them, and keeps that storage (`_bridge_cpu`); `bridge.Tensor.set_` copies the bytes into one
+  JAX array per storage (tensors saved sharing memory load sharing it). A tensor saved from
+  the jax device was saved as a CPU tensor, so it takes this way too.
+
+  A file in torch's legacy format (`_use_new_zipfile_serialization=False`) rebuilds its
+  tensors before it reads their bytes (`_torch_load_uninitialized`), so its tensors stay on
+  the CPU, as `torch.load` gives them (move them after loading)."""
   current = backend_name()
-  if location == current or location.startswith(current + ":"):
+  if location != current and not location.startswith(current + ":"):
+    return None
+  if getattr(storage, "_torch_load_uninitialized", False):
     return storage
-  return None
+  device = torch.device(location)
+  if device.index is None:
+    device = torch.device(current, MODULE.current_device())
+  on: Any = torch._C._construct_storage_from_data_pointer(
+    storage.data_ptr(), device, storage.nbytes()
+  )
+  on._bridge_cpu = storage
+  return on

@@ -302,6 +302,9 @@ class Tensor(torch.Tensor):
     if isinstance(source, _StorageStandIn):  # `t.set_(u.untyped_storage(), ...)`: u's storage,
       source = _over_storage(source._box, self.dtype)  # as a 1-d tensor of t's dtype
       args, kwargs = ((source, *args[1:]), kwargs) if args else (args, {**kwargs, "source": source})
+    elif isinstance(source, torch.UntypedStorage) and hasattr(source, "_bridge_cpu"):
+      source = _over_storage(_loaded(source, self), self.dtype)  # (`torch.load` onto the device)
+      args, kwargs = ((source, *args[1:]), kwargs) if args else (args, {**kwargs, "source": source})
     if not isinstance(source, Tensor):
       return super().set_(*args, **kwargs)
     _set_source.tensor = source
@@ -657,6 +660,23 @@ def make_view(
   ):
     t._whole = False
   return t
+
+
+def _loaded(storage: Any, like: Tensor) -> Storage:
+  """The JAX storage of a CPU storage `torch.load(..., map_location="jax")` loads onto the
+  device (`_bridge_autoload._load_onto_device`): its bytes copied to `like`'s device once,
+  as an array of `like`'s dtype (of bytes when they do not divide into it), kept on the
+  storage for the other tensors saved sharing it."""
+  box = getattr(storage, "_bridge_box", None)
+  if box is None:
+    cpu = storage._bridge_cpu
+    dtype = like.dtype if cpu.nbytes() % like.element_size() == 0 else torch.uint8
+    n = cpu.nbytes() // dtype.itemsize
+    flat = torch.empty(0, dtype=dtype).set_(cpu, 0, (n,), (1,))
+    moved: Any = flat.to(like.device, copy=True)
+    box = storage._bridge_box = moved._storage
+    storage._bridge_cpu = None  # (the CPU bytes are no longer needed)
+  return box
 
 
 def _over_storage(storage: Storage, dtype: torch.dtype) -> Tensor:
