@@ -163,6 +163,16 @@ def _not_zero_copy_reason(
   return None
 
 
+def keep_size(t: torch.Tensor) -> None:
+  """Makes the storage of `t`, whose memory a JAX array now shares, one that cannot be resized,
+  as `Tensor.numpy()` does for an array sharing it: torch's `resize_` would otherwise free
+  the memory the array reads (a crash, or garbage), where now it raises torch's "Trying to
+  resize storage that is not resizable"."""
+  storage = t.untyped_storage()
+  if storage.resizable():
+    torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # (marks the storage: torch's way)
+
+
 def _cpu_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str, where: Where) -> jax.Array:
   if copy:
     t = t.clone(memory_format=torch.contiguous_format)  # the allocator aligns to 64 bytes
@@ -175,6 +185,8 @@ def _cpu_tensor_to_jax(t: torch.Tensor, copy: bool | None, api: str, where: Wher
           f"{reason}. {_STRICT}, or pass {_copy_advice(t)}."
         )
       t = t.clone(memory_format=torch.contiguous_format)
+    else:
+      keep_size(t)
   if _dlpack_to_buffer is None:  # pragma: no cover
     return jax.dlpack.from_dlpack(t, copy=False)
   capsule = torch._C._to_dlpack(t)
