@@ -965,7 +965,8 @@ def _build(
     vmap_method=vmap_method,
     random=state["random"],
     restore=restore,
-    side_effect=state["writes_state"],
+    # (one that returns nothing runs for what it does: an assertion, a print; never dropped)
+    side_effect=state["writes_state"] or not outs,
     keep=anchor,
   )
   return program, out_spec, out_statics, written

@@ -392,9 +392,9 @@ class _Graph:
     # outputs not those it saves for the backward
     self.layouts: _Layouts | None = None
     if kind == "inference":
-      self.layouts = _Layouts(flat, key)
+      self.layouts = _Layouts(flat, key, placeholders=placeholders)
     elif kind == "forward":
-      self.layouts = _Layouts(flat, key, _user_outputs())
+      self.layouts = _Layouts(flat, key, _user_outputs(), placeholders)
     self.compiled = compile_lib.compile(graph)
     self.compiled.keep_aliases = False  # (the layouts and passthrough above make them)
     # torch's generator for a program that draws on CPU or CUDA inputs (`_generator`)
@@ -430,8 +430,8 @@ class _Graph:
     if traced:
       self._note_trace(args)
     out = (out,) if self.single else out
-    if self.layouts is not None and self.layouts.plan:
-      out = self.layouts.apply(out)
+    if self.layouts:
+      out = self.layouts.apply(out, args)
     if self.passthrough:
       out = list(out)
       for i, j in self.passthrough:
@@ -455,10 +455,22 @@ class _Layouts:
   """Torch's memory layout of a graph's outputs, which a program's (new, contiguous) outputs
   lack: each output's strides as eager torch gives them (a transpose, channels_last, an
   `expand`'s zero strides), and outputs that are views of one another (`z` and `z.view(3,
-  2)`: a write to one shows in the other). Taken from the example outputs where their sizes
-  and strides are static; the outputs of each call are then copied into that layout."""
+  2)`: a write to one shows in the other). Taken from the example outputs; the outputs of
+  each call are then copied into that layout.
 
-  def __init__(self, outputs: Sequence[Any], key: str, only: set[int] | None = None):
+  Sizes, strides and offsets that are symbolic (dynamic shapes) are worked out for each
+  call from the symbols' values in its inputs. There the offset is kept too: aot_autograd
+  makes an output that is a view of an input from that input with the program's output's
+  size, stride and offset when it cannot replay the view (`x.narrow(1, 1, n - 1)` with a
+  symbolic `n`), so they must be eager's."""
+
+  def __init__(
+    self,
+    outputs: Sequence[Any],
+    key: str,
+    only: set[int] | None = None,
+    placeholders: Sequence[torch.fx.Node] = (),
+  ):
     # (`only`: a forward's outputs, which leave through aot's autograd.Function: no views
     # there, where torch forbids writing to them; aot makes the views of its outputs itself)
     values = [
@@ -467,29 +479,77 @@ class _Layouts:
     ]
     groups: dict[Any, list[tuple[int, torch.Tensor]]] = {}
     for i, v in enumerate(values):
-      if isinstance(v, torch.Tensor) and _static_layout(v):
+      if isinstance(v, torch.Tensor) and _strided(v):
         groups.setdefault(i if only is not None else _storage_key(v), []).append((i, v))
     # (output indices, their (size, stride, offset from the first element used), extent)
     self.plan: list[tuple[list[int], list[tuple], Any]] = []
+    # the symbolic ones: (output indices, their (size, stride, offset) as expressions)
+    self.symbolic: list[tuple[list[int], list[tuple]]] = []
     for group in groups.values():
       indices = [i for i, _ in group]
       vs = [v for _, v in group]
-      if len(indices) == 1 and (vs[0].is_contiguous() or vs[0].numel() == 0):
-        continue  # the program's own layout
       if len({v.dtype for v in vs}) > 1:
         continue  # views of one memory as two dtypes: left as they come
+      if not all(_static_layout(v) for v in vs):
+        self.symbolic.append((indices, [_layout_exprs(v) for v in vs]))
+        continue
+      if len(indices) == 1 and (vs[0].is_contiguous() or vs[0].numel() == 0):
+        continue  # the program's own layout
       low = min(v.storage_offset() for v in vs)
-      extent = max(v.storage_offset() - low + _extent(v) for v in vs)
+      extent = max(
+        v.storage_offset() - low + _extent_of(tuple(v.shape), tuple(v.stride())) for v in vs
+      )
       views = [(tuple(v.shape), tuple(v.stride()), v.storage_offset() - low) for v in vs]
       self.plan.append((indices, views, extent))
+    self.binders: list[tuple[int, Any, Any]] = []  # (input, what of it, its symbol)
+    self._plans: dict[tuple, list] = {}  # the symbols' values -> their plan
+    if self.symbolic:
+      self.binders = _binders(placeholders, key)
+      needed = set().union(*(_free(views) for _, views in self.symbolic))
+      if not needed <= {symbol for _, _, symbol in self.binders}:
+        self.symbolic = []  # (a symbol no input gives: left as it comes)
 
-  def apply(self, outs: Any) -> Any:
+  def __bool__(self) -> bool:
+    return bool(self.plan or self.symbolic)
+
+  def _plan_for(self, args: Sequence[Any]) -> list:
+    """The plan of a call's layouts: the static one and the symbolic one worked out."""
+    if not self.symbolic:
+      return self.plan
+    values = tuple(_bound(args[i], what) for i, what, _ in self.binders)
+    plan = self._plans.get(values)
+    if plan is None:
+      import sympy  # (lazy: loaded by dynamo's symbolic shapes already)
+
+      bindings = {sym: sympy.Integer(n) for (_, _, sym), n in zip(self.binders, values)}
+      plan = list(self.plan)
+      for indices, exprs in self.symbolic:
+        views = [
+          tuple(
+            tuple(int(e.xreplace(bindings)) for e in part)
+            if isinstance(part, tuple)
+            else int(part.xreplace(bindings))
+            for part in view
+          )
+          for view in exprs
+        ]
+        if len(indices) == 1:
+          size, stride, offset = views[0]
+          if offset == 0 and (stride == _contiguous_strides(size) or any(n == 0 for n in size)):
+            continue  # the program's own layout
+        extent = max(offset + _extent_of(size, stride) for size, stride, offset in views)
+        plan.append((indices, views, extent))
+      if len(self._plans) < 64:
+        self._plans[values] = plan
+    return plan
+
+  def apply(self, outs: Any, args: Sequence[Any] = ()) -> Any:
     outs = list(outs)
-    for indices, views, extent in self.plan:
+    for indices, views, extent in self._plan_for(args):
       first = outs[indices[0]]
       if type(first) is not torch.Tensor:
         continue  # (`jax`-device outputs: as the device makes them)
-      if len(indices) == 1:  # a tensor of its own, no view
+      if len(indices) == 1 and views[0][2] == 0:  # a tensor of its own, no view
         base = None
       else:
         base = torch.empty(extent, dtype=first.dtype, device=first.device)
@@ -509,6 +569,90 @@ class _Layouts:
       for i, view in made:
         outs[i] = view
     return tuple(outs)
+
+
+def _strided(v: torch.Tensor) -> bool:
+  try:
+    return v.layout == torch.strided
+  except (RuntimeError, NotImplementedError):
+    return False
+
+
+def _expr(n: Any) -> Any:
+  """An int or SymInt as a sympy expression."""
+  import sympy  # (lazy: see `_Layouts._plan_for`)
+
+  return n.node.expr if isinstance(n, torch.SymInt) else sympy.Integer(int(n))
+
+
+def _layout_exprs(v: torch.Tensor) -> tuple:
+  """(size, stride, storage offset) of an example output, as sympy expressions."""
+  return (
+    tuple(_expr(n) for n in v.shape),
+    tuple(_expr(n) for n in v.stride()),
+    _expr(v.storage_offset()),
+  )
+
+
+def _free(views: list[tuple]) -> set:
+  out: set = set()
+  for size, stride, offset in views:
+    for e in (*size, *stride, offset):
+      out |= e.free_symbols
+  return out
+
+
+def _binders(placeholders: Sequence[torch.fx.Node], key: str) -> list[tuple[int, Any, Any]]:
+  """Where each symbol of a graph's inputs shows in a call's arguments: a size passed as a
+  number, or a size, stride or offset of an input tensor (the first place it shows)."""
+  import sympy  # (lazy: see `_Layouts._plan_for`)
+
+  out: list[tuple[int, Any, Any]] = []
+  seen: set = set()
+
+  def note(i: int, what: Any, n: Any) -> None:
+    if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+      if n.node.expr not in seen:
+        seen.add(n.node.expr)
+        out.append((i, what, n.node.expr))
+
+  for i, p in enumerate(placeholders):
+    v = p.meta.get(key)
+    if isinstance(v, torch.SymInt):
+      note(i, None, v)
+    elif isinstance(v, torch.Tensor) and _strided(v):
+      for d, n in enumerate(v.shape):
+        note(i, ("size", d), n)
+      for d, n in enumerate(v.stride()):
+        note(i, ("stride", d), n)
+      note(i, ("offset", 0), v.storage_offset())
+  return out
+
+
+def _bound(arg: Any, what: Any) -> int:
+  """The value of a symbol in a call's argument (`_binders`)."""
+  if what is None:
+    return int(arg)
+  kind, d = what
+  if kind == "size":
+    return int(arg.shape[d])
+  if kind == "stride":
+    return int(arg.stride()[d])
+  return int(arg.storage_offset())
+
+
+def _contiguous_strides(size: tuple) -> tuple:
+  strides, step = [], 1
+  for n in reversed(size):
+    strides.append(step)
+    step *= max(n, 1)
+  return tuple(reversed(strides))
+
+
+def _extent_of(size: tuple, stride: tuple) -> int:
+  if any(n == 0 for n in size):
+    return 0
+  return 1 + sum((n - 1) * st for n, st in zip(size, stride))
 
 
 def _user_outputs() -> set[int]:
@@ -538,13 +682,6 @@ def _storage_key(v: torch.Tensor) -> Any:
   from torch.multiprocessing.reductions import StorageWeakRef  # (lazy: `_compiler`)
 
   return StorageWeakRef(v.untyped_storage())
-
-
-def _extent(v: torch.Tensor) -> int:
-  """Elements from a tensor's first to past its last in memory."""
-  if v.numel() == 0:
-    return 0
-  return 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))
 
 
 def _for_the_program(gm: torch.fx.GraphModule) -> None:

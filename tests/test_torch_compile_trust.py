@@ -1,0 +1,97 @@
+"""`torch.compile(..., backend="jax")` against eager on what a probe found wrong: outputs that
+are views of an input under dynamic shapes (their values, strides, gradients and writes), and
+assertions on tensor values (they were dropped from the program)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import bridge
+
+
+def _views():
+  return {
+    "chunk": lambda x: x.chunk(2, 1)[0],
+    "narrow": lambda x: x.narrow(1, 1, x.shape[1] - 1),
+    "view_t": lambda x: x.view(x.shape[1], x.shape[0]).t(),
+    "reshape_view_transpose": lambda x: x.reshape(-1).view(x.shape[1], -1).transpose(0, 1),
+    "computed_t": lambda x: (x * 2).t(),
+    "computed_transpose": lambda x: (x + 1).transpose(0, 1),
+    "two_views": lambda x: (x[:, 1:], x.view(x.shape[1], x.shape[0]).t()),
+  }
+
+
+def _outputs(out):
+  return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("name", list(_views()))
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "recompiled"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_views_of_inputs_with_symbolic_sizes_are_eagers(name, dynamic, grad):
+  fn = _views()[name]
+  compiled = torch.compile(fn, backend="jax", dynamic=dynamic)
+  for shape in [(2, 4), (3, 6), (4, 10)]:  # (the default recompiles with symbolic sizes)
+    x = torch.arange(float(shape[0] * shape[1])).reshape(shape).requires_grad_(grad)
+    x_eager = x.detach().clone().requires_grad_(grad)
+    got, want = _outputs(compiled(x)), _outputs(fn(x_eager))
+    for g, w in zip(got, want):
+      torch.testing.assert_close(g, w, rtol=0, atol=0)
+      assert g.stride() == w.stride() and g.storage_offset() == w.storage_offset(), shape
+    if grad:
+      sum((o * torch.arange(float(o.numel())).reshape(o.shape)).sum() for o in got).backward()
+      sum((o * torch.arange(float(o.numel())).reshape(o.shape)).sum() for o in want).backward()
+      torch.testing.assert_close(x.grad, x_eager.grad, rtol=0, atol=0)
+
+
+def test_a_write_into_a_view_output_lands_where_eagers_does():
+  fn = lambda x: x.narrow(1, 1, x.shape[1] - 1)
+  compiled = torch.compile(fn, backend="jax", dynamic=True)
+  for n in (4, 5):
+    x, x_eager = torch.zeros(2, n), torch.zeros(2, n)
+    compiled(x)[0, 0] = 7.0
+    fn(x_eager)[0, 0] = 7.0
+    torch.testing.assert_close(x, x_eager, rtol=0, atol=0)
+
+
+def _asserting(x):
+  torch._assert_async(x.sum() > 100, "the sum is small")
+  return x * 2
+
+
+# (compiled from source here: pytest rewrites the asserts of a test file, and its rewrite makes
+# dynamo break the graph there instead of capturing the assertion)
+_namespace: dict = {}
+exec(
+  compile(
+    "def _python_assert(x):\n  assert x.sum() > 100, 'the sum is small'\n  return x * 2\n",
+    __file__,
+    "exec",
+  ),
+  _namespace,
+)
+_python_assert = _namespace["_python_assert"]
+
+
+@pytest.mark.parametrize("fn", [_asserting, _python_assert], ids=["assert_async", "assert"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_an_assertion_on_tensor_values_is_checked_in_the_program(fn, grad):
+  compiled = torch.compile(fn, backend="jax")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    with pytest.raises(RuntimeError, match="the sum is small"):
+      compiled(torch.arange(3.0).requires_grad_(grad))
+    big = torch.arange(300.0).requires_grad_(grad)
+    torch.testing.assert_close(compiled(big), big.detach() * 2)
+
+
+def test_bridge_compile_checks_an_assertion_too():
+  compiled = bridge.compile(_asserting)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", bridge.FallbackWarning)
+    with pytest.raises(RuntimeError, match="the sum is small"):
+      compiled(torch.arange(3.0))
+    torch.testing.assert_close(compiled(torch.arange(300.0)), torch.arange(300.0) * 2)
