@@ -95,3 +95,26 @@ def test_bridge_compile_checks_an_assertion_too():
     with pytest.raises(RuntimeError, match="the sum is small"):
       compiled(torch.arange(3.0))
     torch.testing.assert_close(compiled(torch.arange(300.0)), torch.arange(300.0) * 2)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_graph_moving_its_inputs_onto_the_jax_device_runs_as_eager_does(grad):
+  fn = lambda x: x.to("jax") * 2
+  x = torch.arange(3.0).requires_grad_(grad)
+  before = bridge.compile_stats().eager
+  with pytest.warns(UserWarning, match=r"moves its inputs onto the `jax` device \(`to` at "):
+    y = torch.compile(fn, backend="jax")(x)
+  assert y.device == torch.device("jax", 0)  # (it came back on the CPU)
+  assert y.cpu().tolist() == [0.0, 2.0, 4.0]
+  assert bridge.compile_stats().eager == before + 1
+  if grad:  # (the backward raised TracedValueError)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+
+
+def test_a_factory_on_the_jax_device_in_a_cpu_graph_runs_as_eager_does():
+  fn = lambda x: (torch.ones(3, device="jax") + x.to("jax"), x * 2)
+  with pytest.warns(UserWarning, match="`ones` at"):
+    a, b = torch.compile(fn, backend="jax")(torch.arange(3.0))
+  assert (a.device, b.device) == (torch.device("jax", 0), torch.device("cpu"))
+  assert a.cpu().tolist() == [1.0, 2.0, 3.0] and b.tolist() == [0.0, 2.0, 4.0]

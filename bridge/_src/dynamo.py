@@ -798,6 +798,30 @@ def _draws(node: torch.fx.Node) -> bool:
   )
 
 
+def _moves_onto_the_device(gm: torch.fx.GraphModule) -> str | None:
+  """For a graph whose inputs are not on the `jax` device and which returns a tensor there
+  (`x.to("jax")`, `torch.ones(3, device="jax")`), the node that made it, named with the user's
+  line; else None. (A tensor moved there and not returned is left to the program, where it
+  stays on the program's one device: transformers' `is_jax_jitting` asks `x.jax()` and drops
+  it.)"""
+  if any(d.type == tensor_lib.device_type() for d in _input_devices(gm, "example_value")):
+    return None
+  outs: list[torch.fx.Node] = []
+  torch.fx.node.map_arg(gm.graph.find_nodes(op="output")[0].args[0], outs.append)
+  for node in outs:
+    value = node.meta.get("example_value")
+    if isinstance(value, torch.Tensor) and value.device.type == tensor_lib.device_type():
+      while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        made = node.args[0].meta.get("example_value")  # (back to where it first got there)
+        if not (isinstance(made, torch.Tensor) and made.device == value.device):
+          break
+        node = node.args[0]
+      name = f"`{getattr(node.target, '__name__', node.target)}`"
+      frame = user_frame(node)
+      return name if frame is None else f"{name} at {frame[0]}: {frame[1]}"
+  return None
+
+
 def _input_devices(gm: torch.fx.GraphModule, key: str) -> set[torch.device]:
   """The devices of the graph's tensor inputs, from each placeholder's fake value (`key`:
   dynamo keeps it as "example_value", aot_autograd as "val")."""
@@ -953,6 +977,18 @@ def backend(
       "`torch._dynamo.config.capture_scalar_outputs`), which a JAX program cannot take as a "
       "number; that graph runs in eager torch. Leave capture_scalar_outputs off (the "
       "default) so that dynamo breaks the graph there and the rest compiles.",
+      stacklevel=2,
+    )
+    with _stats_lock:
+      _stats.eager += 1
+    return gm.forward
+  moved = _moves_onto_the_device(gm)
+  if moved is not None:  # a program has one device: torch runs the graph (as backend="eager")
+    warnings.warn(
+      f'bridge: graph {number} of torch.compile(..., backend="jax") moves its inputs onto the '
+      f"`{tensor_lib.device_type()}` device ({moved}), which a program on their own device "
+      "cannot do; that graph runs in eager torch. Move the inputs before calling the compiled "
+      "function (its ops on `jax`-device tensors run on the device as they are).",
       stacklevel=2,
     )
     with _stats_lock:
