@@ -525,13 +525,12 @@ class _Layouts:
       plan = list(self.plan)
       for indices, exprs in self.symbolic:
         views = [
-          tuple(
-            tuple(int(e.xreplace(bindings)) for e in part)
-            if isinstance(part, tuple)
-            else int(part.xreplace(bindings))
-            for part in view
+          (
+            tuple(int(e.xreplace(bindings)) for e in size),
+            tuple(int(e.xreplace(bindings)) for e in stride),
+            int(offset.xreplace(bindings)),
           )
-          for view in exprs
+          for size, stride, offset in exprs
         ]
         if len(indices) == 1:
           size, stride, offset = views[0]
