@@ -497,12 +497,13 @@ def _has_tangent(state: Sequence[torch.Tensor], dyn: Sequence[Any]) -> bool:
 def _refusal(compiled: "Compiled", n_args: int, program: "_Program") -> Callable[..., bool]:
   """The checks both shortcuts make first: whether a call must take the general path because
   something the trace read changed (the module's guard: `modules.Guard.holds`; a CPU tensor
-  baked into the program: `_constants_hold`), it passes keywords or another number of
-  arguments, it is another instance's, or autocast is on."""
+  baked into the program: `_constants_hold`; torch's default dtype), it passes keywords or
+  another number of arguments, it is another instance's, or autocast is on."""
   snap, live = compiled._guarded()
   autocast_on = torch.is_autocast_enabled
   constants = program.traced.constants
   holds = _constants_hold
+  default_dtype, get_default_dtype = torch.get_default_dtype(), torch.get_default_dtype
 
   def refused(self: "Compiled", args: tuple, kwargs: dict, device_type: str) -> bool:
     try:
@@ -517,6 +518,7 @@ def _refusal(compiled: "Compiled", n_args: int, program: "_Program") -> Callable
       or self is not compiled
       or autocast_on(device_type)
       or _fwd_ad._current_level >= 0  # (a tangent may ride on a tensor: the general path)
+      or get_default_dtype() is not default_dtype
     )
 
   return refused
@@ -626,7 +628,7 @@ def _fast_call(
   return call
 
 
-# A torch tensor's JAX array as imported: (tensor, (version, data pointer, shape, dtype) then,
+# A torch tensor's JAX array as imported: (tensor, (version, data pointer, shape, dtype, strides) then,
 # the array, how `_current` judges it: `_SHARED` (the array is the tensor's CPU memory),
 # `_BY_VERSION` (a zero-copy GPU array: imported again after an in-place update, for the
 # stream order) or `_COPY` (a copy: imported again on every call)).
@@ -651,7 +653,7 @@ def _hold(t: torch.Tensor, what: str) -> _Held:
     how = _COPY
   else:
     how = _SHARED if t.is_cpu else _BY_VERSION
-  return (t, (t._version, t.data_ptr(), t.shape, t.dtype), a, how)
+  return (t, (t._version, t.data_ptr(), t.shape, t.dtype, t.stride()), a, how)
 
 
 def _realign(t: torch.Tensor) -> bool:
@@ -682,13 +684,13 @@ def _storage_users(storage: torch.UntypedStorage) -> int:
 
 def _current(held: _Held, t: torch.Tensor) -> bool:
   """Whether the array `held` (made by `_hold` of the same tensor `t`) still has `t`'s values.
-  `t.data = ...` and resizes change the pointer, shape or dtype. An array that shares `t`'s
+  `t.data = ...` and resizes change the pointer, shape, dtype or strides. An array that shares `t`'s
   CPU memory has them whatever ran in place since (an optimizer's step between two calls,
   which would otherwise import every parameter again: zero-copy, but a few microseconds
   each); a zero-copy GPU array while `t`'s version is the same (an in-place update runs on
   torch's stream, which the import orders JAX after). A copy never: a write through `t.data`
   or NumPy leaves the version as it was, so it is imported again on every call."""
-  version, pointer, shape, dtype = held[1]
+  version, pointer, shape, dtype, stride = held[1]
   how = held[3]
   return (
     how != _COPY
@@ -696,6 +698,8 @@ def _current(held: _Held, t: torch.Tensor) -> bool:
     and (how == _SHARED or t._version == version)
     and t.shape == shape
     and t.dtype is dtype
+    # (`p.t_()`, `p.data = p.data.t()`: the same memory, read another way)
+    and t.stride() == stride
   )
 
 
@@ -1173,7 +1177,17 @@ class Compiled:
     first = dyn[0] if dyn else state[0] if state else None
     amp_device = tensor_lib.device_type() if type(first) is tensor_lib.Tensor else "cpu"
     amp = torch.get_autocast_dtype(amp_device) if torch.is_autocast_enabled(amp_device) else None
-    key = (spec, statics, tuple([m.training for m in self._submodules]), sig, amp)
+    # (static arguments by type too: `1`, `True` and `1.0` are equal but trace differently;
+    # and torch's default dtype, which a factory in the forward reads)
+    key = (
+      spec,
+      statics,
+      None if fast else tuple([type(s) for s in statics]),
+      tuple([m.training for m in self._submodules]),
+      sig,
+      amp,
+      torch.get_default_dtype(),
+    )
     program = self._programs.get(key)
     if program is None or (
       program.info is not None

@@ -298,7 +298,10 @@ class Guard:
       for key in TABLES:  # their keys (an empty one: itself, quicker to compare)
         if key in d:
           table = own_table(m, key)
-          live.append(table.keys() if table else table)
+          if any(v is None for v in table.values()):  # (a slot set from None to a tensor
+            live.append(table)  # keeps the keys: the table itself, values by identity)
+          else:
+            live.append(table.keys() if table else table)
     self.live = live
     self.snap = [_snapshot(x) for x in live]
 

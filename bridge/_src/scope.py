@@ -88,6 +88,8 @@ def note_constant(t: torch.Tensor) -> None:
   into = getattr(_constants, "into", None)
   if into is not None:
     into.append(weakref.ref(t))
+    if t._base is not None:  # a view made as the trace ran (`w.t()`, `F.linear`'s): it is
+      into.append(weakref.ref(t._base))  # gone after it, but a change to its base shows
 
 
 def no_grad_inside() -> bool:
