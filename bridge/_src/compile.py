@@ -178,7 +178,9 @@ class _Program:
     self.forward: Callable[..., tuple] = self.first_call  # then a compiled program
     self.tiers: tuple[Any, concurrent.futures.Future] | None = None  # (quick, optimized)
     self.lean: Any = None  # see `_compile_lean`
-    self.vjp = vjp.VjpCache(self.apply)  # for calls that torch autograd records
+    # (for calls that torch autograd records; an input the outputs do not reach gets no
+    # gradient, None, as in eager torch: an unused parameter's `.grad` stays None)
+    self.vjp = vjp.VjpCache(self.apply, none_for_unreached=True)
 
   @property
   def traced(self) -> _Info:

@@ -25,6 +25,7 @@ import threading
 from typing import Any, Callable
 
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -65,14 +66,24 @@ def _abstract_signature(tracers: tuple) -> tuple:
 
 
 class VjpCache:
-  """The jitted forward-with-residuals and backward of one function, per input mask."""
+  """The jitted forward-with-residuals and backward of one function, per input mask.
 
-  def __init__(self, apply: Callable[..., Any]):
+  `none_for_unreached`: an input whose gradient the outputs cannot carry (its cotangent in
+  JAX's VJP does not depend on the output cotangents: the input is unused, or used only
+  through `stop_gradient` or integer-valued ops) gets no gradient (None) rather than zeros,
+  as torch autograd leaves `.grad` None where its graph does not reach (`bridge.compile`'s
+  programs: a torch module's parameters). False (`call_jax`): zeros, as `jax.grad` gives.
+  The derivatives of those calls (`_Pullback`, `_Tangents`) inherit it.
+  """
+
+  def __init__(self, apply: Callable[..., Any], none_for_unreached: bool = False):
     self.apply = apply
+    self.none_for_unreached = none_for_unreached
     self.errors: dict[tuple[bool, ...], Exception] = {}  # masks JAX cannot differentiate
     self._forwards: dict[tuple[bool, ...], Callable] = {}
     self._residual_defs: dict[tuple, Any] = {}
     self._backwards: dict[tuple, Callable] = {}
+    self._unreached: dict[tuple, tuple[bool, ...]] = {}
     self._pullbacks: dict[tuple, _Pullback] = {}
     self._jvp: Callable | None = None
     self._tangents: dict[tuple[bool, ...], _Tangents] = {}
@@ -135,6 +146,31 @@ class VjpCache:
         bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
 
+  def unreached(
+    self,
+    mask: tuple[bool, ...],
+    diff: tuple,
+    rest: tuple,
+    out_shapes: tuple,
+    residuals: list,
+    cts: Any,
+  ) -> tuple[bool, ...]:
+    """Per differentiated input: its cotangent is a structural zero of the backward (it does
+    not depend on the output cotangents `cts`), found once per backward signature from the
+    backward's jaxpr. (The trace is `jax.jit`'s own: the backward's call reuses it.)"""
+    key = (mask, _concrete_signature(diff + rest))
+    found = self._unreached.get(key)
+    if found is None:
+      bwd = self.backward(mask, diff, rest, out_shapes)
+      jaxpr = bwd.trace(residuals, cts).jaxpr.jaxpr  # type: ignore[attr-defined]
+      n_res = len(jax.tree_util.tree_leaves(residuals))
+      reached = _reached(jaxpr, [i >= n_res for i in range(len(jaxpr.invars))], {})
+      found = tuple(not r for r in reached)
+      if len(found) != len(diff):  # (not one array per input: assume every one reached)
+        found = (False,) * len(diff)
+      self._unreached[key] = found
+    return found
+
   def pullback(self, mask: tuple[bool, ...], out_def: Any, name: str) -> "_Pullback":
     """The backward of the calls with this mask and output structure, as a function to call
     differentiably (a backward under `create_graph=True`)."""
@@ -160,6 +196,51 @@ def _merge(mask: tuple[bool, ...], diff: Any, rest: Any) -> list:
   return [next(d) if m else next(r) for m in mask]
 
 
+# primitives whose one sub-jaxpr (`jaxpr` or `call_jaxpr`) takes the equation's inputs and
+# gives its outputs one to one: the dependency walk goes inside them
+_CALLS = frozenset(
+  ["pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call"]
+)
+
+
+def _reached(jaxpr: Any, dependent: list[bool], memo: dict) -> list[bool]:
+  """Which of `jaxpr`'s outputs depend on the inputs marked in `dependent`. An equation's
+  output depends on its inputs (all of them: control flow and other sub-jaxprs are not looked
+  into), except a call's, which follow its body (`_CALLS`). `memo`: per (body, inputs)."""
+  reached = {v for v, d in zip(jaxpr.invars, dependent) if d}
+  for eqn in jaxpr.eqns:
+    ins = [not isinstance(v, jex.Literal) and v in reached for v in eqn.invars]
+    if not any(ins):
+      continue
+    body = _body(eqn)
+    if body is None:
+      reached.update(eqn.outvars)
+      continue
+    key = (id(body), tuple(ins))
+    outs = memo.get(key)
+    if outs is None:
+      outs = memo[key] = _reached(body, ins, memo)  # (`jaxpr` holds `body`: its id stays)
+    reached.update(v for v, r in zip(eqn.outvars, outs) if r)
+  return [not isinstance(v, jex.Literal) and v in reached for v in jaxpr.outvars]
+
+
+def _body(eqn: Any) -> Any:
+  """The open jaxpr of a call equation (`_CALLS`) whose inputs and outputs are its own;
+  None for any other equation."""
+  if eqn.primitive.name not in _CALLS:
+    return None
+  body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+  if isinstance(body, jex.ClosedJaxpr):
+    body = body.jaxpr
+  if (
+    not isinstance(body, jex.Jaxpr)
+    or len(body.invars) != len(eqn.invars)
+    or len(body.outvars) != len(eqn.outvars)
+  ):
+    return None
+  return body
+
+
 def _inexact(dtype: Any) -> bool:
   return jnp.issubdtype(dtype, jnp.inexact)
 
@@ -175,7 +256,7 @@ class _Pullback:
     self.fn_apply, self.mask, self.out_def = cache.apply, mask, out_def
     self.name = f"the backward of {name}"
     self.forward = jax.jit(self.apply)
-    self.vjp = VjpCache(self.apply)
+    self.vjp = VjpCache(self.apply, cache.none_for_unreached)
 
   def apply(self, *arrays: Any) -> tuple:
     mask = self.mask
@@ -203,7 +284,7 @@ class _Tangents:
     self.fn_apply, self.inexact = cache.apply, inexact
     self.name = f"the forward-mode derivative of {name}"
     self.forward = jax.jit(self.apply)
-    self.vjp = VjpCache(self.apply)
+    self.vjp = VjpCache(self.apply, cache.none_for_unreached)
 
   def apply(self, *arrays: Any) -> tuple:
     n = len(self.inexact)
@@ -266,7 +347,9 @@ class _Call:
     self.out_avals = [(tuple(o.shape), o.dtype) for o in outs]
     return outs
 
-  def backward(self, grads: tuple[torch.Tensor | None, ...], keep: bool) -> list[torch.Tensor]:
+  def backward(
+    self, grads: tuple[torch.Tensor | None, ...], keep: bool
+  ) -> list[torch.Tensor | None]:
     """The input gradients from the saved residuals; `keep`: the graph is retained (else the
     residuals are released: torch refuses a second backward through this node)."""
     self._check_usable()
@@ -276,29 +359,64 @@ class _Call:
       if not keep:
         self._release()
 
-  def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
+  def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
     if self.x64 != dtypes.x64_enabled():
       with jax.enable_x64(self.x64):  # the forward's 64-bit setting: the same types
         return self._backward(grads)
     cts = [_cotangent(g, shape, dtype) for g, (shape, dtype) in zip(grads, self.out_avals)]
-    bwd = self.entry.vjp.backward(
-      self.mask, self.diff, self.rest, tuple(shape for shape, _ in self.out_avals)
-    )
+    cache: VjpCache = self.entry.vjp
+    out_shapes = tuple(shape for shape, _ in self.out_avals)
+    bwd = cache.backward(self.mask, self.diff, self.rest, out_shapes)
+    cts_tree = self.out_def.unflatten(cts)
+    unreached = None
     try:
-      in_cts = bwd(self.residuals, self.out_def.unflatten(cts))
+      if cache.none_for_unreached:
+        unreached = cache.unreached(
+          self.mask, self.diff, self.rest, out_shapes, self.residuals, cts_tree
+        )
+      in_cts = bwd(self.residuals, cts_tree)
     except Exception as e:  # (re-raised with the call named)
       # e.g. JAX linearizes a while_loop but cannot transpose it.
       raise _differentiation_error(self.entry.name, e) from e
     device = self.device
-    return [_gradient(c, device) for c in in_cts]
+    if unreached is None or not any(unreached):
+      return [_gradient(c, device) for c in in_cts]
+    # torch's "no gradient" (`.grad` stays None, as torch autograd leaves it)
+    return [None if u else _gradient(c, device) for c, u in zip(in_cts, unreached)]
+
+  def _unreached_abstract(self) -> tuple[bool, ...] | None:
+    """`VjpCache.unreached` for this call, found with abstract full-size output cotangents
+    (a backward that torch records runs the `_Pullback` instead); None: every input gets
+    its gradient (`call_jax`)."""
+    cache: VjpCache = self.entry.vjp
+    if not cache.none_for_unreached:
+      return None
+    cts = [
+      jax.ShapeDtypeStruct(
+        shape,
+        dtypes.TORCH_TO_JAX[dtype]
+        if (dtype.is_floating_point or dtype.is_complex)
+        else jax.dtypes.float0,
+      )
+      for shape, dtype in self.out_avals
+    ]
+    out_shapes = tuple(shape for shape, _ in self.out_avals)
+    try:
+      return cache.unreached(
+        self.mask, self.diff, self.rest, out_shapes, self.residuals, self.out_def.unflatten(cts)
+      )
+    except Exception as e:  # (re-raised with the call named)
+      raise _differentiation_error(self.entry.name, e) from e
 
   def differentiable_backward(
     self, saved: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...]
-  ) -> list[torch.Tensor]:
+  ) -> list[torch.Tensor | None]:
     """The input gradients as a differentiable call of the `_Pullback` on the saved input
-    tensors and the output gradients (`create_graph=True`)."""
+    tensors and the output gradients (`create_graph=True`). None for an input the gradient
+    cannot reach, as in `backward` (where the entry's cache says so)."""
     self._check_usable()
     with _x64_scope(self.x64):
+      unreached = self._unreached_abstract()
       pullback = self.entry.vjp.pullback(self.mask, self.out_def, self.entry.name)
       arrays = _merge(self.mask, self.diff, self.rest)
       tensors = [(pos, pos, t) for pos, t in zip(self.positions, saved)]
@@ -317,7 +435,9 @@ class _Call:
         outs, _ = self.outputs_to_torch(pullback, pullback.forward(*arrays))
     if not _keep_graph():  # `create_graph=True, retain_graph=False`
       self._release()
-    return outs
+    if unreached is None or not any(unreached):
+      return list(outs)
+    return [None if u else o for o, u in zip(outs, unreached)]
 
   def jvp(self, tangents: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
     """Forward-mode AD (`torch.autograd.forward_ad`): the output tangents, JAX's JVP at this
