@@ -278,12 +278,23 @@ def user_line(tb: Any = None) -> str:
     while f is not None:
       frames.insert(0, (f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
       f = f.f_back
+  torch_dir = os.path.dirname(torch.__file__) + os.sep
+  inside = None  # the innermost frame of torch's own Python code (a module's forward)
   for filename, lineno, name in reversed(frames):
     if _internal(filename):
+      if inside is None and filename.startswith(torch_dir):
+        inside = (filename, lineno, name)
       continue
-    code = linecache.getline(filename, lineno).strip()
-    return f'File "{filename}", line {lineno}, in {name}' + (f":\n    {code}" if code else "")
+    found = _frame_text(filename, lineno, name)
+    if inside is not None:  # (the user called torch code that needs the value: name it too)
+      found += f"\n  in torch's code at {_frame_text(*inside)}"
+    return found
   return "(no user frame found)"
+
+
+def _frame_text(filename: str, lineno: int, name: str) -> str:
+  code = linecache.getline(filename, lineno).strip()
+  return f'File "{filename}", line {lineno}, in {name}' + (f":\n    {code}" if code else "")
 
 
 def traced_value_error(what: str, tb: Any = None) -> TracedValueError:

@@ -390,7 +390,21 @@ def _set_storage(args: tuple, kwargs: dict) -> Any:
   raise _other_device(self, storage.device)
 
 
+def _no_nested(args: tuple, kwargs: dict) -> Any:
+  """`torch._nested_tensor_from_mask`: a nested tensor, which the `jax` device cannot hold
+  (torch reaches it in `nn.TransformerEncoder`'s fast path: eval mode, no gradient recorded,
+  a `src_key_padding_mask`; its output then raised torch's "Internal error")."""
+  del args, kwargs
+  raise BridgeTypeError(
+    "`torch._nested_tensor_from_mask`: the `jax` device cannot hold nested tensors. "
+    "`nn.TransformerEncoder` makes one in its fast path (eval mode, no gradient recorded, "
+    "a `src_key_padding_mask`): build it with `enable_nested_tensor=False` (the same values "
+    "at the unpadded positions), or run it under `torch.backends.mha.set_fastpath_enabled(False)`."
+  )
+
+
 _SPECIAL: dict[Any, Callable] = {
+  aten._nested_tensor_from_mask.default: _no_nested,
   aten._to_copy.default: _to_copy,
   # (torch.compile's graphs convert a Python number passed as a 0-dim tensor with it)
   torch.ops.prims.convert_element_type.default: lambda a, k: _to_copy(

@@ -1,0 +1,51 @@
+"""`bridge.compile` and the `jax` device on two standard torch modules a probe found failing
+with torch's own internal errors or a message that did not say where: `nn.TransformerEncoder`'s
+nested-tensor fast path, and BatchNorm's cumulative average (`momentum=None`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import bridge
+
+
+def _encoder(nested: bool = True) -> nn.TransformerEncoder:
+  torch.manual_seed(0)
+  layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # (torch's note on enable_nested_tensor)
+    return nn.TransformerEncoder(layer, 1, enable_nested_tensor=nested).eval()
+
+
+MASK = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+X = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+NESTED = r"the `jax` device cannot hold nested tensors.*enable_nested_tensor=False"
+
+
+def test_the_nested_fast_path_is_refused_with_the_fix_not_torchs_internal_error():
+  with pytest.raises(bridge.BridgeTypeError, match=NESTED):
+    bridge.compile(_encoder())(X, src_key_padding_mask=MASK)
+  on_jax = _encoder().to("jax")
+  with torch.no_grad(), pytest.raises(bridge.BridgeTypeError, match=NESTED):
+    on_jax(X.to("jax"), src_key_padding_mask=MASK.to("jax"))
+
+
+def test_the_fix_it_names_gives_eagers_values_at_the_unpadded_positions():
+  eager = _encoder()
+  plain = _encoder(nested=False)
+  plain.load_state_dict(eager.state_dict())
+  want = eager(X, src_key_padding_mask=MASK)
+  got = bridge.compile(plain)(X, src_key_padding_mask=MASK)
+  torch.testing.assert_close(got[~MASK], want[~MASK], rtol=1e-5, atol=1e-5)
+
+
+def test_a_value_torch_code_needs_names_torchs_line_too():
+  with pytest.raises(bridge.TracedValueError) as info:
+    bridge.compile(nn.BatchNorm1d(3, momentum=None))(torch.randn(4, 3))
+  message = str(info.value)
+  assert "in torch's code at" in message and "batchnorm.py" in message
+  assert "float(self.num_batches_tracked)" in message
