@@ -49,3 +49,49 @@ def test_a_value_torch_code_needs_names_torchs_line_too():
   message = str(info.value)
   assert "in torch's code at" in message and "batchnorm.py" in message
   assert "float(self.num_batches_tracked)" in message
+
+
+def _pruned():
+  from torch.nn.utils import prune
+
+  torch.manual_seed(0)
+  m = nn.Linear(4, 4)
+  prune.l1_unstructured(m, "weight", amount=0.5)
+  return m
+
+
+def _old_weight_norm():
+  torch.manual_seed(0)
+  return nn.utils.weight_norm(nn.Linear(4, 4))
+
+
+def _old_spectral_norm():
+  torch.manual_seed(0)
+  return nn.utils.spectral_norm(nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("make", [_pruned, _old_weight_norm, _old_spectral_norm])
+def test_reparametrizations_that_set_an_attribute_in_a_pre_hook_compile(make):
+  # (prune, the old weight_norm and spectral_norm set `weight` from the parameters before
+  # each forward: a traced call raised LeakedTracerError for it)
+  compiled_module, eager = make(), make()
+  compiled = bridge.compile(compiled_module)
+  x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+  for _ in range(2):  # (spectral_norm's power iteration updates its `weight_u` buffer)
+    got, want = compiled(x), eager(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    got.sum().backward()
+    want.sum().backward()
+    for (name, p), q in zip(compiled_module.named_parameters(), eager.parameters()):
+      torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+  assert type(compiled_module.weight) is torch.Tensor  # (not a traced tensor left behind)
+
+
+def test_a_pruned_modules_parameters_changed_between_calls_are_seen():
+  m = _pruned()
+  compiled = bridge.compile(m)
+  x = torch.randn(3, 4)
+  compiled(x)
+  with torch.no_grad():
+    m.weight_orig.mul_(2)
+  torch.testing.assert_close(compiled(x), m(x))

@@ -109,12 +109,16 @@ def apply(
         narrowing.track(a, bounded[name][1])
       tensors[name] = array_to_tensor(a, functools.partial(state_where, name), api)
   arrays = {name: t._storage.array for name, t in tensors.items()}
+  derived = _derived_attributes(module)
   try:
     with reparametrized(module, tensors) as after:
       out = tracing.run_traced(call, args, kwargs, api)
   except Exception as e:  # (the module's own tensors are back: compared in the note)
     _note_reshaped(e, module, params, api)
     raise
+  finally:
+    for m, name, before in derived:  # the hooks compute them again before each forward
+      m.__dict__[name] = before
   mutated = {}
   for name, t in after.items():  # reassigned, or updated in place
     if t is not tensors[name] or t._storage.array is not arrays[name]:
@@ -122,6 +126,27 @@ def apply(
         tensor_lib.value(t) if isinstance(t, tensor_lib.Tensor) else tracing.outputs_to_jax(t, api)
       )
   return out, mutated
+
+
+def _derived_attributes(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str, Any]]:
+  """The plain tensor attributes torch's older reparametrizations set in a forward pre-hook
+  from the module's parameters (`torch.nn.utils.prune`: `weight = weight_orig * weight_mask`;
+  the old `weight_norm` and `spectral_norm`), with their values now: a traced call leaves a
+  traced tensor there, which `apply` puts back (each forward computes it again first)."""
+  # (lazy: rarely used; `torch.nn.utils.weight_norm` is also the name of the function)
+  from torch.nn.utils import prune
+  from torch.nn.utils.spectral_norm import SpectralNorm
+  from torch.nn.utils.weight_norm import WeightNorm
+
+  kinds = (prune.BasePruningMethod, WeightNorm, SpectralNorm)
+  found = []
+  for m in module.modules():
+    for hook in m._forward_pre_hooks.values():
+      if isinstance(hook, kinds):
+        name = getattr(hook, "_tensor_name", None) or getattr(hook, "name", None)
+        if isinstance(name, str) and isinstance(m.__dict__.get(name), torch.Tensor):
+          found.append((m, name, m.__dict__[name]))
+  return found
 
 
 def _known_names(module: torch.nn.Module) -> set[str]:
