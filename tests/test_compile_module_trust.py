@@ -95,3 +95,14 @@ def test_a_pruned_modules_parameters_changed_between_calls_are_seen():
   with torch.no_grad():
     m.weight_orig.mul_(2)
   torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_a_function_closing_over_parameters_says_they_get_no_gradient():
+  lin = nn.Linear(2, 2)
+  f = bridge.compile(lambda x: lin(x))
+  with pytest.warns(UserWarning, match=r"closes over 2 tensor\(s\) that require grad"):
+    y = f(torch.ones(1, 2))
+  assert not y.requires_grad  # (as documented: constants)
+  with torch.no_grad(), warnings.catch_warnings():
+    warnings.simplefilter("error")
+    bridge.compile(lambda x: lin(x))(torch.ones(1, 2))  # (nothing to say without grad)

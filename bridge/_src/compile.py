@@ -337,6 +337,8 @@ class _Program:
         modules_lib.check_no_leak(module, API)
       else:
         out, mutated = tracing.run_traced(self.owner.call, args, kwargs, API), {}
+    if module is None and torch.is_grad_enabled():
+      _warn_constants_requiring_grad(self.owner, constants)
     # tensors become arrays (torch's named tuples plain tuples); the rest stays static
     made: list = []  # the tensor behind each output array
     out_leaves, out_spec = tree_lib.flatten(tracing.outputs_to_jax(out, API, made))
@@ -465,6 +467,23 @@ def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
   """The key the recorded call passed, if the program never draws (its key input is unused,
   so the shortcut passes this one instead of looking up the generator's); else None."""
   return None if program.traced.draws else arrays[n_state]
+
+
+def _warn_constants_requiring_grad(compiled: "Compiled", constants: list) -> None:
+  """Say (once per compiled function) that tensors it closes over which require grad (a
+  module's parameters, called from the function) are constants: they get no gradient."""
+  if getattr(compiled, "_warned_constants", False):
+    return
+  found = [t for t in (ref() for ref in constants) if t is not None and t.requires_grad]
+  if found:
+    compiled._warned_constants = True
+    scope.warn(
+      f"`{API}`: {compiled.name} closes over {len(found)} tensor(s) that require grad (e.g. "
+      f"shape {tuple(found[0].shape)}: a module's parameters, if it calls one). They are "
+      "constants of the program, so no gradient reaches them and its outputs do not require "
+      "grad through them. Compile the module itself (`bridge.compile(module)`, whose "
+      "parameters are inputs), or pass the tensors as arguments."
+    )
 
 
 def _as_traced(constants: list) -> tuple:
