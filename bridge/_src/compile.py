@@ -472,7 +472,7 @@ def _fixed_key(program: "_Program", arrays: list, n_state: int) -> Any:
 def _warn_constants_requiring_grad(compiled: "Compiled", constants: list) -> None:
   """Say (once per compiled function) that tensors it closes over which require grad (a
   module's parameters, called from the function) are constants: they get no gradient."""
-  if getattr(compiled, "_warned_constants", False):
+  if compiled._warned_constants:
     return
   found = [t for t in (ref() for ref in constants) if t is not None and t.requires_grad]
   if found:
@@ -933,6 +933,7 @@ class Compiled:
     self.module = module_of(target)
     self.call = target
     self.name = getattr(target, "__qualname__", None) or type(target).__name__
+    self._warned_constants = False  # (`_warn_constants_requiring_grad`)
     self.dynamic_argnums, self.dynamic_argnames = _dynamic_arguments(
       target, dynamic_argnums, dynamic_argnames
     )
