@@ -969,30 +969,25 @@ def backend(
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
   read = _int_from_values(gm)
-  if read is not None:  # no program can take it: torch runs the graph (as backend="eager")
-    warnings.warn(
-      f'bridge: graph {number} of torch.compile(..., backend="jax") uses an integer read '
-      f"from a tensor's values ({read}; `.item()` kept in the graph by "
+  if read is not None:  # no program can take it
+    return _run_eagerly(
+      gm,
+      number,
+      f"uses an integer read from a tensor's values ({read}; `.item()` kept in the graph by "
       "`torch._dynamo.config.capture_scalar_outputs`), which a JAX program cannot take as a "
       "number; that graph runs in eager torch. Leave capture_scalar_outputs off (the "
       "default) so that dynamo breaks the graph there and the rest compiles.",
-      stacklevel=2,
     )
-    with _stats_lock:
-      _stats.eager += 1
-    return gm.forward
   moved = _moves_onto_the_device(gm)
-  if moved is not None:  # a program has one device: torch runs the graph (as backend="eager")
-    warnings.warn(
-      f'bridge: graph {number} of torch.compile(..., backend="jax") moves its inputs onto the '
-      f"`{tensor_lib.device_type()}` device ({moved}), which a program on their own device "
-      "cannot do; that graph runs in eager torch. Move the inputs before calling the compiled "
-      "function (its ops on `jax`-device tensors run on the device as they are).",
-      stacklevel=2,
+  if moved is not None:  # a program has one device
+    return _run_eagerly(
+      gm,
+      number,
+      f"moves its inputs onto the `{tensor_lib.device_type()}` device ({moved}), which a "
+      "program on their own device cannot do; that graph runs in eager torch. Move the "
+      "inputs before calling the compiled function (its ops on `jax`-device tensors run on "
+      "the device as they are).",
     )
-    with _stats_lock:
-      _stats.eager += 1
-    return gm.forward
   if _direct(gm, example_inputs):  # no gradient to record: dynamo's graph as it is
     graph = _Graph(gm, "inference", number, settings, direct=True)
     with _stats_lock:
@@ -1004,6 +999,14 @@ def backend(
     bw_compiler=_compiler("backward", number, settings),
     inference_compiler=_compiler("inference", number, settings),
   )(gm, example_inputs)
+
+
+def _run_eagerly(gm: torch.fx.GraphModule, number: int, why: str) -> Callable[..., Any]:
+  """A graph no program can run: torch runs it (as `backend="eager"`), with a warning."""
+  warnings.warn(f'bridge: graph {number} of torch.compile(..., backend="jax") {why}', stacklevel=3)
+  with _stats_lock:
+    _stats.eager += 1
+  return gm.forward
 
 
 def _int_from_values(gm: torch.fx.GraphModule) -> str | None:
