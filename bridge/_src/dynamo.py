@@ -968,26 +968,9 @@ def backend(
   settings = _settings(options, mode)
   _check_inputs(example_inputs)
   number = _note_graph(gm, example_inputs)
-  read = _int_from_values(gm)
-  if read is not None:  # no program can take it
-    return _run_eagerly(
-      gm,
-      number,
-      f"uses an integer read from a tensor's values ({read}; `.item()` kept in the graph by "
-      "`torch._dynamo.config.capture_scalar_outputs`), which a JAX program cannot take as a "
-      "number; that graph runs in eager torch. Leave capture_scalar_outputs off (the "
-      "default) so that dynamo breaks the graph there and the rest compiles.",
-    )
-  moved = _moves_onto_the_device(gm)
-  if moved is not None:  # a program has one device
-    return _run_eagerly(
-      gm,
-      number,
-      f"moves its inputs onto the `{tensor_lib.device_type()}` device ({moved}), which a "
-      "program on their own device cannot do; that graph runs in eager torch. Move the "
-      "inputs before calling the compiled function (its ops on `jax`-device tensors run on "
-      "the device as they are).",
-    )
+  why = _why_eager(gm)
+  if why is not None:  # no program can run it
+    return _run_eagerly(gm, number, why)
   if _direct(gm, example_inputs):  # no gradient to record: dynamo's graph as it is
     graph = _Graph(gm, "inference", number, settings, direct=True)
     with _stats_lock:
@@ -999,6 +982,27 @@ def backend(
     bw_compiler=_compiler("backward", number, settings),
     inference_compiler=_compiler("inference", number, settings),
   )(gm, example_inputs)
+
+
+def _why_eager(gm: torch.fx.GraphModule) -> str | None:
+  """Why no program can run this graph, said as the warning goes on; None where one can."""
+  read = _int_from_values(gm)
+  if read is not None:
+    return (
+      f"uses an integer read from a tensor's values ({read}; `.item()` kept in the graph by "
+      "`torch._dynamo.config.capture_scalar_outputs`), which a JAX program cannot take as a "
+      "number; that graph runs in eager torch. Leave capture_scalar_outputs off (the "
+      "default) so that dynamo breaks the graph there and the rest compiles."
+    )
+  moved = _moves_onto_the_device(gm)
+  if moved is not None:  # (a program has one device)
+    return (
+      f"moves its inputs onto the `{tensor_lib.device_type()}` device ({moved}), which a "
+      "program on their own device cannot do; that graph runs in eager torch. Move the "
+      "inputs before calling the compiled function (its ops on `jax`-device tensors run on "
+      "the device as they are)."
+    )
+  return None
 
 
 def _run_eagerly(gm: torch.fx.GraphModule, number: int, why: str) -> Callable[..., Any]:
