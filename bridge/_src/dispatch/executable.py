@@ -45,6 +45,10 @@ class Executable:
   def __init__(self, func: Any, fn: Callable, lowering: Any, treedef: Any, statics: tuple):
     self.func, self.fn, self.treedef, self.statics = func, fn, treedef, statics
     self.decomposed = lowering is None
+    # the settings that chose a decomposition or the fallback for an op with no lowering
+    # (`FunctionalPlan.__call__` takes another executable where they differ); None for a
+    # lowering, which no setting changes
+    self.policy: tuple | None = None
     self.random = lowering is not None and lowering.random
     self.keyed = self.random or self.decomposed  # the last dynamic argument is a key
     self.draws: bool | None = None if self.decomposed else self.random

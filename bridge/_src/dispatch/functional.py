@@ -222,16 +222,22 @@ class FunctionalPlan:
         self.fitting.clear()
       self.fitting.add(key)
 
-  def executable(self, treedef: Any, statics: tuple) -> Executable:
-    key = (treedef, statics)
+  def executable(self, treedef: Any, statics: tuple, policy: tuple | None = None) -> Executable:
+    """The executable for these arguments; `policy`: the settings in force, for an op with no
+    lowering whose first executable another policy chose (`Executable.policy`)."""
+    key = (treedef, statics) if policy is None else (treedef, statics, policy)
     exe = self.exes.get(key)
     if exe is None:
       fn, lowering = lowering_fn(self.func)
       structure = treedef
       if isinstance(treedef, int):  # a flat argument tuple of that length
         structure = _tree_flatten((tuple(range(treedef)), {}))[1]
+      made = Executable(self.func, fn, lowering, structure, statics)
+      if lowering is None or lowering.source == "callback fallback":
+        config = _config_var.get()
+        made.policy = (config.decompose_missing_ops, config.fallback)
       with self.lock:
-        exe = self.exes.setdefault(key, Executable(self.func, fn, lowering, structure, statics))
+        exe = self.exes.setdefault(key, made)
     return exe
 
   def __call__(self, args: tuple, kwargs: dict) -> Any:
@@ -253,9 +259,12 @@ class FunctionalPlan:
       exe = self.exes.get((treedef, statics))
     if exe is None:
       exe = self.executable(treedef, statics)
+    config = _config_var.get()
+    if exe.policy is not None and exe.policy != (config.decompose_missing_ops, config.fallback):
+      # (an op with no lowering, first seen under other settings: this thread's decide)
+      exe = self.executable(treedef, statics, (config.decompose_missing_ops, config.fallback))
     if device is None:
       device = factory_device(kwargs)
-    config = _config_var.get()
     if config.debug_print_each_op:
       _debug_print(self.func, dyn)
     # JAX's 64-bit types on for this op only (what `jax.enable_x64(True)` does, without
