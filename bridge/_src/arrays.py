@@ -7,18 +7,36 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
 
 from bridge._src import devices as device_lib
 from bridge._src import dtypes
 from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
+from bridge._src import transfer
+from bridge._src.errors import BridgeTypeError
 
 
 def array_to_tensor(
   a: Any, where: Callable[[], str], api: str = "bridge.torch_view"
 ) -> tensor_lib.Tensor:
-  """A `bridge.Tensor` holding the JAX array or tracer `a` (no copy)."""
+  """A `bridge.Tensor` holding the JAX array or tracer `a` (no copy). A NumPy array is
+  taken as `jax.jit` takes one (made a JAX array; a 64-bit one refused where JAX would narrow
+  it); anything else that is not an array raises, naming it."""
+  if isinstance(a, (np.ndarray, np.generic)):
+    transfer.check_numpy_x64(a, api=api, where=where)
+    a = jnp.asarray(a)
+  elif not isinstance(a, (jax.Array, jax.core.Tracer)):
+    fix = (
+      " (a torch tensor: convert it with `bridge.to_jax`)" if isinstance(a, torch.Tensor) else ""
+    )
+    raise BridgeTypeError(
+      f"`{api}`: {where()} is a {type(a).__module__}.{type(a).__qualname__}, not a JAX "
+      f"array{fix}. Pass JAX arrays, as `extract_jax` returns them."
+    )
   dtype = dtypes.torch_dtype(a.dtype, api=api, where=where())
   if dtype in dtypes.NARROWED and scope.is_staged() and not dtypes.x64_enabled():
     a = narrowing.enter(a, where())  # (a 32-bit program: it must fit, or is refused)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from typing import Any, Iterator, Mapping
 
 import jax
@@ -182,6 +183,26 @@ def own_table(module: torch.nn.Module, name: str) -> dict:
   return table.original if type(table) is _Overlay else table
 
 
+_folded_warned: set[type] = set()
+
+
+def _warn_folded(module: torch.nn.Module, folded: list[str]) -> None:
+  """Say (once per module class) that values given for the other names of a tied tensor
+  are not used."""
+  if type(module) in _folded_warned:
+    return
+  _folded_warned.add(type(module))
+  warnings.warn(
+    f"bridge: the parameters given to {type(module).__name__} include more than one name of "
+    f"a tensor it ties ({', '.join(map(repr, folded[:4]))}{' ...' if len(folded) > 4 else ''}"
+    " besides the first name of each): as in torch the tie is kept, so the first name's "
+    "value is used for all, and the values given for these names are not (their gradient "
+    "is zero). Pass one name per tied tensor, as `extract_jax` returns them "
+    "(`module.state_dict()` lists every name).",
+    stacklevel=5,
+  )
+
+
 @contextlib.contextmanager
 def reparametrized(
   module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]
@@ -202,11 +223,15 @@ def reparametrized(
     *module.named_buffers(remove_duplicate=False),
   ]:
     by_id.setdefault(id(t), []).append(name)
+  folded: list[str] = []  # names of a tied tensor given besides its first: not used
   for names in by_id.values():
     given = [n for n in names if n in tensors]
     if given:
       for n in names:
-        untied.setdefault(n, tensors[given[0]])
+        untied[n] = tensors[given[0]]  # (the tie kept: every name is the first one given)
+      folded += given[1:]
+  if folded:
+    _warn_folded(module, folded)
   slots: dict[str, tuple[torch.nn.Module, str, str]] = {}
   for name in untied:
     prefix, _, attr = name.rpartition(".")
@@ -239,6 +264,8 @@ def reparametrized(
       layers[id(owner), key][attr] = t
     yield after
     for name in tensors:
+      if name in folded:
+        continue
       owner, key, attr = slots[name]
       layer = layers[id(owner), key]
       if attr in layer:

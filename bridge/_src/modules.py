@@ -54,16 +54,31 @@ API = "bridge.extract_jax"
 def _note_reshaped(
   error: BaseException, module: torch.nn.Module, params: Mapping, api: str
 ) -> None:
-  """Name the entries of `params` whose shapes differ from the module's own tensors on an
-  error of the call (a parameter of another shape is allowed, and is the likely cause)."""
+  """Name the entries of `params` whose shapes or dtypes differ from the module's own tensors
+  on an error of the call (a parameter of another shape or dtype is allowed, and is the
+  likely cause)."""
   own = module_state(module)
-  odd = [
-    f"{name!r} is {tuple(a.shape)} where {type(module).__name__} has {tuple(own[name].shape)}"
-    for name, a in params.items()
-    if name in own and tuple(getattr(a, "shape", ())) != tuple(own[name].shape)
-  ]
+  odd = []
+  for name, a in params.items():
+    if name not in own:
+      continue
+    mine = own[name]
+    if tuple(getattr(a, "shape", ())) != tuple(mine.shape):
+      odd.append(
+        f"{name!r} is {tuple(a.shape)} where {type(module).__name__} has {tuple(mine.shape)}"
+      )
+    elif hasattr(a, "dtype") and _dtype_name(a.dtype) != _dtype_name(mine.dtype):
+      odd.append(
+        f"{name!r} is {_dtype_name(a.dtype)} where {type(module).__name__} has "
+        f"{_dtype_name(mine.dtype)}"
+      )
   if odd:
     error.add_note(f"(bridge: `{api}`: of the parameters passed, {'; '.join(odd[:5])})")
+
+
+def _dtype_name(dtype: Any) -> str:
+  """A torch or JAX/NumPy dtype by one name (`float32`, `bfloat16`, `int64`)."""
+  return str(dtype).removeprefix("torch.")
 
 
 def apply(
