@@ -118,3 +118,22 @@ def test_a_factory_on_the_jax_device_in_a_cpu_graph_runs_as_eager_does():
     a, b = torch.compile(fn, backend="jax")(torch.arange(3.0))
   assert (a.device, b.device) == (torch.device("jax", 0), torch.device("cpu"))
   assert a.cpu().tolist() == [1.0, 2.0, 3.0] and b.tolist() == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_graph_that_draws_nothing_leaves_torchs_generator_as_eager_does(mode):
+  # (the tracing call of an eval-mode graph with a dropout took a key from torch's generator,
+  # shifting every later torch.rand / randperm / dropout mask, at each new shape)
+  model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval()
+  compiled = torch.compile(model, backend="jax")
+  context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+  for rows in (2, 2, 3, 3):  # first call, cached call, recompile for a new shape, cached
+    x = torch.randn(rows, 4)
+    torch.manual_seed(0)
+    with context():
+      model(x)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    with context():
+      compiled(x)
+    torch.testing.assert_close(torch.rand(3), want, rtol=0, atol=0)

@@ -181,6 +181,7 @@ class _Program:
     # (for calls that torch autograd records; an input the outputs do not reach gets no
     # gradient, None, as in eager torch: an unused parameter's `.grad` stays None)
     self.vjp = vjp.VjpCache(self.apply, none_for_unreached=True)
+    self.spare_key: Any = None  # a key to pass once it is known the program draws nothing
 
   @property
   def traced(self) -> _Info:
@@ -324,6 +325,7 @@ class _Program:
     leaves = tree_lib.merge(self.statics, iter(tensors))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
+    self.owner.last_traced = self
     amp = (
       torch.autocast(tensor_lib.device_type(), dtype=self.amp)
       if self.amp is not None
@@ -945,6 +947,7 @@ class Compiled:
     self._fast: Callable[..., Any] | None = None  # the recorded call, see `_record`
     self._guard: modules_lib.Guard | None = None  # what the traces read (`_reguard`)
     self._traces = 0  # how many times a program traced the forward
+    self.last_traced: _Program | None = None  # the program that traced last
     self._state_gen = 0  # counts changes of the state's arrays (`_state_spans`)
     self._spans: tuple | None = None
     self._index: tuple = ((), {})
@@ -1249,7 +1252,13 @@ class Compiled:
         plan = _alias_plan(self, info, state, dyn, grad)
         if plan:
           return self._run(self._aliased(key, plan, program), state, args, dyn, fast, amp, key)
-      arrays.append(rng._key if rng._key is not None else rng.current_key())
+      if info is not None and not info.draws and program.spare_key is not None:
+        arrays.append(program.spare_key)  # (unused: no generator advanced, as in eager)
+      else:
+        drawn = rng._key if rng._key is not None else rng.current_key()
+        if program.spare_key is None:
+          program.spare_key = drawn
+        arrays.append(drawn)
       for t in dyn:
         if type(t) is tensor_lib.Tensor:
           arrays.append(t._storage.array if t._whole else tensor_lib.value(t))

@@ -412,9 +412,17 @@ class _Graph:
         with contextlib.ExitStack() as stack:
           if self.settings:
             stack.enter_context(config_lib.config(**self.settings))
-          if self.generator is not None:
-            stack.enter_context(rng.from_torch_generator(self.generator))
+          generator, state = self.generator, None
+          if generator is not None:
+            stack.enter_context(rng.from_torch_generator(generator))
+            state = _rng_state(generator)
           out = compiled(*args)
+          if generator is not None and state is not None and compiled._traces != before:
+            last = compiled.last_traced
+            if last is not None and last.info is not None and not last.info.draws:
+              # (the tracing call took a key before it knew the program draws nothing, as
+              # a graph with `dropout(training=False)` does: torch's generator as it was)
+              _set_rng_state(generator, state)
     except Exception as e:
       ffi.reraise(e)  # a host call's own exception (a value check, a fallback op), as raised
       if compiled._traces != before or self.traced is None:
@@ -759,6 +767,19 @@ def _rewrite_for_the_jax_device(
       changed = True
   if _fma_to_mul_add(gm) or changed:
     gm.recompile()
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+  if device.type == "cuda":
+    return torch.cuda.get_rng_state(device.index or 0)
+  return torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+  if device.type == "cuda":
+    torch.cuda.set_rng_state(state, device.index or 0)
+  else:
+    torch.set_rng_state(state)
 
 
 def _generator(gm: torch.fx.GraphModule, key: str) -> torch.device | None:
