@@ -363,9 +363,28 @@ class _Graph:
       _for_the_program(gm)
     else:
       _for_the_jax_device(gm)
+    key = "example_value" if direct else "val"  # (where dynamo and aot keep fake values)
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    # Numbers the graph only passes on or ignores (a view input's symbolic storage offset and
+    # size, saved by the forward for the backward): not arguments of the program, where each
+    # new value would be a static one, traced and compiled again (a batch sliced at a new
+    # offset every step); the passthrough below returns them as they came.
+    self.idle = {
+      i
+      for i, p in enumerate(placeholders)
+      if isinstance(p.meta.get(key), torch.SymInt) and all(u.op == "output" for u in p.users)
+    }
+    idle, n = sorted(self.idle), len(placeholders)
     forward = gm.forward
     # (the graph's own code is called, not `gm.__call__`, whose error handling prints the
     # generated code and drops the traceback)
+    if idle:
+      whole = forward
+
+      def forward(*args: Any) -> Any:
+        given = iter(args)
+        return whole(*[0 if i in self.idle else next(given) for i in range(n)])
+
     if self.single:  # one bare output: `bridge.compile`'s leanest program and shortcut
 
       def graph(*args: Any) -> Any:
@@ -380,14 +399,12 @@ class _Graph:
     # Outputs that are inputs as they came (a forward saving an input for its backward): the
     # input itself, as torch's graph returns it, not the program's copy; so torch's version
     # check sees it changed in place before the backward, as in eager.
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
     flat = outputs if isinstance(outputs, (tuple, list)) else [outputs]
     self.passthrough = [
       (i, placeholders.index(o))
       for i, o in enumerate(flat)
       if isinstance(o, torch.fx.Node) and o.op == "placeholder"
     ]
-    key = "example_value" if direct else "val"  # (where dynamo and aot keep fake values)
     # torch's layouts for the caller's outputs: all of an inference graph's; of a forward's
     # outputs not those it saves for the backward
     self.layouts: _Layouts | None = None
@@ -405,9 +422,10 @@ class _Graph:
   def __call__(self, *args: Any) -> Any:
     compiled = self.compiled
     before = compiled._traces
+    given = args if not self.idle else [a for i, a in enumerate(args) if i not in self.idle]
     try:
       if not self.settings and self.generator is None:
-        out = compiled(*args)
+        out = compiled(*given)
       else:
         with contextlib.ExitStack() as stack:
           if self.settings:
@@ -416,7 +434,7 @@ class _Graph:
           if generator is not None:
             stack.enter_context(rng.from_torch_generator(generator))
             state = _rng_state(generator)
-          out = compiled(*args)
+          out = compiled(*given)
           if generator is not None and state is not None and compiled._traces != before:
             last = compiled.last_traced
             if last is not None and last.info is not None and not last.info.draws:
