@@ -318,6 +318,8 @@ def _note_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
         _stats.recompiles.append(f"graph {number} (dynamo recompiled {_code_name(gm)}): {what}")
         log.info("recompile: %s", _stats.recompiles[-1])
       _frames[frame] = sig
+      if len(_frames) > 4096:  # (the oldest frames' signatures: a recompile there says less)
+        del _frames[next(iter(_frames))]
   log.info("graph %d: %s, %d inputs", number, _code_name(gm), len(example_inputs))
   return number
 
