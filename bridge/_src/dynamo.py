@@ -38,6 +38,7 @@ from bridge._src import compile as compile_lib
 from bridge._src import config as config_lib
 from bridge._src import ffi
 from bridge._src import rng
+from bridge._src import strided
 from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import higher_order
 from bridge._src.errors import BridgeTypeError
@@ -562,7 +563,9 @@ class _Layouts:
         ]
         if len(indices) == 1:
           size, stride, offset = views[0]
-          if offset == 0 and (stride == _contiguous_strides(size) or any(n == 0 for n in size)):
+          if offset == 0 and (
+            stride == strided.contiguous_strides(size) or any(n == 0 for n in size)
+          ):
             continue  # the program's own layout
         extent = max(offset + _extent_of(size, stride) for size, stride, offset in views)
         plan.append((indices, views, extent))
@@ -666,14 +669,6 @@ def _bound(arg: Any, what: Any) -> int:
   if kind == "stride":
     return int(arg.stride()[d])
   return int(arg.storage_offset())
-
-
-def _contiguous_strides(size: tuple) -> tuple:
-  strides, step = [], 1
-  for n in reversed(size):
-    strides.append(step)
-    step *= max(n, 1)
-  return tuple(reversed(strides))
 
 
 def _extent_of(size: tuple, stride: tuple) -> int:

@@ -83,7 +83,7 @@ class VjpCache:
     self._forwards: dict[tuple[bool, ...], Callable] = {}
     self._residual_defs: dict[tuple, Any] = {}
     self._backwards: dict[tuple, Callable] = {}
-    self._unreached: dict[tuple, tuple[bool, ...]] = {}
+    self._unreached: dict[Callable, tuple[bool, ...]] = {}  # per backward (`unreached`)
     self._pullbacks: dict[tuple, _Pullback] = {}
     self._jvp: Callable | None = None
     self._tangents: dict[tuple[bool, ...], _Tangents] = {}
@@ -146,29 +146,20 @@ class VjpCache:
         bwd = self._backwards.setdefault(key, jax.jit(bwd_impl))
     return bwd
 
-  def unreached(
-    self,
-    mask: tuple[bool, ...],
-    diff: tuple,
-    rest: tuple,
-    out_shapes: tuple,
-    residuals: list,
-    cts: Any,
-  ) -> tuple[bool, ...]:
-    """Per differentiated input: its cotangent is a structural zero of the backward (it does
-    not depend on the output cotangents `cts`), found once per backward signature from the
-    backward's jaxpr. (The trace is `jax.jit`'s own: the backward's call reuses it.)"""
-    key = (mask, _concrete_signature(diff + rest))
-    found = self._unreached.get(key)
+  def unreached(self, bwd: Callable, residuals: list, cts: Any, n_diff: int) -> tuple[bool, ...]:
+    """Per differentiated input of the backward `bwd` (made by `backward`, one per signature):
+    its cotangent is a structural zero (it does not depend on the output cotangents `cts`),
+    found once per backward from its jaxpr. (The trace is `jax.jit`'s own: the backward's call
+    reuses it.)"""
+    found = self._unreached.get(bwd)
     if found is None:
-      bwd = self.backward(mask, diff, rest, out_shapes)
       jaxpr = bwd.trace(residuals, cts).jaxpr.jaxpr  # type: ignore[attr-defined]
       n_res = len(jax.tree_util.tree_leaves(residuals))
       reached = _reached(jaxpr, [i >= n_res for i in range(len(jaxpr.invars))], {})
       found = tuple(not r for r in reached)
-      if len(found) != len(diff):  # (not one array per input: assume every one reached)
-        found = (False,) * len(diff)
-      self._unreached[key] = found
+      if len(found) != n_diff:  # (not one array per input: assume every one reached)
+        found = (False,) * n_diff
+      self._unreached[bwd] = found
     return found
 
   def pullback(self, mask: tuple[bool, ...], out_def: Any, name: str) -> "_Pullback":
@@ -371,9 +362,7 @@ class _Call:
     unreached = None
     try:
       if cache.none_for_unreached:
-        unreached = cache.unreached(
-          self.mask, self.diff, self.rest, out_shapes, self.residuals, cts_tree
-        )
+        unreached = cache.unreached(bwd, self.residuals, cts_tree, len(self.diff))
       in_cts = bwd(self.residuals, cts_tree)
     except Exception as e:  # (re-raised with the call named)
       # e.g. JAX linearizes a while_loop but cannot transpose it.
@@ -402,9 +391,8 @@ class _Call:
     ]
     out_shapes = tuple(shape for shape, _ in self.out_avals)
     try:
-      return cache.unreached(
-        self.mask, self.diff, self.rest, out_shapes, self.residuals, self.out_def.unflatten(cts)
-      )
+      bwd = cache.backward(self.mask, self.diff, self.rest, out_shapes)
+      return cache.unreached(bwd, self.residuals, self.out_def.unflatten(cts), len(self.diff))
     except Exception as e:  # (re-raised with the call named)
       raise _differentiation_error(self.entry.name, e) from e
 
