@@ -147,3 +147,20 @@ def assert_raises_like_cpu(make: Callable[[str], Any]) -> None:
     isinstance(have, type(want)) and isinstance(have, BridgeError)
   ), (type(have), type(want), str(have))
   assert error_message(have) == error_message(want)
+
+
+def assert_checked_program_raises(
+  fn: Callable[..., Any], args: tuple, op: str, expected: BaseException
+) -> None:
+  """`bridge.compile(fn)(*args)` under `bridge.config(check_indices=True)` raises the error CPU
+  torch raised (`expected`), named with `op` and the setting: a `JaxRuntimeError`, or the
+  check's torch error itself where the compiled program's call re-raises it."""
+  import pytest
+
+  import bridge
+
+  with bridge.config(check_indices=True):
+    with pytest.raises((jax.errors.JaxRuntimeError, type(expected))) as got:
+      jax.block_until_ready(bridge.compile(fn)(*args))
+  assert f"{op}: {error_message(expected)}" in str(got.value)
+  assert "check_indices" in str(got.value)

@@ -17,7 +17,11 @@ import pytest
 import torch
 
 import bridge
-from tests.ops.harness import assert_raises_like_cpu, error_message
+from tests.ops.harness import (
+  assert_checked_program_raises,
+  assert_raises_like_cpu,
+  error_message,
+)
 
 aten = torch.ops.aten
 F16, BF16, F64 = torch.float16, torch.bfloat16, torch.float64
@@ -274,10 +278,4 @@ def test_eager_and_bridge_compile_check_tensor_arguments(name):
     fn(*(a.to("jax") for a in args))
   assert error_message(eager.value) == error_message(expected.value)
   jax.block_until_ready(bridge.compile(fn)(*args))  # unchecked by default (documented)
-  with bridge.config(check_indices=True):
-    # (a `jax.errors.JaxRuntimeError`, or the check's torch error itself where the compiled
-    # program's call re-raises it: both name the op and the setting)
-    with pytest.raises(RuntimeError) as compiled:
-      jax.block_until_ready(bridge.compile(fn)(*args))
-  assert f"{op}: {error_message(expected.value)}" in str(compiled.value)
-  assert "check_indices" in str(compiled.value)
+  assert_checked_program_raises(fn, args, op, expected.value)
