@@ -17,7 +17,7 @@ from bridge._src import narrowing
 from bridge._src import scope
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
-from bridge._src.errors import BridgeTypeError
+from bridge._src.errors import BridgeTypeError, TransferError
 
 
 def array_to_tensor(
@@ -48,3 +48,23 @@ def array_to_tensor(
       jax_devices = device_lib.jax_devices()
       index = jax_devices.index(dev) if dev in jax_devices else 0
   return tensor_lib.make(a, tensor_lib.jax_device(index), dtype)
+
+
+def tensor_to_array(
+  t: torch.Tensor, copy: bool | None, api: str, where: Callable[[], str]
+) -> jax.Array:
+  """`bridge.to_jax` of a `jax`-device tensor: the JAX array it holds, with its placement (a
+  whole tensor's is its storage's array itself: no copy), or a view's elements gathered into a
+  new array (JAX arrays have no views: `copy=False` refuses one); `copy=True`: a copy."""
+  if copy is False and not t._whole:  # type: ignore[attr-defined]
+    raise TransferError(
+      f"`{api}`: {where()} (shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}) is a "
+      "view of a `jax` tensor's storage: a JAX array cannot be a view, so its elements must "
+      "be gathered into a new array. Pass copy=None (the default)."
+    )
+  a = tensor_lib.value(t.detach())  # type: ignore[arg-type]
+  return jnp.array(a, copy=True) if copy else a
+
+
+# (`transfer.tensor_to_jax` hands `jax` tensors here: it cannot import this layer)
+transfer.own_device = (tensor_lib.device_type(), tensor_to_array)

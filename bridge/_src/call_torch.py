@@ -19,6 +19,7 @@ import torch
 from bridge._src import callback
 from bridge._src.dispatch import fallback
 from bridge._src import modules
+from bridge._src import tensor as tensor_lib
 from bridge._src.errors import BridgeTypeError
 from bridge._src.module_state import module_of
 from bridge._src.tracing import (
@@ -141,6 +142,9 @@ def _in_callback_mode(
   api: str,
 ) -> Any:
   """`fn` run for real by torch through one host call; `api` is the API the user called."""
+  module = module_of(fn)
+  if module is not None:
+    _check_host_state(module, api)
   return callback.call(
     fn,
     args,
@@ -150,6 +154,23 @@ def _in_callback_mode(
     api=api,
     owner=fn,
   )
+
+
+def _check_host_state(module: torch.nn.Module, api: str) -> None:
+  """Callback mode runs `module` as it is, in eager torch on the arrays' host tensors: its
+  parameters and buffers must be there too (a `jax`-device module's are JAX arrays, which
+  the host call cannot hand to torch's CPU kernels)."""
+  # (a module's first parameter and buffer: every call goes through here)
+  firsts = [next(module.named_parameters(), None), next(module.named_buffers(), None)]
+  for name, t in [first for first in firsts if first is not None]:
+    if t.device.type == tensor_lib.device_type():
+      raise BridgeTypeError(
+        f"`{api}(..., mode='callback')`: {type(module).__name__}'s {name!r} is on the "
+        f"`{t.device}` device; callback mode runs the module as it is, in eager torch on the "
+        "host, beside the arrays' host tensors. Pass its state as arrays with "
+        "`bridge.extract_jax(module, mode='callback')`, move the module with `.cpu()`, or "
+        "use trace mode (the default)."
+      )
 
 
 def jax_function(

@@ -85,10 +85,14 @@ def _is_float(dtype: Any) -> bool:
 _UNMARKED_WRITES = {torch.ops.aten.native_batch_norm.default: (3, 4)}
 
 
-def _root(t: torch.Tensor) -> torch.Tensor:
-  while t._base is not None:
-    t = t._base
-  return t
+def _memory(t: torch.Tensor) -> int | None:
+  """Which memory `t` reads: its storage's identity, shared by its views and by tensors that
+  torch does not count as views of it (`t.data`, `torch.empty(0).set_(t.untyped_storage())`,
+  which have no `_base` and a version counter of their own); None where it has no storage."""
+  try:
+    return t.untyped_storage()._cdata
+  except (RuntimeError, NotImplementedError):  # (sparse, nested: no storage to share)
+    return None
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -104,7 +108,7 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
   def __init__(self) -> None:
     super().__init__()
     self.random = False
-    self.written: set[int] = set()  # ids of the (root) tensors written to
+    self.written: set[int | None] = set()  # the memory written to (`_memory`)
 
   def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
     kwargs = kwargs or {}
@@ -116,12 +120,12 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         if i in positions:
           value = args[i] if i < len(args) else kwargs.get(a.name)
           if isinstance(value, torch.Tensor):
-            self.written.add(id(_root(value)))
+            self.written.add(_memory(value))
     unmarked = _UNMARKED_WRITES.get(func)
     if unmarked and len(args) > 5 and args[5]:
       for i in unmarked:
         if isinstance(args[i], torch.Tensor):
-          self.written.add(id(_root(args[i])))
+          self.written.add(_memory(args[i]))
     return func(*args, **kwargs)
 
 
@@ -243,9 +247,11 @@ def _fake_run(
       raise own from None
     _note_fake_run(failure, name, api)
     raise failure
-  mutated = tuple(_version(t) != v or id(t) in recorder.written for t, v in zip(fakes, versions))
+  written = recorder.written
+  written.discard(None)
+  mutated = tuple(_version(t) != v or _memory(t) in written for t, v in zip(fakes, versions))
   writes_state = any(
-    _version(t) != state_versions[n] or id(t) in recorder.written for n, t in fake_state.items()
+    _version(t) != state_versions[n] or _memory(t) in written for n, t in fake_state.items()
   )
   return _FakeResult(out, mutated, recorder.random, writes_state)
 
@@ -534,7 +540,9 @@ def _call_now(program: _Program, dyn: list, api: str = API) -> list:
     for a, spec in zip(dyn, specs):
       if not isinstance(a, jax.Array):  # a Python scalar JAX passed along (a cotangent)
         a = jnp.asarray(a, spec.dtype)
-      inputs.append(transfer.array_to_torch_arg(a, api=API, where=lambda: "an argument"))
+      # (the caller holds `a`: a tensor the function keeps, or its traceback does, must not
+      # hold `a` itself, whose `.delete()` would then abort the process)
+      inputs.append(transfer.array_to_torch(a, api=API, where=lambda: "an argument"))
   if program.random:
     inputs.insert(0, None)  # (torch's generator draws as it would: nothing to replay)
   results = program.flat_fn(inputs)
@@ -831,7 +839,7 @@ def _call_unshaped(
   return result, {
     leaf_of_dyn[i]: to_jax(t, i)
     for i, (t, v) in enumerate(zip(inputs, versions))
-    if _version(t) != v or id(_root(t)) in recorder.written
+    if _version(t) != v or _memory(t) in recorder.written
   }
 
 

@@ -302,6 +302,11 @@ def _accelerator_tensor_to_jax(
   return _cpu_tensor_to_jax(t.cpu(), None, api, where)
 
 
+# The bridge's own torch device (its type, and what hands over one of its tensors' JAX arrays
+# for `tensor_to_jax`): set by `tensor`, a module this one cannot import.
+own_device: tuple[str, Callable[[torch.Tensor, bool | None, str, Where], jax.Array]] | None = None
+
+
 def tensor_to_jax(
   t: torch.Tensor,
   *,
@@ -311,6 +316,9 @@ def tensor_to_jax(
 ) -> jax.Array:
   """Move one tensor to a `jax.Array` (see the module docstring for `copy`)."""
   check_tensor(t, api=api, where=where)
+  own = own_device
+  if own is not None and t.device.type == own[0]:  # its data is a JAX array already
+    return own[1](t, copy, api, where)
   t = t.detach()
   if t.is_conj() or t.is_neg():
     if copy is False:
