@@ -41,20 +41,23 @@ def _arguments(func: Any) -> list[tuple[str, str, bool]]:
 def _functional_twin(func: Any) -> Any:
   """The non-mutating overload computing what `func` writes, or None."""
   name = func._schema.name.split("::")[-1]
-  packet_name = name[:-1] if name.endswith("_") else name
+  dunder = name.startswith("__i") and name.endswith("__")  # `x <<= 1`: `__ilshift__`
+  in_place = dunder or name.endswith("_")
+  packet_name = "__" + name[3:] if dunder else name[:-1] if in_place else name
   overload = func._overloadname
   mutated = set(mutated_args(func))
   packet = getattr(aten, packet_name, None)
   if packet is None:
     return None
-  if name.endswith("_"):
+  if in_place:
     # the overload of the same name, if it takes the same arguments (`pow_.Scalar` takes a
-    # Scalar exponent, `pow.Scalar` a Scalar base: its twin is `pow.Tensor_Scalar`)
+    # Scalar exponent, `pow.Scalar` a Scalar base: its twin is `pow.Tensor_Scalar`), else
+    # one that does (`floor_divide_.Tensor`'s is `floor_divide.default`)
     twin = getattr(packet, overload, None)
-    if twin is None or mutated_args(twin):
+    if twin is not None and mutated_args(twin):
       return None
     same = _arguments(func)
-    if _arguments(twin) == same:
+    if twin is not None and _arguments(twin) == same:
       return twin
     for ov in packet.overloads():  # same argument types, and defaults where it has them
       cand = getattr(packet, ov)

@@ -18,6 +18,22 @@ from bridge._src.errors import NarrowingError
 from bridge._src.tensor import Tensor, make_view
 
 
+def _check_in_storage(size: tuple, stride: tuple, offset: int, dtype: Any, nbytes: int) -> None:
+  """torch's refusal of a view reaching past its storage's end (`as_strided` with a larger
+  size or offset), which a meta tensor, whose storage has no bytes to check, lets through: JAX
+  would clamp the positions past the end, reading and writing other elements."""
+  if 0 in size:
+    return
+  itemsize = dtype.itemsize
+  need = itemsize * (offset + 1 + sum((n - 1) * st for n, st in zip(size, stride)))
+  if need > nbytes:
+    raise RuntimeError(
+      f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, "
+      f"and itemsize {itemsize} requiring a storage size of {need} are out of bounds for "
+      f"storage of size {nbytes}"
+    )
+
+
 class ViewPlan:
   """A view op: the result shares its input's storage, with torch's metadata."""
 
@@ -97,6 +113,9 @@ class ViewPlan:
       (tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype, o.is_conj(), o.is_neg())
       for o in (out if isinstance(out, (list, tuple)) else [out])
     ]
+    nbytes = tensor_lib.storage_numel(t) * t.element_size()
+    for size, stride, offset, dtype, _, _ in described:
+      _check_in_storage(size, stride, offset, dtype, nbytes)
     return described if isinstance(out, (list, tuple)) else described[0]
 
   def _as(self, t: Tensor, dtype: torch.dtype) -> Any:

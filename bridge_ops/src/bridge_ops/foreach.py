@@ -197,14 +197,21 @@ def _foreach_lerp_List(self, tensors1, weights):
   return [_lerp(a, b, w) for a, b, w in zip(self, tensors1, weights)]
 
 
+def _lerp_scalar(start, end, weight):
+  # (a Scalar weight is read unrounded, in the computation's float32 for float16/bfloat16
+  # tensors, as `lerp.Scalar` and torch's foreach kernels on CPU and CUDA read it)
+  _, result = result_dtypes(start, end)
+  return arithmetic.lerp_scalar(start, end, weight).astype(result)
+
+
 @lowering(aten._foreach_lerp.Scalar)
 def _foreach_lerp_Scalar(self, tensors1, weight):
-  return [_lerp(a, b, weight) for a, b in zip(self, tensors1)]
+  return [_lerp_scalar(a, b, weight) for a, b in zip(self, tensors1)]
 
 
 @lowering(aten._foreach_lerp.ScalarList)
 def _foreach_lerp_ScalarList(self, tensors1, weight):
-  return [_lerp(a, b, w) for a, b, w in zip(self, tensors1, weight)]
+  return [_lerp_scalar(a, b, w) for a, b, w in zip(self, tensors1, weight)]
 
 
 # --- maximum / minimum / clamp ----------------------------------------------------------------

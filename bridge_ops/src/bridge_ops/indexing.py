@@ -405,6 +405,10 @@ def index_select(self, dim, index):
   else:
     _check_along(self, dim, index, IndexError, "index out of range in self")
   if self.ndim == 0:
+    if index.size != 1:  # (known from the shapes)
+      raise RuntimeError(
+        f"index_select(): Index to scalar can have only 1 value, got {index.size} value(s)"
+      )
     return jnp.reshape(self, (1,))[jnp.reshape(index, (-1,))].reshape(())
   if self.ndim > 1 and self.shape[_dim(dim, self.ndim)] == 0 and index.size:
     _select_from_empty()  # (1-d: the check above raises)
