@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch.autograd.variable import Variable as _Variable
 
 NAME = "jax"  # PrivateUse1's name once named
 
@@ -188,6 +189,30 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
     return torch._C._autograd.DeviceType.PrivateUse1
 
 
+class _Engine(torch._C._ImperativeEngine):
+  """torch's autograd engine (`Variable._execution_engine`), which runs a backward on the
+  calling thread where a `jax:i` device has no thread of the engine's.
+
+  The engine gives each device index a worker thread and queue, as many as the largest device
+  count a device guard reports; torch's guard for a Python backend (`_DeviceGuard`'s base)
+  reports 1, which Python cannot override (torch 2.13), so a gradient on `jax:1` found no
+  queue ("device_ready_queues_ ... INTERNAL ASSERT FAILED"). With multithreading off (torch's
+  own switch, `torch.autograd.set_multithreading_enabled(False)`) the engine runs every node
+  on the calling thread, as it does CPU nodes; it is switched off for the backward only, and
+  only once bridge has found more `jax` devices than the engine has threads
+  (`bridge._src.devices.backward_on_caller`)."""
+
+  def run_backward(self, *args: Any, **kwargs: Any) -> Any:
+    on_caller = _REAL.get("backward_on_caller")
+    if on_caller is None or not torch._C._is_multithreading_enabled() or not on_caller():
+      return super().run_backward(*args, **kwargs)
+    torch._C._set_multithreading_enabled(False)
+    try:
+      return super().run_backward(*args, **kwargs)
+    finally:
+      torch._C._set_multithreading_enabled(True)
+
+
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
   """The backend hooks torch's autograd engine asks for."""
 
@@ -284,12 +309,15 @@ def _unpinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
 
 
 def bind(implementations: dict[str, Any]) -> None:
-  """Hand the real implementations to the trampolines (`bridge._src.device.register`), and
-  seed the device's generator with a seed given before (`DeviceModule.manual_seed_all`)."""
+  """Hand the real implementations to the trampolines (`bridge._src.device.register`), install
+  the autograd engine that serves every `jax:i` (`_Engine`), and seed the device's generator
+  with a seed given before (`DeviceModule.manual_seed_all`)."""
   global _pending_seed
   with _lock:
     _REAL.update(implementations)
     seed, _pending_seed = _pending_seed, None
+    if type(_Variable._execution_engine) is torch._C._ImperativeEngine:
+      _Variable._execution_engine = _Engine()
   # bridge's generator starts from `torch.initial_seed()`: seeded only if that differs (not
   # after `torch.manual_seed(seed)`, which seeds the CPU generator too), so as to start no
   # JAX runtime while bridge is being imported

@@ -43,6 +43,7 @@ from bridge._src import autocast
 from bridge._src import rng
 from bridge._src import tensor
 from bridge._src.devices import (
+  backward_on_caller,
   current_device,
   device,
   device_count,
@@ -386,6 +387,7 @@ def _implementations() -> dict[str, Any]:
   found: dict[str, Any] = {
     "module": _MODULE,
     "is_available": is_available,
+    "backward_on_caller": backward_on_caller,
     "empty": _empty,
     "empty_strided": _empty_strided,
     "copy_from": _copy_from,

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import torch
 
+from bridge._src import devices as device_lib
 from bridge._src import tensor as tensor_lib
 from bridge._src import transfer
 from bridge._src import tree as tree_lib
@@ -58,17 +59,59 @@ def _place_array(a: Any, sharding: Any, what: str) -> jax.Array:
 
 
 def _place_tensor(t: torch.Tensor, sharding: Any, what: str) -> torch.Tensor:
+  """`t` placed with `sharding`. A leaf (a parameter being placed) comes back a leaf, with its
+  `requires_grad`; a tensor computed with gradients keeps its graph (`_Place`)."""
+  if t.requires_grad and not t.is_leaf:
+    if torch.is_grad_enabled():
+      return _Place.apply(t, sharding, what)
+    return _placed(t.detach(), sharding, what)  # (as any op's result under `no_grad`)
+  out = _placed(t.detach(), sharding, what)
+  if t.requires_grad:
+    out.requires_grad_(True)
+  return out
+
+
+def _placed(t: torch.Tensor, sharding: Any, what: str) -> tensor_lib.Tensor:
   if isinstance(t, tensor_lib.Tensor):
     array = tensor_lib.value(t)
   else:
     with jax.enable_x64(True):  # exact dtypes: 64-bit stays 64-bit
-      array = transfer.tensor_to_jax(t.detach(), copy=True, api=API, where=lambda: what)
+      array = transfer.tensor_to_jax(t, copy=True, api=API, where=lambda: what)
   with jax.enable_x64(True):
     placed = _place_array(array, sharding, what)
-  out = tensor_lib.make(placed, tensor_lib.jax_device(0), t.dtype)
-  if t.requires_grad:
-    out.requires_grad_(True)
-  return out
+  return tensor_lib.make(placed, _torch_device(sharding), t.dtype)
+
+
+def _torch_device(sharding: Any) -> torch.device:
+  """The `jax:i` of a tensor placed with `sharding`: the device it names when it names one
+  (a `SingleDeviceSharding`, a mesh of one device), else `jax:0`, as every tensor spanning
+  several devices."""
+  devices = sharding.device_set
+  if len(devices) == 1:
+    (device,) = devices
+    local = device_lib.jax_devices()
+    if device in local:
+      return tensor_lib.jax_device(local.index(device))
+  return tensor_lib.jax_device(0)
+
+
+class _Place(torch.autograd.Function):
+  """`bridge.shard` of a tensor computed with gradients: differentiable, its gradient placed
+  back where the tensor was (its device, its sharding)."""
+
+  @staticmethod
+  def forward(ctx: Any, t: torch.Tensor, sharding: Any, what: str) -> torch.Tensor:
+    ctx.device, ctx.sharding = (
+      t.device,
+      sharding_of(t) if isinstance(t, tensor_lib.Tensor) else None,
+    )
+    return _placed(t.detach(), sharding, what)
+
+  @staticmethod
+  def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    if ctx.sharding is None or not isinstance(grad, tensor_lib.Tensor):
+      return grad.to(ctx.device), None, None
+    return _Place.apply(grad, ctx.sharding, "the gradient"), None, None
 
 
 def shard(x: Any, sharding: ShardingSpec, /) -> Any:

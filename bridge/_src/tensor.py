@@ -740,12 +740,32 @@ def detach_traced(views: Any) -> None:
     t._detached, t._whole = True, False  # (a whole tensor's reads skip `value`)
 
 
-def _keep_placement(old: Any, new: Any) -> Any:
-  """`new` placed as `old` was, when `old` was spread over several devices (a sharded
-  parameter receiving a value from the CPU or from another mesh keeps its layout)."""
+def _placed_as(old: Any, new: Any) -> Any:
+  """`new` (of `old`'s shape) placed as `old` was: a tensor's array stays on the device its
+  `jax:i` names, or with its sharding, whatever devices the value written comes from (a
+  `jax:0` tensor copied into a `jax:3` one, a sharded parameter receiving a CPU value)."""
   placement = old.sharding
-  if len(placement.device_set) == 1 or new.sharding.is_equivalent_to(placement, new.ndim):
+  if new.sharding is placement:
     return new
+  devices = placement.device_set
+  if new.sharding.device_set == devices and (
+    len(devices) == 1 or new.sharding.is_equivalent_to(placement, new.ndim)
+  ):
+    return new
+  return jax.device_put(new, placement)
+
+
+def _beside(base: Any, new: Any) -> Any:
+  """`new` (a value written into part of `base`) where it can meet `base`: on `base`'s device,
+  or replicated over `base`'s mesh."""
+  placement = base.sharding
+  devices = placement.device_set
+  if new.sharding.device_set == devices:
+    return new
+  if len(devices) > 1:
+    if not isinstance(placement, jax.sharding.NamedSharding):
+      return new  # (JAX says what it refuses)
+    placement = jax.sharding.NamedSharding(placement.mesh, jax.sharding.PartitionSpec())
   return jax.device_put(new, placement)
 
 
@@ -755,7 +775,7 @@ def write(t: Tensor, new: Any) -> None:
   if t._whole:
     old = storage.array
     if type(new) is ArrayImpl and type(old) is ArrayImpl and new.sharding is not old.sharding:
-      new = _keep_placement(old, new)
+      new = _placed_as(old, new)
     storage.array = new
   else:
     size, stride = tuple(t.shape), tuple(t.stride())
@@ -766,6 +786,9 @@ def write(t: Tensor, new: Any) -> None:
       )
     array = storage.array
     traced = isinstance(array, jax.core.Tracer)
+    concrete = type(array) is ArrayImpl and type(new) is ArrayImpl
+    if concrete:
+      new = _beside(array, new)
     base = array
     if t._as is not None:
       base = (strided.reinterpret if traced else strided.reinterpreted)(array, t._as)
@@ -774,6 +797,6 @@ def write(t: Tensor, new: Any) -> None:
     )
     if t._as is not None:
       base = (strided.restore if traced else strided.restored)(base, array)
-    storage.array = base
+    storage.array = _placed_as(array, base) if concrete and type(base) is ArrayImpl else base
   storage.version += 1
   t._cache = None if t._whole else (storage.version, new)

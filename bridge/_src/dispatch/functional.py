@@ -42,7 +42,7 @@ from bridge._src.dispatch.tensors import (
   wrap,
 )
 from bridge._src.errors import DeviceMismatchError
-from bridge._src.placement import placement_lines
+from bridge._src.placement import devices_of, placement_lines
 from bridge._src.registry import REGISTRY
 from bridge._src.tensor import Tensor, value
 from bridge._src.transfer import ArrayImpl
@@ -175,7 +175,7 @@ class FunctionalPlan:
       else:
         statics.append(leaf)
     if movable is not None:
-      _beside_sharded(dyn, movable)
+      _beside_placed(dyn, movable)
     if wide and not decomposing():  # (torch checks the op called, not a decomposition's)
       self._check_conversions(args, kwargs, leaves, kinds)
     return dyn, tuple(statics), treedef, device
@@ -451,11 +451,25 @@ def _cpu_error(func: Any, args: Any, kwargs: dict, other: bool = False) -> Excep
 
 
 def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
-  """Tensors of one op placed on different sets of devices (different meshes): each of them
-  listed, 0-dimensional ones too (Python scalars and random keys are not arguments here)."""
-  placed = placement_lines(
-    (f"argument {i}", a) for i, a in enumerate(dyn) if type(a) not in TRACED_SCALARS
-  )
+  """Tensors of one op placed on different sets of devices (different meshes), or on one set
+  in different orders (meshes of the same devices listed otherwise): each of them listed,
+  0-dimensional ones too (Python scalars and random keys are not arguments here)."""
+  arrays = [(f"argument {i}", a) for i, a in enumerate(dyn) if type(a) not in TRACED_SCALARS]
+  placed = placement_lines(arrays)
+  sets = {devices_of(a) for _, a in arrays} - {None}
+  if len(sets) == 1:
+    orders = [
+      f"  {name}: devices in the order {[d.id for d in a.sharding.mesh.devices.flat]}"
+      for name, a in arrays
+      if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding)
+    ]
+    return DeviceMismatchError(
+      f"bridge: {func} got `jax` tensors placed on the same devices in different orders "
+      "(meshes that list the devices otherwise):\n"
+      + "\n".join(placed + orders)
+      + "\nOne op runs on one mesh: place them together first (`bridge.shard(t, sharding)` "
+      "with a sharding over the same mesh, its devices in the same order)."
+    )
   return DeviceMismatchError(
     f"bridge: {func} got `jax` tensors placed on different sets of devices:\n"
     + "\n".join(placed)
@@ -465,22 +479,26 @@ def _placement_error(func: Any, dyn: list) -> DeviceMismatchError:
   )
 
 
-def _beside_sharded(dyn: list, movable: list[int]) -> None:
+def _beside_placed(dyn: list, movable: list[int]) -> None:
   """The values of CPU tensors torch lets beside device tensors (0-dimensional ones, indices),
-  and the indices of an indexing op (`s[[0, 2]]`: torch makes them on `s.device`, the first
-  device), replicated over the mesh of the op's sharded operand, if it has one: not left on
-  one device, which JAX refuses beside an array on several."""
-  mesh = None
+  and the indices of an indexing op (`s[[0, 2]]`: torch makes them on `s.device`), placed where
+  the op's first other operand is: on its device (`jax:3`'s, not JAX's first, where a CPU
+  value arrives), or replicated over its mesh when it spans several devices (JAX refuses an
+  array on one device beside an array on others)."""
+  target = None
   for i, a in enumerate(dyn):
     if type(a) is ArrayImpl and i not in movable:
-      sharding = a.sharding
-      if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
-        mesh = sharding.mesh
-        break
-  if mesh is None:
+      target = a.sharding
+      break
+  if target is None:
     return
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  devices = target.device_set
+  if len(devices) > 1:
+    if not isinstance(target, jax.sharding.NamedSharding):
+      return
+    target = jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
   for i in movable:
     a = dyn[i]
-    if type(a) is ArrayImpl and len(a.sharding.device_set) == 1:
-      dyn[i] = jax.device_put(a, replicated)
+    if type(a) is ArrayImpl and a.sharding.device_set != devices:
+      if len(a.sharding.device_set) == 1:
+        dyn[i] = jax.device_put(a, target)

@@ -30,6 +30,7 @@ from bridge._src.dispatch.resolve import (
   decomposing_scope,
 )
 from bridge._src.dispatch.schema import aten, x64
+from bridge._src.dispatch.tensors import moved_placement, remember_placement
 from bridge._src.errors import BridgeTypeError
 from bridge._src.tensor import Tensor, make, value
 
@@ -52,6 +53,7 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
   v = value(src)
   if device is not None and torch.device(device).type != tensor_lib.device_type():
     v = concrete(v, f"a copy to {device}: `.cpu()`, `.tolist()`, `.numpy()`, `.to('{device}')`")
+    remember_placement(src, v)
     out = transfer.array_to_torch(v, copy=True, api="Tensor.to", where=lambda: "the tensor")
     return out.to(dtype=dtype, device=device)
   target_device = (
@@ -64,7 +66,9 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
     # in-place op on either tensor (which replaces its box's array) leaves the other alone.
     out = cast(v, want) if np.dtype(v.dtype) != want else v
     if target_device != src.device:
-      out = jax.device_put(out, device_lib.jax_devices()[target_device.index])
+      remember_placement(src, v)
+      # (a move's gradient goes back placed as the tensor moved: `moved_placement`)
+      out = jax.device_put(out, moved_placement() or device_lib.jax_devices()[target_device.index])
   return make(out, target_device, dtype)
 
 

@@ -153,6 +153,43 @@ def _on_device(out: Any, index: int) -> Any:
   return out
 
 
+_MOVED = "bridge.moved_from"  # an autograd node's metadata: its outputs' placements, by number
+
+
+def remember_placement(src: Any, array: Any) -> None:
+  """Note the placement of `src` (its value `array`), a tensor being moved to another device
+  (`t.cpu()`, `t.to("jax:1")`) while autograd records, where it spans several devices: the
+  gradient of the move then comes back placed so (`moved_placement`), not on its `jax:0`
+  alone, where it would meet the sharded tensors of `src`'s graph. A leaf's placement is read
+  from the leaf itself."""
+  if type(array) is not ArrayImpl or len(array.sharding.device_set) == 1:
+    return
+  if src.requires_grad and torch.is_grad_enabled() and src.grad_fn is not None:
+    metadata: Any = src.grad_fn.metadata  # (a dict the node keeps)
+    metadata.setdefault(_MOVED, {})[src.output_nr] = array.sharding
+
+
+def moved_placement() -> Any:
+  """In the backward of a device move (torch's `ToCopyBackward0`) whose source spans several
+  devices: that source's placement, which its gradient takes; else None."""
+  if torch._C._current_graph_task_id() == -1:
+    return None
+  node = torch._C._current_autograd_node()
+  if node is None or node.name() != "ToCopyBackward0":
+    return None
+  source, number = node.next_functions[0]
+  if source is None:
+    return None
+  leaf = getattr(source, "variable", None)  # (an AccumulateGrad node: the leaf itself)
+  if leaf is not None:
+    array = leaf._storage.array if type(leaf) is Tensor and leaf._whole else None
+    if type(array) is ArrayImpl and len(array.sharding.device_set) > 1:
+      return array.sharding
+    return None
+  metadata: Any = source.metadata
+  return metadata.get(_MOVED, {}).get(number)
+
+
 def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   """A new zero-filled tensor (what `empty` gives on the jax device)."""
   REGISTRY.require_plugins()
@@ -164,7 +201,8 @@ def new_zeros(size: tuple, dtype: Any, device: Any) -> Tensor:
   target = device_lib.jax_devices()[index]
   with x64():
     if not scope.staged():
-      array = jax.device_put(_host_zeros(size, jdtype), target)
+      # (the tensor a device move's gradient is copied into: placed as the moved tensor)
+      array = jax.device_put(_host_zeros(size, jdtype), moved_placement() or target)
     elif math.prod(size) <= FOLD_MAX:
       # a known value while a program is staged (see `fold`): made by NumPy, not compiled
       with jax.ensure_compile_time_eval():
