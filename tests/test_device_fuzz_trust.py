@@ -125,3 +125,52 @@ def test_index_select_of_a_0_dim_tensor(index):
       0, torch.tensor(index, dtype=torch.long, device=d)
     )
   )
+
+
+def _uint8(d):
+  return torch.tensor([1, 2], dtype=torch.uint8, device=d)
+
+
+@pytest.mark.parametrize(
+  "fn",
+  [
+    lambda d: _uint8(d).fill_(-1.0),
+    lambda d: _uint8(d).masked_fill(torch.tensor([True, False], device=d), -0.5),
+    lambda d: torch.full_like(_uint8(d), -3.0),
+    lambda d: _uint8(d).index_fill(0, torch.tensor([0], device=d), -2.0),
+    lambda d: _uint8(d).fill_(-1),  # an integer wraps, as in torch
+    lambda d: _uint8(d).fill_(-0.0),
+    lambda d: _uint8(d).fill_(254.5),
+    lambda d: torch.zeros(2, dtype=torch.int8, device=d).fill_(-128.5),
+    lambda d: _uint8(d) * -1,
+    lambda d: _uint8(d) + (-1.0),
+  ],
+  ids=[
+    "fill",
+    "masked_fill",
+    "full_like",
+    "index_fill",
+    "fill_int",
+    "minus_zero",
+    "254.5",
+    "int8",
+    "mul",
+    "add",
+  ],
+)
+def test_a_negative_float_into_an_unsigned_tensor_raises_torchs_overflow_error(fn):
+  _same_as_cpu(fn)
+
+
+@pytest.mark.parametrize(
+  "shapes",
+  [((4,), (3,)), ((3, 4), (2, 3, 4)), ((2, 3), (3, 1)), ((1, 3), (2, 3)), ((2, 3), (2, 1))],
+)
+@pytest.mark.parametrize("source", ["jax", "cpu"])
+def test_copy_of_a_source_that_does_not_broadcast_raises_torchs_error(shapes, source):
+  dst, src = shapes
+  _same_as_cpu(
+    lambda d: torch.zeros(dst, device=d).copy_(
+      torch.ones(src, device=d if source == "jax" else "cpu")
+    )
+  )

@@ -164,8 +164,9 @@ class FunctionalPlan:
         else:
           raise device_error(device or "jax:0", leaf.device)
       elif dynamic and type(leaf) in TRACED_SCALARS:
-        # (every dtype holds a value of [-128, 127]: other values are checked below)
-        if type(leaf) is complex or not -128 <= leaf <= 127:
+        # (every dtype holds an integer of [-128, 127]: other values are checked below, and
+        # negative floats, which no unsigned type holds)
+        if type(leaf) is complex or not -128 <= leaf <= 127 or (type(leaf) is float and leaf < 0):
           wide = True
         if self.trace_scalars:
           dyn.append(leaf)
@@ -388,8 +389,9 @@ _LIMITS = {
 
 def _may_overflow(v: int | float | complex, dtype: torch.dtype) -> bool:
   """Whether torch's `checked_convert` may refuse Python scalar `v` converted to `dtype`
-  (c10's `overflows`: a negative integer wraps into an unsigned type down to -max; an
-  infinity or NaN fits a floating type; a complex value with an imaginary part, no real one)."""
+  (c10's `overflows`: a negative integer wraps into an unsigned type down to -max, a negative
+  float does not; an infinity or NaN fits a floating type; a complex value with an imaginary
+  part, no real one)."""
   limits = _LIMITS.get(dtype)
   if limits is None:
     return False
@@ -402,7 +404,7 @@ def _may_overflow(v: int | float | complex, dtype: torch.dtype) -> bool:
     return abs(v) > hi and not math.isinf(v)
   if type(v) is float and v != v:  # NaN: no integer
     return True
-  return not (lo if kind == "i" else -hi) <= v <= hi
+  return not (lo if kind == "i" or type(v) is float else -hi) <= v <= hi
 
 
 _OVERFLOW = re.compile(r"value cannot be converted to type .+ without overflow")

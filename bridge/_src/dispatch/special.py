@@ -80,8 +80,27 @@ def copy_into(dst: Any, src: Any) -> Any:
 _COPY_NAMES = [a.name for a in aten.copy_.default._schema.arguments]
 
 
+def _check_broadcast_into(dst: tuple, src: tuple) -> None:
+  """torch's errors for a source of `copy_` that does not broadcast to the destination's shape
+  (JAX's would name neither tensor)."""
+  shape = list(dst) if len(dst) >= len(src) else list(src)
+  for i in range(1, len(shape) + 1):
+    a = dst[-i] if i <= len(dst) else 1
+    b = src[-i] if i <= len(src) else 1
+    if a != b and a != 1 and b != 1:
+      raise RuntimeError(
+        f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
+        f"dimension {len(shape) - i}"
+      )
+    shape[-i] = a if b == 1 else b
+  if tuple(shape) != tuple(dst):
+    raise RuntimeError(f"output with shape {list(dst)} doesn't match the broadcast shape {shape}")
+
+
 def _copy_(args: tuple, kwargs: dict) -> Any:
   dst, src = args[0], args[1]
+  if src.shape != dst.shape:
+    _check_broadcast_into(tuple(dst.shape), tuple(src.shape))
   if isinstance(src, Tensor):
     if isinstance(dst, Tensor):
       check_overlap(aten.copy_.default, _COPY_NAMES, ["self"], [dst], args, kwargs)
