@@ -203,6 +203,23 @@ class _Engine(torch._C._ImperativeEngine):
   (`bridge._src.devices.backward_on_caller`)."""
 
   def run_backward(self, *args: Any, **kwargs: Any) -> Any:
+    deferrals = _REAL.get("deferrals")
+    since = deferrals() if deferrals is not None else None
+    try:
+      return self._run_backward(args, kwargs)
+    except Exception as e:
+      if since is None:
+        raise
+      # A `jax` op failed in this pass and stood zeros in for its results, raising its error
+      # at the pass's end; the engine stopped earlier (the zeros' shapes were a guess): that
+      # op's error is the one to see (`bridge._src.tensor.take_deferred`).
+      first = _REAL["take_deferred"](since)
+      if first is None or first is e:
+        raise
+      first.add_note(f"(bridge: torch's autograd engine then stopped the backward pass: {e})")
+      raise first from None
+
+  def _run_backward(self, args: tuple, kwargs: dict) -> Any:
     on_caller = _REAL.get("backward_on_caller")
     if on_caller is None or not torch._C._is_multithreading_enabled() or not on_caller():
       return super().run_backward(*args, **kwargs)

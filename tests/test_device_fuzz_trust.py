@@ -174,3 +174,14 @@ def test_copy_of_a_source_that_does_not_broadcast_raises_torchs_error(shapes, so
       torch.ones(src, device=d if source == "jax" else "cpu")
     )
   )
+
+
+@pytest.mark.parametrize(
+  "fn",
+  [
+    lambda d: torch.tensor([], dtype=torch.int8, device=d).expand(2, 0).add_(1),
+    lambda d: torch.zeros(1, 3, device=d).expand(0, 3).fill_(5),
+  ],
+)
+def test_a_write_into_an_empty_expanded_tensor_is_no_write(fn):
+  _same_as_cpu(fn)

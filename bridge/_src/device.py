@@ -388,6 +388,8 @@ def _implementations() -> dict[str, Any]:
     "module": _MODULE,
     "is_available": is_available,
     "backward_on_caller": backward_on_caller,
+    "deferrals": tensor.deferrals,
+    "take_deferred": tensor.take_deferred,
     "empty": _empty,
     "empty_strided": _empty_strided,
     "copy_from": _copy_from,

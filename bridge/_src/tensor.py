@@ -538,22 +538,26 @@ def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict
   engine runs when the backward pass finishes.
   """
   task = torch._C._current_graph_task_id()
+  global _deferrals
   with _deferred_lock:
-    pending = _deferred.get(task)
-    if pending is None:
-      pending = _deferred[task] = []
+    entry = _deferred.get(task)
+    if entry is None:
+      _deferrals += 1
+      entry = _deferred[task] = (_deferrals, [])
 
       def raise_pending() -> None:
         with _deferred_lock:
-          errors = _deferred.pop(task, [error])
+          errors = _deferred.pop(task, (0, [error]))[1]
         raise errors[0]
 
       torch.autograd.Variable._execution_engine.queue_callback(raise_pending)
-    pending.append(error)
+    entry[1].append(error)
 
   def placeholder(m: Any) -> Any:
     if isinstance(m, torch.Tensor):
-      return make(jnp.zeros(tuple(m.shape), dtypes.TORCH_TO_JAX[m.dtype]), jax_device(0), m.dtype)
+      with jax.enable_x64(True):  # (the dtype as it is: an int64 guess raised a warning)
+        zeros = jnp.zeros(tuple(m.shape), dtypes.TORCH_TO_JAX[m.dtype])
+      return make(zeros, jax_device(0), m.dtype)
     return m
 
   meta = jax.tree_util.tree_map(
@@ -571,8 +575,26 @@ def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict
   return jax.tree_util.tree_map(placeholder, shapes)
 
 
-_deferred: dict[int, list[Exception]] = {}  # graph task id -> errors of its backward pass
+# graph task id -> (its number among the backward passes that deferred an error, their errors)
+_deferred: dict[int, tuple[int, list[Exception]]] = {}
 _deferred_lock = threading.Lock()
+_deferrals = 0  # backward passes that deferred an error so far
+
+
+def deferrals() -> int:
+  """How many backward passes have deferred an error so far (`take_deferred`'s mark)."""
+  return _deferrals
+
+
+def take_deferred(since: int) -> Exception | None:
+  """The first error deferred by a backward pass counted after `since` whose callback never
+  ran (torch's engine stopped the pass first, at the zeros that stood in for the op's
+  results, whose shapes were a guess): those passes' errors dropped, the first one returned,
+  so that the user sees the op's own error, and nothing stays behind."""
+  with _deferred_lock:
+    late = sorted((n, task) for task, (n, _) in _deferred.items() if n > since)
+    errors = [_deferred.pop(task)[1][0] for _, task in late]
+  return errors[0] if errors else None
 
 
 def _no_planner(func: Any) -> Any:
@@ -779,7 +801,7 @@ def write(t: Tensor, new: Any) -> None:
     storage.array = new
   else:
     size, stride = tuple(t.shape), tuple(t.stride())
-    if any(s == 0 and n > 1 for s, n in zip(stride, size)):
+    if 0 not in size and any(s == 0 and n > 1 for s, n in zip(stride, size)):
       raise RuntimeError(
         "unsupported operation: more than one element of the written-to tensor refers to a "
         "single memory location. Please clone() the tensor before performing the operation."

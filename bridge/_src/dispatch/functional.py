@@ -103,6 +103,10 @@ class FunctionalPlan:
       # Index tensors may stay on the CPU, as torch allows for CUDA tensors.
       if arg.name == "indices":
         return 3 if isinstance(arg.type, torch.ListType) else 2
+      # The one value per tensor of `_foreach_addcmul_`/`addcdiv_(..., scalars)`: torch reads
+      # them from a CPU tensor (CUDA's kernels want them there)
+      if arg.name == "scalars" and isinstance(arg.type, torch.TensorType):
+        return 2
       return 1
 
     flat = isinstance(treedef, int)  # split() kept the arguments as they are (None included)
