@@ -189,45 +189,49 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
     return torch._C._autograd.DeviceType.PrivateUse1
 
 
-class _Engine(torch._C._ImperativeEngine):
-  """torch's autograd engine (`Variable._execution_engine`), which runs a backward on the
-  calling thread where a `jax:i` device has no thread of the engine's.
+# What `_Engine` reads on every backward pass, kept up by bridge: [how many backward passes have
+# deferred a failed `jax` op's error (`bridge._src.tensor`), whether a pass runs on the calling
+# thread (`bridge._src.devices.jax_devices`: more `jax` devices than the engine has threads)]
+ENGINE: list[Any] = [0, False]
+_run_backward = torch._C._ImperativeEngine.run_backward
 
-  The engine gives each device index a worker thread and queue, as many as the largest device
-  count a device guard reports; torch's guard for a Python backend (`_DeviceGuard`'s base)
-  reports 1, which Python cannot override (torch 2.13), so a gradient on `jax:1` found no
-  queue ("device_ready_queues_ ... INTERNAL ASSERT FAILED"). With multithreading off (torch's
-  own switch, `torch.autograd.set_multithreading_enabled(False)`) the engine runs every node
-  on the calling thread, as it does CPU nodes; it is switched off for the backward only, and
-  only once bridge has found more `jax` devices than the engine has threads
-  (`bridge._src.devices.backward_on_caller`)."""
+
+class _Engine(torch._C._ImperativeEngine):
+  """torch's autograd engine (`Variable._execution_engine`), with two changes for `jax`
+  tensors; a pass that meets neither costs a list read and a try block.
+
+  - A backward on `jax:1` and above runs on the calling thread. The engine gives each device
+    index a worker thread and queue, as many as the largest device count a device guard
+    reports; torch's guard for a Python backend (`_DeviceGuard`'s base) reports 1, which Python
+    cannot override (torch 2.13), so a gradient on `jax:1` found no queue ("device_ready_queues_
+    ... INTERNAL ASSERT FAILED"). With multithreading off (torch's own switch,
+    `torch.autograd.set_multithreading_enabled(False)`) the engine runs every node on the
+    calling thread, as it does CPU nodes: switched off for the pass only, and only where the
+    process has more `jax` devices than the engine has threads.
+  - A `jax` op that fails inside the pass stands zeros in for its results and raises its error
+    when the pass ends (`bridge._src.tensor`); where the engine stops the pass first (the
+    zeros' shapes were a guess), that op's error is the one raised, and nothing stays behind.
+  """
 
   def run_backward(self, *args: Any, **kwargs: Any) -> Any:
-    deferrals = _REAL.get("deferrals")
-    since = deferrals() if deferrals is not None else None
+    state = ENGINE
+    since = state[0]
     try:
-      return self._run_backward(args, kwargs)
+      if not state[1] or not torch._C._is_multithreading_enabled():
+        return _run_backward(self, *args, **kwargs)
+      torch._C._set_multithreading_enabled(False)
+      try:
+        return _run_backward(self, *args, **kwargs)
+      finally:
+        torch._C._set_multithreading_enabled(True)
     except Exception as e:
-      if since is None:
+      if state[0] == since:  # no `jax` op deferred an error in the meantime
         raise
-      # A `jax` op failed in this pass and stood zeros in for its results, raising its error
-      # at the pass's end; the engine stopped earlier (the zeros' shapes were a guess): that
-      # op's error is the one to see (`bridge._src.tensor.take_deferred`).
       first = _REAL["take_deferred"](since)
       if first is None or first is e:
         raise
       first.add_note(f"(bridge: torch's autograd engine then stopped the backward pass: {e})")
       raise first from None
-
-  def _run_backward(self, args: tuple, kwargs: dict) -> Any:
-    on_caller = _REAL.get("backward_on_caller")
-    if on_caller is None or not torch._C._is_multithreading_enabled() or not on_caller():
-      return super().run_backward(*args, **kwargs)
-    torch._C._set_multithreading_enabled(False)
-    try:
-      return super().run_backward(*args, **kwargs)
-    finally:
-      torch._C._set_multithreading_enabled(True)
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):

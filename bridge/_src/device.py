@@ -43,7 +43,6 @@ from bridge._src import autocast
 from bridge._src import rng
 from bridge._src import tensor
 from bridge._src.devices import (
-  backward_on_caller,
   current_device,
   device,
   device_count,
@@ -387,8 +386,6 @@ def _implementations() -> dict[str, Any]:
   found: dict[str, Any] = {
     "module": _MODULE,
     "is_available": is_available,
-    "backward_on_caller": backward_on_caller,
-    "deferrals": tensor.deferrals,
     "take_deferred": tensor.take_deferred,
     "empty": _empty,
     "empty_strided": _empty_strided,

@@ -14,14 +14,22 @@ from typing import Any
 import jax
 import torch
 
+import _bridge_autoload
 from bridge._src import tensor as tensor_lib
 from bridge._src.errors import TransferError
 
 
 @functools.cache
 def jax_devices() -> tuple[Any, ...]:
-  """The JAX devices behind `jax:0`, `jax:1`, ...: the default backend's local devices."""
-  return tuple(jax.local_devices())
+  """The JAX devices behind `jax:0`, `jax:1`, ...: the default backend's local devices.
+
+  Found, torch's autograd engine learns whether it must run backward passes on the calling
+  thread (`_bridge_autoload._Engine`): where there are more of them than the engine has device
+  threads (the most devices a torch device guard reports: 1 for the `jax` device, which torch
+  lets no Python backend change, or CUDA's count)."""
+  found = tuple(jax.local_devices())
+  _bridge_autoload.ENGINE[1] = len(found) > max(1, torch.cuda.device_count())
+  return found
 
 
 def place(a: jax.Array, index: int) -> jax.Array:
@@ -48,20 +56,6 @@ def device_index(device: Any) -> int:
 
 
 _state = threading.local()
-_on_caller: list[bool] = []
-
-
-def backward_on_caller() -> bool:
-  """Whether torch's autograd engine must run a backward on the calling thread
-  (`_bridge_autoload._Engine`): where this process has more `jax` devices than the engine has
-  device threads (the most devices a torch device guard reports: 1 for the `jax` device,
-  which torch lets no Python backend change, or CUDA's count). False until a `jax` device is
-  used (no `jax` tensor exists before): asking JAX here would start its runtime."""
-  if not _on_caller:
-    if jax_devices.cache_info().currsize == 0:
-      return False
-    _on_caller.append(len(jax_devices()) > max(1, torch.cuda.device_count()))
-  return _on_caller[0]
 
 
 def is_available() -> bool:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+import _bridge_autoload
 from bridge._src import dtypes
 from bridge._src import strided
 from bridge._src.errors import BridgeTypeError, TracedValueError
@@ -538,12 +539,11 @@ def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict
   engine runs when the backward pass finishes.
   """
   task = torch._C._current_graph_task_id()
-  global _deferrals
   with _deferred_lock:
     entry = _deferred.get(task)
     if entry is None:
-      _deferrals += 1
-      entry = _deferred[task] = (_deferrals, [])
+      _bridge_autoload.ENGINE[0] += 1  # (the engine's mark: `take_deferred`)
+      entry = _deferred[task] = (_bridge_autoload.ENGINE[0], [])
 
       def raise_pending() -> None:
         with _deferred_lock:
@@ -578,16 +578,11 @@ def _defer_backward_error(error: Exception, func: Any, args: tuple, kwargs: dict
 # graph task id -> (its number among the backward passes that deferred an error, their errors)
 _deferred: dict[int, tuple[int, list[Exception]]] = {}
 _deferred_lock = threading.Lock()
-_deferrals = 0  # backward passes that deferred an error so far
-
-
-def deferrals() -> int:
-  """How many backward passes have deferred an error so far (`take_deferred`'s mark)."""
-  return _deferrals
 
 
 def take_deferred(since: int) -> Exception | None:
-  """The first error deferred by a backward pass counted after `since` whose callback never
+  """The first error deferred by a backward pass counted after `since` (the count of such passes,
+  `_bridge_autoload.ENGINE[0]`, when the engine began the pass) whose callback never
   ran (torch's engine stopped the pass first, at the zeros that stood in for the op's
   results, whose shapes were a guess): those passes' errors dropped, the first one returned,
   so that the user sees the op's own error, and nothing stays behind."""
