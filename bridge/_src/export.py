@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import inspect
+import itertools
 import json
 import operator
 import os
@@ -506,6 +507,7 @@ class _Builder:
       "inputs": inputs,
       "positional": positional,
       "keywords": keywords,
+      "keyword_order": _keyword_order(self.module, positional, keywords),
       "outputs": outputs,
       "output_names": _leaf_names(outputs),
       "symbols": symbols,
@@ -673,6 +675,18 @@ def _constraints(symbols: dict[str, dict]) -> list[str]:
   return out
 
 
+def _keyword_order(module: torch.nn.Module, positional: int, keywords: list[str]) -> list[str]:
+  """The keyword inputs in the order the function's signature takes them by position after its
+  first `positional` (how `exported(x, a, b)` binds `a` and `b`; the example's keywords are in
+  the order they were given, which need not be the signature's)."""
+  try:
+    params = list(inspect.signature(module.forward).parameters.values())
+  except (TypeError, ValueError):
+    return []
+  names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  return list(itertools.takewhile(lambda n: n in keywords, names[positional:]))
+
+
 def _jax_shape(shape: list, scope: Any) -> tuple:
   if not any(isinstance(d, str) for d in shape):
     return tuple(shape)
@@ -699,12 +713,19 @@ def _tree_json(spec: Any) -> dict:
     return {"kind": "none"}
   if hasattr(t, "_fields"):  # a named tuple
     keys = list(t._fields)
+  elif dataclasses.is_dataclass(t) and isinstance(context, (list, tuple)) and len(context) == 2:
+    # (torch's context of a registered dataclass: the fields it flattens, the fields None)
+    fields, nones = list(context[0]), list(context[1])
+    keys = fields + nones
+    children += [{"kind": "none"}] * len(nones)
   elif isinstance(context, (list, tuple)):
-    keys = [str(k) for k in context]
+    keys = [k if type(k) in (str, int) else str(k) for k in context]
   else:
+    keys = None
+  if keys is None or len(keys) != len(children):
     raise BridgeTypeError(
       f"`{API}`: the function returns a {getattr(t, '__name__', t)}; outputs must be tensors, tuples, lists, "
-      "dicts or named tuples of them."
+      "dicts, named tuples or dataclasses of them."
     )
   container = "OrderedDict" if t is collections.OrderedDict else "dict"
   return {"kind": "dict", "container": container, "keys": keys, "items": children}
@@ -736,6 +757,30 @@ def _unflatten(tree: dict, leaves: Any) -> Any:
   if container == "OrderedDict":
     return collections.OrderedDict(zip(tree["keys"], items))
   return dict(zip(tree["keys"], items))
+
+
+def _refuse_recorded_inputs(leaves: list) -> None:
+  """An artifact's call records no torch gradient: a tensor that requires grad would find its
+  gradient silently cut (the program runs in JAX on a copy of its values), so it is refused."""
+  for i, x in enumerate(leaves):
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+      raise BridgeError(
+        f"`{API}`: input {i} of the exported program requires grad, but an artifact's call is "
+        "not recorded by torch autograd (it runs the JAX program on the input's values), so "
+        "its gradient would be lost. Call it under `torch.no_grad()` (or pass `x.detach()`) "
+        "for inference; for gradients, differentiate `exported.apply` with `jax.grad` "
+        "(exported with vjp_order >= 1), or train the torch module with `bridge.compile`."
+      )
+
+
+def _map_outputs(fn: Callable[[Any], Any], out: Any) -> Any:
+  """`fn` on each array of `_unflatten`'s outputs, their containers as they are (a dict's keys
+  in their order: `jax.tree_util` would sort them)."""
+  if isinstance(out, dict):
+    return type(out)((k, _map_outputs(fn, v)) for k, v in out.items())
+  if isinstance(out, (list, tuple)):
+    return type(out)(_map_outputs(fn, v) for v in out)
+  return out if out is None else fn(out)
 
 
 def _versions() -> dict[str, str]:
@@ -794,12 +839,19 @@ class Exported:
         f"{positional} inputs are positional: pass them by position, not by keyword "
         f"(`exported(x, ...)`); its keyword inputs are {keywords}."
       )
-    if not positional <= len(args) <= positional + len(keywords):
+    if len(args) < positional:
       raise BridgeTypeError(
         f"`{API}`: the exported function takes {positional} positional inputs, got {len(args)}."
       )
     flat = list(args[:positional])
-    extra = dict(zip(keywords, args[positional:]))
+    # (by the signature's order: an artifact of an older bridge has none, and binds by keyword)
+    order = m.get("keyword_order", [])
+    if len(args) - positional > len(order):
+      raise BridgeTypeError(
+        f"`{API}`: the exported function takes {positional + len(order)} inputs by position, "
+        f"got {len(args)}; pass its keyword inputs {keywords} by keyword."
+      )
+    extra = dict(zip(order, args[positional:]))
     for k, v in kwargs.items():
       if k not in keywords:
         raise BridgeTypeError(
@@ -937,12 +989,14 @@ class Exported:
     leaves = [*args, *kwargs.values()]
     from_torch = any(isinstance(x, torch.Tensor) for x in leaves)
     if from_torch:
+      if torch.is_grad_enabled():
+        _refuse_recorded_inputs(leaves)
       device = next(x.device for x in leaves if isinstance(x, torch.Tensor))
       with jax.enable_x64(True):  # torch's dtypes exactly (int64 ids stay int64)
         args = tuple(_to_jax(x) for x in args)
         kwargs = {k: _to_jax(v) for k, v in kwargs.items()}
         out = self._apply(self.weights, args, kwargs, exact=True)
-        return jax.tree_util.tree_map(
+        return _map_outputs(
           lambda a: transfer.array_to_torch(a, copy=None, api=API, where=lambda: "an output").to(
             device
           ),

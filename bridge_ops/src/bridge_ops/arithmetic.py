@@ -249,14 +249,22 @@ def pow_tensor_scalar(self, exponent):
   return _pow_tensor_scalar(self, exponent, roots=self.dtype != jnp.float16)
 
 
+def _float_pow(base, exponent):
+  """`base ** exponent`, with torch's derivative where the base is real floating
+  (`_pow_tangent`: none through an exponent of 0, at a base of 0 too, where JAX's is nan)."""
+  if jnp.issubdtype(base.dtype, jnp.floating):
+    return _real_pow(*jnp.broadcast_arrays(base, jnp.asarray(exponent, base.dtype)))
+  return _pow(base, exponent)
+
+
 @_promote("self", "exponent")
 def _pow_tensor_scalar(self, exponent, roots):
   if not _inexact(self) or not roots:
-    return _pow(self, exponent)
+    return _float_pow(self, exponent)
   # (the branches not taken get a harmless input, so their gradients cannot be nan: sqrt's
   # derivative at 0 is inf, as torch's, not 0 * inf)
   half, neg_half = exponent == 0.5, exponent == -0.5
-  out = _pow(jnp.where(half | neg_half, 1, self), exponent)
+  out = _float_pow(jnp.where(half | neg_half, 1, self), exponent)
   out = jnp.where(half, jnp.sqrt(jnp.where(half, self, 1)), out)
   return jnp.where(neg_half, lax.rsqrt(jnp.where(neg_half, self, 1)), out)
 
