@@ -97,3 +97,19 @@ def test_pow_with_a_scalar_exponent_has_torchs_gradient(exponent):
   exported = bridge.export(f, x, vjp_order=1)
   grad = jax.grad(lambda v: exported.apply(exported.weights, v).sum())(jnp.asarray(x.numpy()))
   np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), equal_nan=True)
+
+
+def test_builtins_and_partials_of_them_export():
+  import functools
+
+  x = torch.randn(3)
+  torch.testing.assert_close(bridge.export(torch.sin, x)(x), torch.sin(x))
+  add = functools.partial(torch.add, alpha=2)
+  torch.testing.assert_close(bridge.export(add, x, x)(x, x), x + 2 * x)
+
+
+def test_a_module_or_example_on_the_jax_device_is_named_with_the_fix():
+  with pytest.raises(bridge.BridgeTypeError, match="the module's 'weight' is on the `jax:0`"):
+    bridge.export(torch.nn.Linear(3, 2).to("jax"), torch.randn(4, 3))
+  with pytest.raises(bridge.BridgeTypeError, match=r"example_args\[0\] is on the `jax:0`"):
+    bridge.export(torch.nn.Linear(3, 2), torch.randn(4, 3, device="jax"))

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from bridge._src import dtypes, transfer
+from bridge._src import tensor as tensor_lib
 from bridge._src.dispatch import checks, resolve
 from bridge._src.dynamo import _sdpa_math, user_frame
 from bridge._src.errors import BridgeError, BridgeTypeError, OperatorNotFound, TracedValueError
@@ -120,6 +121,7 @@ def export(
     module_or_fn if isinstance(module_or_fn, torch.nn.Module) else _function_module(module_or_fn)
   )
   _check_example(example_args, example_kwargs)
+  _check_on_host(module, example_args, example_kwargs)
   ep = _torch_export(module, example_args, example_kwargs, dynamic_shapes)
   ep = ep.run_decompositions(_decomposition_table())
   return _Builder(ep, module, example_args, example_kwargs, dynamic_shapes).build(
@@ -134,13 +136,17 @@ def _function_module(fn: Callable[..., Any]) -> torch.nn.Module:
     raise BridgeTypeError(
       f"`{API}`: expected a torch.nn.Module or a function, got {type(fn).__name__}."
     )
-  sig = inspect.signature(fn)
+  try:
+    sig: inspect.Signature | None = inspect.signature(fn)
+  except (TypeError, ValueError):  # a builtin (`torch.sin`) or a partial of one: no signature
+    sig = None
 
   def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
-  me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-  forward.__signature__ = sig.replace(parameters=[me, *sig.parameters.values()])  # type: ignore[attr-defined]
+  if sig is not None:
+    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = sig.replace(parameters=[me, *sig.parameters.values()])  # type: ignore[attr-defined]
   name = getattr(fn, "__name__", "function")
   return type(f"Exported_{name}", (torch.nn.Module,), {"forward": forward})()
 
@@ -170,6 +176,22 @@ def _check_example(args: tuple, kwargs: dict) -> None:
       )
     if value.layout != torch.strided or value.is_nested:
       raise BridgeTypeError(f"`{API}`: {where} is a {value.layout} tensor; only dense tensors.")
+
+
+def _check_on_host(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+  """torch.export traces on fake copies of the state and examples, which it cannot make of
+  `jax` tensors (their data is a JAX array, not a torch storage): the first one named."""
+  state = itertools.chain(module.named_parameters(), module.named_buffers())
+  leaves = [(f"the module's {name!r}", t) for name, t in state]
+  leaves += [(f"example_args[{i}]", a) for i, a in enumerate(args)]
+  leaves += [(f"example_kwargs[{k!r}]", v) for k, v in kwargs.items()]
+  for where, t in leaves:
+    if t.device.type == tensor_lib.device_type():
+      raise BridgeTypeError(
+        f"`{API}`: {where} is on the `{t.device}` device; `torch.export` traces the module on "
+        "fake copies of its state and examples, which it cannot make of `jax` tensors. Export "
+        "it from the CPU (`module.cpu()`, `x.cpu()`); the artifact runs on any JAX platform."
+      )
 
 
 def _torch_export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
