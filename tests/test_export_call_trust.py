@@ -113,3 +113,20 @@ def test_a_module_or_example_on_the_jax_device_is_named_with_the_fix():
     bridge.export(torch.nn.Linear(3, 2).to("jax"), torch.randn(4, 3))
   with pytest.raises(bridge.BridgeTypeError, match=r"example_args\[0\] is on the `jax:0`"):
     bridge.export(torch.nn.Linear(3, 2), torch.randn(4, 3, device="jax"))
+
+
+def test_a_damaged_manifest_is_named_not_a_python_error(tmp_path):
+  import json
+
+  bridge.export(torch.nn.Linear(3, 2), torch.randn(4, 3)).save(tmp_path / "art")
+  manifest = tmp_path / "art" / "manifest.json"
+  good = json.loads(manifest.read_text())
+  cases = {
+    "holds a list, not an artifact's manifest": [1, 2],
+    "has artifact format True": {**good, "format": True},
+    r"lacks \['weights'\]": {k: v for k, v in good.items() if k != "weights"},
+  }
+  for message, bad in cases.items():
+    manifest.write_text(json.dumps(bad))
+    with pytest.raises(bridge.BridgeError, match=message):
+      bridge.load(tmp_path / "art")

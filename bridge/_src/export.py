@@ -1189,6 +1189,10 @@ def _sha256(path: str) -> str:
   return h.hexdigest()
 
 
+# what every manifest of this format holds
+_MANIFEST_KEYS = ("weights", "inputs", "outputs", "positional", "keywords", "sha256")
+
+
 def load(path: str | os.PathLike) -> Exported:
   """An artifact `Exported.save` wrote, checked (format, versions, checksums) before use."""
   from safetensors.numpy import load_file  # (import cost: only when loading)
@@ -1205,12 +1209,24 @@ def load(path: str | os.PathLike) -> Exported:
     raise BridgeError(
       f"`bridge.load`: {manifest_path} is not valid JSON ({e}); the artifact is damaged."
     ) from None
-  fmt = manifest.get("format") if isinstance(manifest, dict) else None
-  if fmt != FORMAT:
+  if not isinstance(manifest, dict):
+    raise BridgeError(
+      f"`bridge.load`: {manifest_path} holds a {type(manifest).__name__}, not an artifact's "
+      "manifest; the artifact is damaged."
+    )
+  fmt = manifest.get("format")
+  if type(fmt) is not int or fmt != FORMAT:  # (`true` equals 1 in Python: not a format)
+    wrote = manifest.get("versions")
     raise BridgeError(
       f"`bridge.load`: {path} has artifact format {fmt!r}; this bridge "
       f"({_versions()['bridge']}) reads format {FORMAT}. Export it again with this bridge, "
-      f"or load it with the bridge that wrote it ({manifest.get('versions', {}).get('bridge')})."
+      "or load it with the bridge that wrote it "
+      f"({wrote.get('bridge') if isinstance(wrote, dict) else None})."
+    )
+  missing = [k for k in _MANIFEST_KEYS if k not in manifest]
+  if missing:
+    raise BridgeError(
+      f"`bridge.load`: {manifest_path} lacks {missing}; the artifact is damaged. Export it again."
     )
   for name in (PROGRAM_FILE, WEIGHTS_FILE):
     file = os.path.join(path, name)
