@@ -22,9 +22,11 @@ import bisect
 import concurrent.futures
 import contextlib
 import functools
+import importlib
 import inspect
 import os
 import threading
+import types
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
@@ -922,7 +924,12 @@ class Compiled:
 
   def __reduce__(self) -> tuple:
     # pickled (`torch.save`) as what it compiles: the class of its own is not importable,
-    # and programs are rebuilt on first use after loading
+    # and programs are rebuilt on first use after loading; a function compiled where it is
+    # defined (`@bridge.compile`) by its name, which is this object (pickle refuses a function
+    # whose name is another object)
+    name = (getattr(self.target, "__module__", None), getattr(self.target, "__qualname__", None))
+    if isinstance(self.target, types.FunctionType) and _named(*name) is self:
+      return (_named, name)
     return (_recompile, (self.target, tuple(self.dynamic_argnums), tuple(self.dynamic_argnames)))
 
   def __init__(
@@ -1536,6 +1543,19 @@ class Compiled:
         else transfer.tensor_to_jax_arg(new_key, api=API, where=lambda: "the key")
       )
     return list(outs), updates, new_key
+
+
+def _named(module: str | None, qualname: str | None) -> Any:
+  """The object `module.qualname` names (importing the module), or None."""
+  if not module or not qualname or "<" in qualname:
+    return None
+  try:
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+      found = getattr(found, part)
+  except (ImportError, AttributeError):
+    return None
+  return found
 
 
 def _recompile(target: Any, argnums: tuple, argnames: tuple) -> "Compiled":

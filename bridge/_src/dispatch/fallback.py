@@ -85,8 +85,23 @@ def _note(func: Any) -> None:
   )
 
 
+def _refuse_collectives(func: Any) -> None:
+  """torch.distributed's ops (`c10d::allreduce_`, `broadcast_`, `recv_`...) start their
+  communication on torch's own buffers and finish it later (`Work.wait()`): run on copies in
+  a host call, their results would be lost, silently. They are refused instead."""
+  if func.namespace == "c10d":
+    raise OperatorNotFound(
+      f"bridge: torch.distributed's {op_name(func)} does not run on the `jax` device: its "
+      "communication runs asynchronously on torch's own buffers, which a `jax` tensor does "
+      "not have (on copies its result would be lost). Communicate CPU tensors (`t.cpu()`, "
+      "then `t_jax.copy_(...)`), or use JAX's collectives across a mesh of the devices "
+      "(`bridge.shard`, `jax.lax.psum` under `shard_map`)."
+    )
+
+
 def lowering(func: Any) -> registry.Lowering | None:
   """A lowering that runs `func` through callback mode, or None where the fallback is off."""
+  _refuse_collectives(func)
   if not available():
     return None
 
@@ -115,6 +130,7 @@ def writing(func: Any) -> Callable[[tuple, dict], tuple] | None:
   arguments (callback mode's `return_mutated`). Given the op's own arguments, it returns its
   outputs (JAX values) and (tensor written, its new value) pairs. None where the fallback is
   off, or for written arguments other than tensors (lists of them)."""
+  _refuse_collectives(func)
   if not available() or any(
     not isinstance(a.type, torch.TensorType)
     for a in func._schema.arguments
