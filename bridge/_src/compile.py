@@ -326,6 +326,7 @@ class _Program:
     inputs = {id(t): pos for pos, t in given_at}
     leaves = tree_lib.merge(self.statics, iter(tensors))
     args, kwargs = tree_lib.unflatten(self.spec, leaves)
+    objects = _objects((args, kwargs))  # (what the forward may set attributes of)
     self.owner._traces += 1  # (the guard then takes in what the forward wrote: `_retake`)
     self.owner.last_traced = self
     amp = (
@@ -341,6 +342,7 @@ class _Program:
         modules_lib.check_no_leak(module, API)
       else:
         out, mutated = tracing.run_traced(self.owner.call, args, kwargs, API), {}
+    _check_set_attributes(objects, out, self.name)
     if module is None and torch.is_grad_enabled():
       _warn_constants_requiring_grad(self.owner, constants)
     # tensors become arrays (torch's named tuples plain tuples); the rest stays static
@@ -387,6 +389,71 @@ class _Program:
     self.info.groups_written = tuple([g for g, _ in spans])
     updates = tuple([mutated[k] for k in names] + new_values + [st.array for _, st in spans])
     return tuple(arrays + extra), updates, box.key if box.used else None
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.FunctionType)
+
+
+def _objects(tree: Any, depth: int = 4) -> list[tuple[str, Any, dict]]:
+  """The objects with attributes in the arguments `(args, kwargs)` (dataclasses, a Hugging Face
+  cache and its layers, plain objects), each with its path and its attributes as they are."""
+  found: list[tuple[str, Any, dict]] = []
+  seen: set[int] = set()
+
+  def walk(x: Any, path: str, level: int) -> None:
+    if level > depth or id(x) in seen or isinstance(x, (*_ATOMS, torch.Tensor, torch.nn.Module)):
+      return
+    seen.add(id(x))
+    if isinstance(x, dict):
+      for k, v in x.items():
+        walk(v, f"{path}[{k!r}]", level + 1)
+    elif isinstance(x, (list, tuple)):
+      for i, v in enumerate(x):
+        walk(v, f"{path}[{i}]", level + 1)
+    elif isinstance(getattr(x, "__dict__", None), dict):
+      attrs = dict(vars(x))
+      found.append((path, x, attrs))
+      for k, v in attrs.items():
+        walk(v, f"{path}.{k}", level + 1)
+
+  args, kwargs = tree
+  for i, a in enumerate(args):
+    walk(a, f"argument {i}", 0)
+  for k, v in kwargs.items():
+    walk(v, f"argument {k!r}", 0)
+  return found
+
+
+def _check_set_attributes(objects: list[tuple[str, Any, dict]], out: Any, name: str) -> None:
+  """Refuse a forward that sets a tensor attribute of an argument object (`state.total =
+  state.total + x`; a Hugging Face cache's layers rebinding their keys) where the object is not
+  among the outputs: a compiled call runs the program, not the forward, so the caller's object
+  would keep its old tensors, silently (in-place writes to its tensors are carried back). Where
+  the object is returned, the returned one has them: a warning says the caller's does not."""
+  returned = {id(obj) for _, obj, _ in _objects(((out,), {}))}
+  for path, obj, before in objects:
+    now = vars(obj)
+    for attr in {*before, *now}:
+      old, new = before.get(attr), now.get(attr)
+      if old is new or not (isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor)):
+        continue
+      where = f"`{path}.{attr}`"
+      if id(obj) not in returned:
+        raise BridgeError(
+          f"`{API}({name})`: the function sets {where}, a tensor attribute of an object it is "
+          "given; a compiled call runs the program, not the function, so your object would "
+          "keep its old tensor. Return the new value (and pass it back in), keep the state "
+          "in a module buffer updated in place, or update the object's tensor in place "
+          "(`obj.total.copy_(...)`, which is carried back)."
+        )
+      warnings.warn(
+        f"`{API}({name})`: the function sets {where}, a tensor attribute of an object it is "
+        "given and returns; the returned object has the new value, the one you passed keeps "
+        "its old one (a compiled call runs the program, not the function). Use the returned "
+        "one (`cache = out.past_key_values`, as `generate()` does).",
+        stacklevel=4,
+      )
+      return
 
 
 def _output_plan(made: list, inputs: dict, origins: dict) -> tuple[list, list]:
