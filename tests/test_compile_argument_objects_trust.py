@@ -2,7 +2,8 @@
 dataclass, a plain object, a Hugging Face cache's layers): a compiled call runs the program,
 not the function, so the caller's object kept its old tensor and every later call gave the
 first call's result, silently. Refused where the object is not returned, warned where it is
-(the returned one has the new value); in-place updates of its tensors are carried back."""
+(the returned one has the new value); in-place updates of its tensors are carried back. And a
+0-d CPU tensor argument beside `jax` tensors, which eager torch allows."""
 
 from __future__ import annotations
 
@@ -81,3 +82,15 @@ def test_a_returned_object_has_the_new_value_and_a_warning_says_the_given_one_do
     out2, returned2 = compiled(torch.ones(2), returned)  # the way the warning gives
   assert out.tolist() == [1.0, 1.0] and returned.total.tolist() == [1.0, 1.0]
   assert out2.tolist() == [2.0, 2.0] and returned2.total.tolist() == [2.0, 2.0]
+
+
+def test_a_0_dim_cpu_tensor_argument_goes_beside_jax_tensors_as_in_eager():
+  # (an uninitialised `StaticLayer.cumulative_length` is `torch.tensor(0)` on the CPU)
+  x = torch.ones(2, 3, device="jax")
+  f = bridge.compile(lambda x, s: x * 2 + s)
+  for s in (torch.tensor(2), torch.tensor(5.0)):
+    out = f(x, s)
+    assert out.device == x.device
+    torch.testing.assert_close(out.cpu(), (x.cpu() * 2 + s))
+  with pytest.raises(bridge.TransferError, match="got tensors on two devices"):
+    f(x, torch.ones(3))  # (a 1-d one does not, as in eager torch)

@@ -1339,6 +1339,8 @@ class Compiled:
           d: torch.device | None = t._storage.device
         else:
           arrays.append(_array(t))
+          if t.is_cpu and t.dim() == 0:
+            continue  # (a 0-d CPU tensor goes beside any device's tensors, as in eager torch)
           d = None if t.is_cpu else t.device
         if device is _NO_DEVICE:
           device = d
