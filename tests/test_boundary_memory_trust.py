@@ -32,12 +32,19 @@ _HIDDEN_WRITES = {
 }
 
 
-@pytest.mark.parametrize("write", sorted(_HIDDEN_WRITES))
-def test_a_hidden_write_in_callback_mode_leaves_the_array_eagerly(write):
+def _writing(write: str):
+  """A torch function that writes its input one hidden way, then returns it."""
+
   def fn(x):
     _HIDDEN_WRITES[write](x)
     return x * 1
 
+  return fn
+
+
+@pytest.mark.parametrize("write", sorted(_HIDDEN_WRITES))
+def test_a_hidden_write_in_callback_mode_leaves_the_array_eagerly(write):
+  fn = _writing(write)
   b = jnp.arange(4.0)
   expected = fn(torch.arange(4.0))
   out = bridge.call_torch(fn, b, mode="callback")
@@ -47,10 +54,7 @@ def test_a_hidden_write_in_callback_mode_leaves_the_array_eagerly(write):
 
 @pytest.mark.parametrize("write", sorted(_HIDDEN_WRITES))
 def test_a_hidden_write_in_callback_mode_leaves_the_programs_values(write):
-  def fn(x):
-    _HIDDEN_WRITES[write](x)
-    return x * 1
-
+  fn = _writing(write)
   a = jnp.arange(4.0)
   out, other = jax.jit(lambda a: (bridge.call_torch(fn, a + 1, mode="callback"), a + 1))(a)
   np.testing.assert_array_equal(np.asarray(other), np.arange(4.0) + 1)  # XLA's own buffer
