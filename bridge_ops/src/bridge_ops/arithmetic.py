@@ -249,11 +249,21 @@ def pow_tensor_scalar(self, exponent):
   return _pow_tensor_scalar(self, exponent, roots=self.dtype != jnp.float16)
 
 
+def _pow_base_tangent(out, primals, tangents):
+  # (a Scalar exponent is a constant: the base's term of `_pow_tangent` alone; the exponent's
+  # term, its zero tangent times log of a negative base, would be nan)
+  (x, y), (tx, _) = primals, tangents
+  return jnp.where(y == 0, jnp.zeros((), out.dtype), y * jnp.power(x, y - 1)) * tx
+
+
+_scalar_pow = with_derivative(jnp.power, _pow_base_tangent)
+
+
 def _float_pow(base, exponent):
-  """`base ** exponent`, with torch's derivative where the base is real floating
-  (`_pow_tangent`: none through an exponent of 0, at a base of 0 too, where JAX's is nan)."""
+  """`base ** exponent` for a Scalar exponent, with torch's derivative where the base is real
+  floating (none through an exponent of 0, at a base of 0 too, where JAX's is nan)."""
   if jnp.issubdtype(base.dtype, jnp.floating):
-    return _real_pow(*jnp.broadcast_arrays(base, jnp.asarray(exponent, base.dtype)))
+    return _scalar_pow(*jnp.broadcast_arrays(base, jnp.asarray(exponent, base.dtype)))
   return _pow(base, exponent)
 
 
